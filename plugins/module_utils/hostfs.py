@@ -1,0 +1,139 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one I/O seam of the collection.
+
+Every path under /sys, /proc, /etc, /dev and /boot that a module reads or writes goes through a
+HostFS, which maps absolute host paths under a ``root``. Tests build a fake tree under tmp_path
+and pass it as ``root``; nothing patches ``open``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+
+
+class HostFSError(Exception):
+    """A read or write under the host tree failed; the message says which path and why."""
+
+    def __init__(self, op: str, path: str, err: OSError):
+        self.op = op
+        self.path = path
+        self.errno = err.errno
+        self.strerror = err.strerror or str(err)
+        super().__init__(f"cannot {op} {path}: {self.strerror}")
+
+
+class HostFS:
+    """Read and write host files relative to ``root`` (``/`` on a real host)."""
+
+    def __init__(self, root: str = "/"):
+        self.root = os.path.abspath(root or "/")
+
+    def path(self, host_path: str) -> str:
+        """Map an absolute host path (``/sys/...``) to the real path under root."""
+        if not host_path.startswith("/"):
+            raise ValueError(f"host path must be absolute: {host_path!r}")
+        if self.root == "/":
+            return host_path
+        return self.root + host_path
+
+    def unroot(self, real_path: str) -> str:
+        """Inverse of path(): the host path for a real path under root."""
+        if self.root == "/":
+            return real_path
+        if real_path == self.root:
+            return "/"
+        if real_path.startswith(self.root + "/"):
+            return real_path[len(self.root):]
+        return real_path
+
+    # ---- reads -------------------------------------------------------------------------
+    def exists(self, host_path: str) -> bool:
+        return os.path.lexists(self.path(host_path))
+
+    def isdir(self, host_path: str) -> bool:
+        return os.path.isdir(self.path(host_path))
+
+    def read_text(self, host_path: str, default: str | None = None) -> str | None:
+        """Text content with the trailing newline stripped; ``default`` when the file is absent."""
+        try:
+            with open(self.path(host_path), "r", encoding="utf-8", errors="replace") as fh:
+                return fh.read().rstrip("\n")
+        except OSError as err:
+            if default is not None and err.errno in (errno.ENOENT, errno.ENOTDIR):
+                return default
+            raise HostFSError("read", host_path, err) from None
+
+    def read_optional(self, host_path: str) -> str | None:
+        """Text content, or None when the file is absent or cannot be read (sysfs EIO/EINVAL)."""
+        try:
+            with open(self.path(host_path), "r", encoding="utf-8", errors="replace") as fh:
+                return fh.read().rstrip("\n")
+        except OSError:
+            return None
+
+    def read_bytes(self, host_path: str, size: int = -1) -> bytes:
+        try:
+            with open(self.path(host_path), "rb") as fh:
+                return fh.read(size)
+        except OSError as err:
+            raise HostFSError("read", host_path, err) from None
+
+    def listdir(self, host_path: str) -> list[str]:
+        try:
+            return sorted(os.listdir(self.path(host_path)))
+        except OSError as err:
+            if err.errno in (errno.ENOENT, errno.ENOTDIR):
+                return []
+            raise HostFSError("list", host_path, err) from None
+
+    def readlink(self, host_path: str) -> str | None:
+        try:
+            return os.readlink(self.path(host_path))
+        except OSError:
+            return None
+
+    def realpath(self, host_path: str) -> str:
+        """Resolve symlinks inside the tree; the result is a host path again."""
+        return self.unroot(os.path.realpath(self.path(host_path)))
+
+    # ---- writes (callers keep them behind check mode) --------------------------------------
+    def write_text(self, host_path: str, data: str) -> None:
+        """Plain write, for sysfs/procfs attributes (no temp file, no rename)."""
+        try:
+            with open(self.path(host_path), "w", encoding="utf-8") as fh:
+                fh.write(data)
+        except OSError as err:
+            raise HostFSError("write", host_path, err) from None
+
+    def write_atomic(self, host_path: str, data: str, mode: int = 0o644) -> None:
+        """Write a regular file through a temp file and rename, creating parent directories."""
+        real = self.path(host_path)
+        parent = os.path.dirname(real)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".gpufleet-", dir=parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(data)
+                os.chmod(tmp, mode)
+                os.replace(tmp, real)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+        except OSError as err:
+            raise HostFSError("write", host_path, err) from None
+
+    def remove(self, host_path: str) -> bool:
+        """Remove a file; False when it was not there."""
+        try:
+            os.unlink(self.path(host_path))
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            raise HostFSError("remove", host_path, err) from None
