@@ -1,0 +1,37 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Filters that turn per-host pcie_facts results into the fleet report (logic in module_utils)."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.gpufleet.inference.plugins.module_utils.audit_report import (
+    fleet_audits, render_html, render_markdown)
+
+
+def _fleet_audits(hostvars, hosts, key="__audit_result"):
+    try:
+        return fleet_audits(hostvars, list(hosts), key)
+    except (KeyError, TypeError) as err:
+        raise AnsibleFilterError(f"fleet_audits: cannot read the audit of a host ({err}); "
+                                 "pass hostvars and a list of inventory host names") from err
+
+
+def _checked(render):
+    def wrapper(fleet):
+        if not isinstance(fleet, list) or not all(isinstance(e, dict) and "host" in e and "pcie" in e for e in fleet):
+            raise AnsibleFilterError(f"{render.__name__}: expects the list made by gpufleet.inference.fleet_audits")
+        return render(fleet)
+    return wrapper
+
+
+class FilterModule:
+    """Fleet audit report filters."""
+
+    def filters(self):
+        return {
+            "fleet_audits": _fleet_audits,
+            "audit_markdown": _checked(render_markdown),
+            "audit_html": _checked(render_html),
+        }

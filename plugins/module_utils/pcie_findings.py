@@ -1,0 +1,319 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Pure judgement of the PCIe model built by pci_topology.build_model().
+
+find(model, vfio_wanted) returns findings, each ``{code, severity, device, devices, message,
+fix}``, severity one of critical/warning/info, most severe first. No I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import link_bandwidth_gbps, link_generation
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import format_cpulist, parse_cpulist
+
+SEVERITIES = ("critical", "warning", "info")
+NVIDIA = "0x10de"
+
+
+def _finding(code: str, severity: str, device: str | None, message: str, fix: str, devices=None) -> dict[str, Any]:
+    return {"code": code, "severity": severity, "device": device,
+            "devices": list(devices) if devices else ([device] if device else []), "message": message, "fix": fix}
+
+
+def _pcie(dev: dict | None) -> dict | None:
+    return ((dev or {}).get("config") or {}).get("pcie")
+
+
+def _link_text(speed, width) -> str:
+    gen = link_generation(speed)
+    return f"{speed:g} GT/s (Gen{gen}) x{width}" if speed and gen else f"{speed} GT/s x{width}"
+
+
+def path_links(model: dict, bdf: str) -> list[dict[str, Any]]:
+    """The physical links on the path of ``bdf``, each seen from its downstream function.
+
+    The partner is the parent port when it is a root or downstream port; links inside a switch
+    (downstream port below its upstream port) are virtual and skipped. A function straight on a
+    root bus (VMs, integrated endpoints) is judged against its own capability.
+    """
+    devices = model["devices"]
+    links = []
+    for gpu in model["gpus"]:
+        if gpu["bdf"] != bdf:
+            continue
+        for hop in gpu["path"]:
+            pcie = _pcie(devices.get(hop))
+            if not pcie or "link_cap" not in pcie or pcie["port_type"] == "root_port":
+                continue
+            parent = devices.get(devices[hop]["parent"]) if devices[hop]["parent"] else None
+            ppcie = _pcie(parent)
+            if ppcie and ppcie.get("port_type") == "upstream_port":
+                continue  # internal switch link
+            partner = ppcie if ppcie and "link_cap" in ppcie and ppcie["port_type"] in ("root_port", "downstream_port") else None
+            links.append({"device": hop, "partner": parent["bdf"] if partner else None, "cap": pcie["link_cap"],
+                          "partner_cap": partner["link_cap"] if partner else None, "sta": pcie["link_sta"]})
+    return links
+
+
+def _min(*vals):
+    vals = [v for v in vals if v]
+    return min(vals) if vals else None
+
+
+def find_links(model: dict) -> list[dict[str, Any]]:
+    out = []
+    seen = set()
+    devices = model["devices"]
+    for gpu in model["gpus"]:
+        for link in path_links(model, gpu["bdf"]):
+            dev = link["device"]
+            if dev in seen:
+                continue
+            seen.add(dev)
+            cap, pcap, sta = link["cap"], link["partner_cap"] or {}, link["sta"]
+            exp_speed = _min(cap["speed_gts"], pcap.get("speed_gts"))
+            exp_width = _min(cap["width"], pcap.get("width"))
+            if not sta["speed_gts"] or not sta["width"] or not exp_speed or not exp_width:
+                continue
+            where = f"link {link['partner']} -> {dev}" if link["partner"] else f"link of {dev}"
+            slow_speed, slow_width = sta["speed_gts"] < exp_speed, sta["width"] < exp_width
+            if slow_speed or slow_width:
+                is_gpu = devices[dev].get("role") == "target" and devices[dev].get("vendor_id") == NVIDIA
+                note = (" NVIDIA GPUs drop the link speed when idle, so re-check under load (nvidia-smi -q -d PCIE) before acting."
+                        if is_gpu and not slow_width else "")
+                lost = link_bandwidth_gbps(exp_speed, exp_width) or 0
+                now = link_bandwidth_gbps(sta["speed_gts"], sta["width"]) or 0
+                out.append(_finding(
+                    "link_below_capability", "critical" if slow_width else "warning", dev,
+                    f"{where} runs at {_link_text(sta['speed_gts'], sta['width'])}; both ends can do "
+                    f"{_link_text(exp_speed, exp_width)} ({now:g} of {lost:g} GB/s per direction).{note}",
+                    "Reseat the card or riser, check the slot's bifurcation and speed settings in the BIOS and the "
+                    "AER counters for signal errors; a width below capability does not recover without a retrain or reboot.",
+                    [d for d in (link["partner"], dev) if d]))
+            if pcap and ((cap["speed_gts"] or 0) > (pcap["speed_gts"] or 0) or cap["width"] > pcap["width"]):
+                out.append(_finding(
+                    "link_capped", "warning", dev,
+                    f"{dev} can do {_link_text(cap['speed_gts'], cap['width'])} but the port above it ({link['partner']}) "
+                    f"allows only {_link_text(pcap.get('speed_gts'), pcap.get('width'))}.",
+                    "Move the card to a slot whose port matches its capability, or check the slot's speed and "
+                    "bifurcation settings in the BIOS.", [link["partner"], dev]))
+    return out
+
+
+def find_mps(model: dict) -> list[dict[str, Any]]:
+    out = []
+    devices = model["devices"]
+    for gpu in model["gpus"]:
+        hops = [(h, _pcie(devices[h])) for h in gpu["path"]]
+        hops = [(h, p) for h, p in hops if p and "mps" in p]
+        if not hops:
+            continue
+        supported = min(p["mps_supported"] for _h, p in hops)
+        below = [(h, p["mps"]) for h, p in hops if p["mps"] < supported]
+        above = [(h, p["mps"]) for h, p in hops if p["mps"] > supported]
+        detail = ", ".join(f"{h} MPS {m}" for h, m in (below or above))
+        if above:
+            out.append(_finding(
+                "mps_above_path", "critical", gpu["bdf"],
+                f"On the path to {gpu['bdf']} the smallest MaxPayload supported is {supported} B but {detail}: "
+                "larger TLPs than a hop accepts cause malformed-TLP errors.",
+                f"Set MaxPayload to {supported} on every hop (kernel: pci=pcie_bus_safe, or the collection's MPS tuning).",
+                [h for h, _m in above]))
+        elif below:
+            out.append(_finding(
+                "mps_below_path", "warning", gpu["bdf"],
+                f"Every hop on the path to {gpu['bdf']} supports MaxPayload {supported} B, but {detail}: "
+                "smaller payloads cost PCIe bandwidth.",
+                f"Set MaxPayload to {supported} on every hop of the path (kernel: pci=pcie_bus_perf, or the "
+                "collection's MPS tuning, which reads every value back).", [h for h, _m in below]))
+    return out
+
+
+def find_aspm(model: dict) -> list[dict[str, Any]]:
+    out = []
+    devices = model["devices"]
+    policy = model.get("aspm_policy")
+    for gpu in model["gpus"]:
+        on = [(h, _pcie(devices[h])["link_ctl"]["aspm"]) for h in gpu["path"]
+              if _pcie(devices[h]) and "link_ctl" in _pcie(devices[h]) and _pcie(devices[h])["link_ctl"]["aspm"] != "disabled"]
+        if on:
+            out.append(_finding(
+                "aspm_enabled", "warning", gpu["bdf"],
+                f"ASPM is on along the path to {gpu['bdf']}: " + ", ".join(f"{h} {a}" for h, a in on)
+                + f" (kernel ASPM policy: {policy or 'unknown'}). Link power states add wake-up latency to GPU traffic.",
+                "Boot with pcie_aspm=off or pcie_aspm.policy=performance, or clear the ASPM Control bits in LnkCtl on "
+                "these functions; also disable ASPM for the slots in the BIOS.", [h for h, _a in on]))
+    return out
+
+
+def find_pairs(model: dict, vfio_wanted: bool) -> list[dict[str, Any]]:
+    out = []
+    for pair in model["pairs"]:
+        a, b = pair["a"], pair["b"]
+        if pair["acs_redirect"]:
+            out.append(_finding(
+                "acs_redirect", "info" if vfio_wanted else "warning", a,
+                f"{a} and {b} share a PCIe switch ({pair['level']}), but ACS P2P redirect (RR/CR) is on at "
+                f"{', '.join(pair['acs_redirect'])}: peer traffic goes up to the root complex instead of across the switch"
+                + ("; with vfio wanted this isolation is what keeps the GPUs in separate IOMMU groups." if vfio_wanted else
+                   ", which cuts P2P bandwidth and has hung NCCL all-reduce on PCIe-only GPUs."),
+                "Disable ACS in the BIOS or boot with pci=noacs (per port: clear ACS Control RR/CR with setpci "
+                "ECAP_ACS+6.w) if the GPUs stay on this host; keep it on when they are passed to separate VMs.",
+                [a, b] + pair["acs_redirect"]))
+        if pair["level"] == "SYS":
+            out.append(_finding(
+                "pair_sys_level", "warning", a,
+                f"{a} and {b} are on different NUMA nodes ({pair['numa_nodes'][0]} and {pair['numa_nodes'][1]}): "
+                "peer traffic crosses the inter-socket link (SYS).",
+                "Keep tensor-parallel groups within one socket (CUDA_VISIBLE_DEVICES / vLLM placement), or expect "
+                "lower all-reduce bandwidth for this pair.", [a, b]))
+    return out
+
+
+def find_iommu_groups(model: dict, vfio_wanted: bool) -> list[dict[str, Any]]:
+    out = []
+    devices = model["devices"]
+    for gpu in model["gpus"]:
+        dev = devices[gpu["bdf"]]
+        if dev["iommu_group"] is None:
+            continue
+        slot = gpu["bdf"].rsplit(".", 1)[0]
+        others = [m for m in dev["iommu_group_members"] if m["bdf"] != gpu["bdf"] and not m["is_bridge"]]
+        foreign = [m for m in others if not m["bdf"].startswith(slot + ".")]
+        siblings = [m for m in others if m["bdf"].startswith(slot + ".")]
+        if foreign:
+            names = ", ".join(f"{m['bdf']} ({m['class_name']})" for m in foreign)
+            out.append(_finding(
+                "iommu_group_shared", "warning" if vfio_wanted else "info", gpu["bdf"],
+                f"IOMMU group {dev['iommu_group']} of {gpu['bdf']} also holds {names}: they can only be passed "
+                "through together.",
+                "Move the card to a slot behind a port with ACS, or pass the whole group to one VM; do not rely on "
+                "pcie_acs_override.", [gpu["bdf"]] + [m["bdf"] for m in foreign]))
+        elif siblings and vfio_wanted:
+            out.append(_finding(
+                "iommu_group_functions", "info", gpu["bdf"],
+                f"IOMMU group {dev['iommu_group']} of {gpu['bdf']} also holds its other functions "
+                + ", ".join(m["bdf"] for m in siblings) + ".",
+                "Bind those functions to vfio-pci together with the GPU.", [gpu["bdf"]] + [m["bdf"] for m in siblings]))
+    return out
+
+
+def find_irqs(model: dict) -> list[dict[str, Any]]:
+    out = []
+    devices = model["devices"]
+    multi_node = len(model.get("numa_nodes") or {}) > 1
+    for gpu in model["gpus"]:
+        dev = devices[gpu["bdf"]]
+        node = dev["numa_node"]
+        if node is None or node < 0:
+            if multi_node:
+                out.append(_finding(
+                    "numa_node_unknown", "info", gpu["bdf"],
+                    f"{gpu['bdf']} reports NUMA node -1 on a host with {len(model['numa_nodes'])} nodes: the firmware "
+                    "does not say which socket the slot belongs to, so IRQ and memory placement cannot be checked.",
+                    "Enable NUMA/SRAT proximity reporting for PCIe in the BIOS.", [gpu["bdf"]]))
+            continue
+        local = set(parse_cpulist(dev["local_cpulist"] or (model["numa_nodes"].get(node) or {}).get("cpulist")))
+        if not local:
+            continue
+        remote = []
+        for irq in dev["irqs"]:
+            cpus = set(parse_cpulist(irq["effective_affinity_list"] or irq["smp_affinity_list"]))
+            if cpus - local:
+                remote.append((irq["irq"], cpus - local))
+        if remote:
+            cpus = set().union(*(c for _i, c in remote))
+            out.append(_finding(
+                "irq_remote_numa", "warning", gpu["bdf"],
+                f"{len(remote)} of {len(dev['irqs'])} MSI/MSI-X IRQs of {gpu['bdf']} (NUMA node {node}) are served on "
+                f"CPUs {format_cpulist(cpus)} outside its node's CPUs {format_cpulist(local)}: "
+                + ", ".join(str(i) for i, _c in remote[:16]) + (" ..." if len(remote) > 16 else "") + ".",
+                f"Pin these IRQs to CPUs {format_cpulist(local)} (smp_affinity_list), and keep irqbalance off them "
+                "(IRQBALANCE_BANNED_CPULIST or --banirq), re-applied when the driver reloads.", [gpu["bdf"]]))
+    return out
+
+
+def find_host(model: dict, vfio_wanted: bool) -> list[dict[str, Any]]:
+    out = []
+    huge = model["hugepages"]
+    if not huge.get("reserved_pages"):
+        out.append(_finding(
+            "no_hugepages", "warning" if vfio_wanted else "info", None,
+            "No huge pages are reserved (HugePages_Total is 0 for every size).",
+            "Reserve 2 MiB pages with vm.nr_hugepages, or 1 GiB pages with hugepagesz=1G hugepages=N on the kernel "
+            "command line, where the workload (vfio guests, RDMA/DPDK, pinned host buffers) uses them.", None))
+    iommu = model["iommu"]
+    if vfio_wanted and not iommu["enabled"]:
+        out.append(_finding(
+            "iommu_disabled", "critical", None,
+            "vfio is wanted but the IOMMU is off: /sys/kernel/iommu_groups is empty.",
+            "Enable VT-d/AMD-Vi in the BIOS and boot with intel_iommu=on (Intel) or amd_iommu=on (AMD) plus iommu=pt.", None))
+    elif vfio_wanted and not iommu["passthrough"]:
+        out.append(_finding(
+            "iommu_pt_missing", "warning", None,
+            "vfio is wanted but iommu=pt is not on the kernel command line: devices left to host drivers pay for "
+            "DMA translation.",
+            "Add iommu=pt to the kernel command line (the collection's cmdline role) and reboot.", None))
+    return out
+
+
+def find_errors(model: dict) -> list[dict[str, Any]]:
+    out = []
+    for bdf, dev in sorted(model["devices"].items()):
+        counters = dev.get("aer_counters") or {}
+        totals = {k: (counters.get(k) or {}).get(t, 0) for k, t in
+                  (("correctable", "TOTAL_ERR_COR"), ("nonfatal", "TOTAL_ERR_NONFATAL"), ("fatal", "TOTAL_ERR_FATAL"))}
+        aer = (dev.get("config") or {}).get("aer") or {}
+        status_unc, status_cor = aer.get("uncorrectable") or [], aer.get("correctable") or []
+        if any(totals.values()) or status_unc or status_cor:
+            uncorrectable = totals["nonfatal"] or totals["fatal"] or status_unc
+            parts = [f"{k} {v}" for k, v in totals.items() if v]
+            if status_unc or status_cor:
+                parts.append("status bits " + ", ".join(status_unc + status_cor))
+            out.append(_finding(
+                "aer_errors", "warning" if uncorrectable else "info", bdf,
+                f"{bdf} has logged PCIe errors: {'; '.join(parts)}.",
+                "Watch whether the counters grow (signal integrity: reseat, riser, slot); growing correctable errors "
+                "often come with a link below capability.", [bdf]))
+        replays = ((model.get("nvml") or {}).get("gpus") or {}).get(bdf, {}).get("pcie_replay_counter")
+        if replays:
+            out.append(_finding(
+                "pcie_replays", "warning", bdf,
+                f"NVML counts {replays} PCIe replays on {bdf}: the link retransmits packets.",
+                "Check the slot, riser and cabling; replays that keep growing cost bandwidth and precede link errors.", [bdf]))
+    return out
+
+
+def find_config(model: dict) -> list[dict[str, Any]]:
+    out = []
+    for bdf, dev in sorted(model["devices"].items()):
+        cfg = dev.get("config")
+        if dev.get("config_error"):
+            out.append(_finding("config_unreadable", "warning", bdf, f"Config space of {bdf} is unreadable: {dev['config_error']}.",
+                                "Run the module as root (become: true); the findings for this function are incomplete.", [bdf]))
+        elif cfg and (not cfg["capabilities_complete"] or cfg["extended_readable"] is False):
+            out.append(_finding(
+                "config_short", "warning", bdf,
+                f"Only {cfg['size']} bytes of the config space of {bdf} are readable"
+                + (": the capability list is cut off." if not cfg["capabilities_complete"] else ": the extended capabilities (ACS, AER) are hidden."),
+                "Run the module as root (become: true): sysfs gives other users only the first 64 bytes.", [bdf]))
+    return out
+
+
+def find(model: dict, vfio_wanted: bool = False) -> list[dict[str, Any]]:
+    """Every finding for the model, most severe first."""
+    findings = (find_config(model) + find_links(model) + find_mps(model) + find_aspm(model)
+                + find_pairs(model, vfio_wanted) + find_iommu_groups(model, vfio_wanted) + find_irqs(model)
+                + find_errors(model) + find_host(model, vfio_wanted))
+    return sorted(findings, key=lambda f: (SEVERITIES.index(f["severity"]), f["code"], f["device"] or ""))
+
+
+def summary(findings: list[dict[str, Any]]) -> dict[str, int]:
+    counts = {s: 0 for s in SEVERITIES}
+    for f in findings:
+        counts[f["severity"]] += 1
+    counts["total"] = len(findings)
+    return counts

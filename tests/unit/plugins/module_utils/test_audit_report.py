@@ -1,0 +1,62 @@
+"""Fleet report rendering: link text, degraded links, ordering and escaping."""
+
+from __future__ import annotations
+
+from ansible_collections.gpufleet.inference.plugins.module_utils import audit_report as ar
+
+
+def _dev(cur_gts, cur_w, max_gts, max_w, name="GH100"):
+    return {"device_name": name, "driver": "nvidia",
+            "config": {"pcie": {"link_cap": {"speed_gts": max_gts, "width": max_w},
+                                "link_sta": {"speed_gts": cur_gts, "width": cur_w}}}}
+
+
+def _entry(host="gpu1", findings=None):
+    return {"host": host, "kernel": "6.1.0-50-cloud-amd64", "pcie": {
+        "gpus": [{"bdf": "0000:01:00.0", "numa_node": 0}, {"bdf": "0000:02:00.0", "numa_node": 1}],
+        "devices": {"0000:01:00.0": _dev(16.0, 16, 16.0, 16), "0000:02:00.0": _dev(8.0, 8, 16.0, 16)},
+        "pairs": [{"a": "0000:01:00.0", "b": "0000:02:00.0", "level": "SYS"}],
+        "findings": findings if findings is not None else [
+            {"severity": "info", "device": None, "message": "no hugepages", "fix": "reserve some"},
+            {"severity": "critical", "device": "0000:02:00.0", "message": "link 8GT/s x8 below 16GT/s x16",
+             "fix": "reseat | check riser"}]}}
+
+
+def test_link_text_and_degraded():
+    up = ar._link(_dev(16.0, 16, 16.0, 16))
+    down = ar._link(_dev(8.0, 8, 16.0, 16))
+    assert ar.link_text(up) == "16GT/s x16" and not ar.link_degraded(up)
+    assert ar.link_text(down) == "8GT/s x8 of 16GT/s x16" and ar.link_degraded(down)
+    assert ar.link_text(None) == "n/a" and not ar.link_degraded(None)
+
+
+def test_sysfs_link_is_the_fallback():
+    dev = {"config": None, "link_sysfs": {"current_speed_gts": 2.5, "current_width": 1, "max_speed_gts": 8.0, "max_width": 4}}
+    assert ar.link_text(ar._link(dev)) == "2.5GT/s x1 of 8GT/s x4"
+
+
+def test_summary_ranks_critical_first_and_counts():
+    s = ar.host_summary(_entry())
+    assert [f["severity"] for f in s["findings"]] == ["critical", "info"]
+    assert s["counts"] == {"critical": 1, "warning": 0, "info": 1}
+    assert s["pair_levels"] == ["SYS"]
+
+
+def test_markdown_has_fleet_row_and_escapes_pipes():
+    md = ar.render_markdown([_entry("gpu1"), _entry("gpu2", findings=[])])
+    assert "| gpu1 | 6.1.0-50-cloud-amd64 | 2 | 8GT/s x8 of 16GT/s x16 | SYS | 1 | 0 | 1 | link 8GT/s x8 below 16GT/s x16 |" in md
+    assert "reseat \\| check riser" in md
+    assert "## gpu2" in md and "No findings." in md
+
+
+def test_html_escapes_and_marks_severity():
+    entry = _entry("<gpu&1>")
+    page = ar.render_html([entry])
+    assert "&lt;gpu&amp;1&gt;" in page and "<gpu&1>" not in page
+    assert '<td class="critical">critical</td>' in page
+    assert '<td class="bad">8GT/s x8 of 16GT/s x16</td>' in page
+
+
+def test_fleet_audits_skips_hosts_without_a_result():
+    hostvars = {"a": {"__audit_result": {"pcie": {"gpus": []}}, "ansible_facts": {"kernel": "k"}}, "b": {}}
+    assert ar.fleet_audits(hostvars, ["a", "b"]) == [{"host": "a", "kernel": "k", "pcie": {"gpus": []}}]
