@@ -51,9 +51,11 @@ CLASS_NAMES = {
     "0x0601": "ISA bridge", "0x0604": "PCI bridge", "0x0609": "semi-transparent PCI bridge",
     "0x0680": "bridge", "0x0880": "system peripheral", "0x0b40": "co-processor",
     "0x0c03": "USB controller", "0x0c05": "SMBus controller", "0x1080": "encryption controller",
-    "0x1200": "processing accelerator", "0x1300": "non-essential instrumentation",
+    "0x1200": "processing accelerator", "0x1300": "non-essential instrumentation", "0xffff": "unassigned class",
 }
 BRIDGE_CLASSES = ("0x0604", "0x0609")
+# Display controllers of server BMCs (ASPEED, Matrox): class 03xx, but not GPUs to audit.
+BMC_VENDORS = ("1a03", "102b")
 
 
 class TopologyError(Exception):
@@ -401,7 +403,7 @@ def _describe(walker: PciWalker, bdf: str) -> str:
 
 
 def select_targets(walker: PciWalker, devices=None, vendor: str | None = None, device: str | None = None,
-                   class_prefix: str | None = "03", exclude_vendors=()) -> list[str]:
+                   class_prefix: str | None = "03", exclude_vendors=BMC_VENDORS) -> list[str]:
     """The functions to audit: the listed BDFs, or every function matching the filters.
 
     Raises TopologyError with what/where/why/what-to-do for a malformed or unknown BDF and for
@@ -434,7 +436,7 @@ def select_targets(walker: PciWalker, devices=None, vendor: str | None = None, d
     for bdf in present:
         b = walker.basic(bdf)
         v, d, c = norm(b["vendor"]), norm(b["device"]), norm(b["class"])
-        if vendor_n and v != vendor_n or device_n and d != device_n:
+        if (vendor_n and v != vendor_n) or (device_n and d != device_n):
             continue
         if prefix and not c.startswith(prefix):
             continue
@@ -442,8 +444,8 @@ def select_targets(walker: PciWalker, devices=None, vendor: str | None = None, d
             continue
         out.append(bdf)
     if not out:
-        wanted = " and ".join(filter(None, [f"class {prefix}xx" if prefix else "", f"vendor {vendor_n}" if vendor_n else "",
-                                             f"device {device_n}" if device_n else ""])) or "any function"
+        parts = [f"class {prefix}xx" if prefix else "", f"vendor {vendor_n}" if vendor_n else "", f"device {device_n}" if device_n else ""]
+        wanted = " and ".join(p for p in parts if p) or "any function"
         seen = "; ".join(_describe(walker, b) for b in present[:8]) + (" ..." if len(present) > 8 else "")
         raise TopologyError(
             f"No GPU found under {where}: no PCI function matches {wanted} "

@@ -28,17 +28,20 @@ def test_every_network_controller_is_audited(host):
         if host.file(f"/sys/bus/pci/devices/{bdf}/class").content_string.strip().startswith("0x02"):
             expected.add(bdf)
     assert expected, "the CI machine has no network controller to audit"
-    audited = set(report["pcie"]["gpus"])
+    audited = {gpu["bdf"] for gpu in report["pcie"]["gpus"]}
     assert audited == expected
 
 
 def test_audit_agrees_with_sysfs(host):
     report = _report(host)
-    for bdf in report["pcie"]["gpus"]:
+    for gpu in report["pcie"]["gpus"]:
+        bdf = gpu["bdf"]
         dev = report["pcie"]["devices"][bdf]
         sysfs = f"/sys/bus/pci/devices/{bdf}"
-        assert dev["vendor"] == host.file(f"{sysfs}/vendor").content_string.strip()[2:]
-        assert dev["device"] == host.file(f"{sysfs}/device").content_string.strip()[2:]
+        assert dev["vendor_id"] == host.file(f"{sysfs}/vendor").content_string.strip()
+        assert dev["device_id"] == host.file(f"{sysfs}/device").content_string.strip()
+        # the decoder read the same IDs from config space
+        assert dev["config"]["vendor_id"] == dev["vendor_id"]
         driver = host.file(f"{sysfs}/driver")
         if driver.exists:
             assert dev["driver"] == os.path.basename(driver.linked_to)

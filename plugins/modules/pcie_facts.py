@@ -1,0 +1,639 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: pcie_facts
+short_description: Audit the PCIe path of every GPU, from config space, sysfs and NVML
+version_added: 0.1.0
+description:
+  - Finds the GPUs (PCI class C(03xx)), or the functions named in O(devices), and walks each one's path up to its root port.
+  - For every function on those paths it decodes the config space read from sysfs (not C(lspci) text) into link capability
+    and status, MaxPayload supported and set, MaxReadReq, ASPM control, ACS capability and control, and AER status; and reads
+    the driver, IOMMU group and its members, NUMA node and local CPUs, MSI/MSI-X IRQs with their affinity, and the
+    kernel's AER counters.
+  - For every pair of targets it gives the topology level as C(nvidia-smi topo -m) names it (PIX, PXB, PHB, NODE, SYS),
+    derived from the sysfs path, and from NVML (with P2P status and NVLink) where the NVIDIA driver and nvidia-ml-py exist.
+  - Judges the result into findings, each with a severity and the fix in words (link below capability, MaxPayload below
+    what the path supports, ASPM on a GPU path, ACS redirect between GPUs, GPU pairs across sockets, shared IOMMU groups,
+    IRQs on a remote NUMA node, no huge pages, missing C(iommu=pt) when vfio is wanted, AER errors).
+  - Optionally measures host to device copy bandwidth with PyTorch or CuPy and reports it against the link's theoretical rate.
+  - Never changes the host. Facts land in C(ansible_facts.gpufleet_pcie) and in RV(pcie).
+author:
+  - gpufleet.inference contributors (@gpufleet)
+requirements:
+  - Linux with sysfs. Run as root (C(become)) for the full config space; other users get 64 bytes and partial findings.
+  - nvidia-ml-py on the target's Python for the NVML data (optional).
+  - pyudev for vendor and model names from the udev hardware database (optional; C(pci.ids) is the fallback).
+  - PyTorch or CuPy with CUDA for O(bandwidth_probe) (optional).
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
+  - gpufleet.inference.common
+  - gpufleet.inference.common.attributes_readonly
+attributes:
+  facts:
+    support: full
+options:
+  devices:
+    description:
+      - PCI addresses (C(0000:3b:00.0), or C(3b:00.0) for domain 0) of the functions to audit.
+      - When set, O(vendor), O(device), O(class_prefix) and O(exclude_vendors) are not used.
+    type: list
+    elements: str
+    default: []
+  vendor:
+    description: Audit only functions of this PCI vendor ID, for example C(10de) for NVIDIA.
+    type: str
+  device:
+    description: Audit only functions with this PCI device ID, for example C(2335).
+    type: str
+  class_prefix:
+    description:
+      - Audit functions whose class code (six hex digits) starts with this. C(03) is every display controller; C(0302) is 3D
+        controllers only. Set it to an empty string to match any class (with O(vendor) or O(device)).
+    type: str
+    default: '03'
+  exclude_vendors:
+    description:
+      - Vendor IDs left out of class matching when O(vendor) is not set. The default drops the BMC display controllers that
+        most servers carry (ASPEED C(1a03), Matrox C(102b)).
+    type: list
+    elements: str
+    default: ['1a03', '102b']
+  include_nvml:
+    description:
+      - Whether to read NVML. V(auto) reads it when nvidia-ml-py imports, an NVIDIA function is among the targets and O(root)
+        is C(/), and notes why when it does not. V(always) fails when NVML cannot be read. V(never) skips it.
+    type: str
+    choices: [auto, always, never]
+    default: auto
+  vfio_wanted:
+    description:
+      - The GPUs are meant for vfio passthrough. Turns on the C(iommu=pt) and IOMMU checks, raises shared IOMMU groups and
+        missing huge pages to warnings, and lowers ACS redirect to info (ACS is what isolates the groups).
+    type: bool
+    default: false
+  bandwidth_probe:
+    description:
+      - Measure host to device and device to host copy bandwidth, from pinned and from pageable memory, for every NVIDIA
+        target, in a subprocess of O(probe_python) that uses PyTorch or else CuPy.
+      - Allocates O(probe_size_mb) MiB on each GPU and twice that in host memory for a few seconds; changes no setting.
+      - Fails soft. Without PyTorch/CuPy or CUDA the module warns and RV(pcie.bandwidth.error) says why.
+    type: bool
+    default: false
+  probe_python:
+    description: Python interpreter for the bandwidth probe. Defaults to the interpreter running the module.
+    type: path
+  probe_size_mb:
+    description: Size of each copy in the bandwidth probe, in MiB.
+    type: int
+    default: 256
+notes:
+  - Config space is read from C(/sys/bus/pci/devices/*/config); the module never runs C(lspci) or C(setpci).
+  - NVIDIA GPUs lower their link speed when idle, so a speed (not width) below capability on an idle GPU is a warning to
+    re-check under load, not proof of a fault.
+  - Without NVML the topology level comes from the sysfs path. Functions below one switch are PIX, below nested switches
+    PXB, on one host bridge PHB, on different host bridges NODE, or SYS when their NUMA nodes differ.
+seealso:
+  - name: nvidia-smi topo
+    description: The topology levels this module reproduces.
+    link: https://docs.nvidia.com/deploy/nvidia-smi/index.html
+"""
+
+EXAMPLES = r"""
+- name: Audit every GPU's PCIe path
+  gpufleet.inference.pcie_facts:
+  become: true
+
+- name: Show what needs attention
+  ansible.builtin.debug:
+    msg: "{{ item.severity }} {{ item.code }} on {{ item.device }}: {{ item.message }} Fix: {{ item.fix }}"
+  loop: "{{ ansible_facts.gpufleet_pcie.findings }}"
+  when: item.severity != 'info'
+
+- name: Fail a host whose GPUs run on a degraded link
+  ansible.builtin.assert:
+    that: ansible_facts.gpufleet_pcie.findings | selectattr('code', 'eq', 'link_below_capability')
+          | selectattr('severity', 'eq', 'critical') | list | length == 0
+    fail_msg: "PCIe link width below capability on {{ inventory_hostname }}"
+
+- name: Audit NVIDIA GPUs meant for vfio passthrough, NVML required
+  gpufleet.inference.pcie_facts:
+    vendor: '10de'
+    vfio_wanted: true
+    include_nvml: always
+  become: true
+
+- name: Audit a NIC next to the GPUs (GPUDirect RDMA placement)
+  gpufleet.inference.pcie_facts:
+    devices: ['0000:3b:00.0', '0000:3c:00.0']
+  become: true
+
+- name: Measure host<->device copy bandwidth with the venv that holds PyTorch
+  gpufleet.inference.pcie_facts:
+    bandwidth_probe: true
+    probe_python: /opt/vllm/.venv/bin/python
+  become: true
+  register: pcie
+
+- name: Audit a captured tree instead of the live host
+  gpufleet.inference.pcie_facts:
+    root: /tmp/capture/gpu-host
+  delegate_to: localhost
+"""
+
+RETURN = r"""
+actions:
+  description: Always empty; the module changes nothing.
+  returned: always
+  type: list
+  elements: str
+  sample: []
+findings_summary:
+  description: Number of findings per severity, and in total.
+  returned: success
+  type: dict
+  sample: {critical: 0, warning: 2, info: 1, total: 3}
+pcie:
+  description: The audit, the same as C(ansible_facts.gpufleet_pcie).
+  returned: success
+  type: dict
+  contains:
+    root:
+      description: The O(root) the host was read under.
+      type: str
+      sample: /
+    devices:
+      description:
+        - Every function on the targets' paths, keyed by PCI address.
+        - C(config) holds the decoded config space, with C(pcie) (C(port_type), C(mps_supported), C(mps), C(mrrs) in bytes,
+          C(link_cap), C(link_sta) with C(speed_gts), C(gen), C(width), C(link_ctl.aspm), C(link_speeds_supported)),
+          C(acs) (C(cap) and C(ctrl) bits SV, TB, RR, CR, UF, EC, DT, and C(p2p_redirect)), C(aer) (status registers and
+          the names of the bits set), C(msi), C(msix) (C(table_size)), the capability lists, C(capabilities_complete) and
+          C(extended_readable).
+      type: dict
+      sample:
+        "0000:00:06.0":
+          bdf: "0000:00:06.0"
+          role: target
+          sysfs_path: /sys/devices/pci0000:00/0000:00:06.0
+          host_bridge: pci0000:00
+          parent: null
+          class: "0x030200"
+          class_name: 3D controller
+          vendor_id: "0x10de"
+          device_id: "0x2335"
+          vendor_name: NVIDIA Corporation
+          device_name: GH100 [H200 SXM 141GB]
+          driver: nvidia
+          numa_node: -1
+          local_cpulist: 0-15
+          iommu_group: null
+          iommu_group_type: null
+          iommu_group_members: []
+          irqs: [{irq: 42, mode: msix, smp_affinity_list: 0-15, effective_affinity_list: "14"}]
+          link_sysfs: {current_speed_gts: 32.0, current_width: 16, max_speed_gts: 32.0, max_width: 16}
+          aer_counters: null
+          config_error: null
+          config:
+            size: 4096
+            class: "0x030200"
+            is_bridge: false
+            pcie:
+              port_type: endpoint
+              mps_supported: 256
+              mps: 256
+              mrrs: 4096
+              link_cap: {speed_gts: 32.0, gen: 5, width: 16, aspm_support: L1, port_number: 0}
+              link_sta: {speed_gts: 32.0, gen: 5, width: 16, training: false, dll_active: false}
+              link_ctl: {aspm: disabled, common_clock: false, link_disabled: false}
+              link_speeds_supported: [2.5, 5.0, 8.0, 16.0, 32.0]
+            msix: {offset: 176, table_size: 9, enabled: true, function_masked: false}
+            acs: null
+            aer: {offset: 440, uncorrectable_status: 0, correctable_status: 0, uncorrectable: [], correctable: []}
+            extended_readable: true
+    gpus:
+      description: The audited functions, each with its path of PCI addresses from the top of the tree down to it.
+      type: list
+      elements: dict
+      contains:
+        bdf:
+          description: PCI address.
+          type: str
+        host_bridge:
+          description: The sysfs host bridge directory (C(pci0000:00)) the path starts from.
+          type: str
+        path:
+          description: PCI addresses from the root port (or the first function under the host bridge) down to the target.
+          type: list
+          elements: str
+        root_port:
+          description: First function of the path when the target is not directly on a root bus.
+          type: str
+        numa_node:
+          description: NUMA node from sysfs, C(-1) when the firmware does not say.
+          type: int
+        name:
+          description: Model name from the udev database or C(pci.ids), when known.
+          type: str
+      sample: [{bdf: "0000:03:00.0", host_bridge: pci0000:00, path: ["0000:00:01.0", "0000:01:00.0", "0000:02:00.0", "0000:03:00.0"],
+                root_port: "0000:00:01.0", numa_node: 0, name: null}]
+    pairs:
+      description: Every pair of targets.
+      type: list
+      elements: dict
+      contains:
+        a:
+          description: First PCI address.
+          type: str
+        b:
+          description: Second PCI address.
+          type: str
+        level:
+          description: Topology level as C(nvidia-smi topo -m) names it (C(NV<n>), PIX, PXB, PHB, NODE, SYS).
+          type: str
+        level_source:
+          description: C(nvml) when NVML gave the level, else C(sysfs).
+          type: str
+        sysfs_level:
+          description: The level derived from the sysfs path.
+          type: str
+        nvml_level:
+          description: The level NVML reports, or null.
+          type: str
+        common_ancestor:
+          description: Deepest function both paths share (a switch upstream port), or null.
+          type: str
+        bridges_between:
+          description: Bridges between the two below the common ancestor.
+          type: list
+          elements: str
+        acs_redirect:
+          description: Bridges between the two with ACS P2P Request or Completion Redirect on.
+          type: list
+          elements: str
+        numa_nodes:
+          description: NUMA nodes of a and b.
+          type: list
+          elements: int
+        p2p:
+          description: NVML P2P status per capability (read, write, nvlink, atomics, pci), C(OK) or the reason; null without NVML.
+          type: dict
+      sample: [{a: "0000:03:00.0", b: "0000:04:00.0", level: PIX, level_source: sysfs, sysfs_level: PIX, nvml_level: null,
+                common_ancestor: "0000:01:00.0", bridges_between: ["0000:02:00.0", "0000:02:01.0"],
+                acs_redirect: ["0000:02:00.0", "0000:02:01.0"], numa_nodes: [0, 0], p2p: null}]
+    findings:
+      description: What needs attention, most severe first.
+      type: list
+      elements: dict
+      contains:
+        code:
+          description: >-
+            One of link_below_capability, link_capped, mps_below_path, mps_above_path, aspm_enabled, acs_redirect,
+            pair_sys_level, iommu_group_shared, iommu_group_functions, irq_remote_numa, numa_node_unknown, no_hugepages,
+            iommu_disabled, iommu_pt_missing, aer_errors, pcie_replays, config_unreadable, config_short.
+          type: str
+        severity:
+          description: C(critical), C(warning) or C(info).
+          type: str
+        device:
+          description: The function the finding is about; null for host-wide findings.
+          type: str
+        devices:
+          description: Every function involved.
+          type: list
+          elements: str
+        message:
+          description: What was found, where.
+          type: str
+        fix:
+          description: What to do about it, in words.
+          type: str
+      sample: [{code: acs_redirect, severity: warning, device: "0000:03:00.0", devices: ["0000:03:00.0", "0000:04:00.0"],
+                message: "0000:03:00.0 and 0000:04:00.0 share a PCIe switch (PIX), but ACS P2P redirect ...",
+                fix: "Disable ACS in the BIOS or boot with pci=noacs ..."}]
+    findings_summary:
+      description: Number of findings per severity, and in total.
+      type: dict
+    hugepages:
+      description: Huge page reservations from C(/proc/meminfo) and C(/sys/kernel/mm/hugepages).
+      type: dict
+      sample: {total: 0, free: 0, size_kb: 2048, hugetlb_kb: 0, reserved_pages: 0,
+               sizes: {2048kB: {nr_hugepages: 0, free_hugepages: 0}, 1048576kB: {nr_hugepages: 0, free_hugepages: 0}}}
+    cmdline:
+      description: The kernel command line.
+      type: str
+    iommu:
+      description: IOMMU state; C(passthrough) is true with C(iommu=pt) on the command line or identity-mapped target groups.
+      type: dict
+      sample: {groups: 11, enabled: true, passthrough: false, passthrough_cmdline: false}
+    numa_nodes:
+      description: NUMA nodes with their CPU lists.
+      type: dict
+      sample: {"0": {cpulist: 0-1, cpus: 2}}
+    aspm_policy:
+      description: The kernel's ASPM policy (C(default), C(performance), C(powersave), C(powersupersave)), null if unknown.
+      type: str
+    names_source:
+      description: Where vendor and model names came from (C(udev), C(pci.ids)), or null.
+      type: str
+    nvml:
+      description:
+        - NVML's view; C(available) false with C(error) saying why when it was not read.
+        - C(gpus) is keyed by PCI address with C(link_gen_current), C(link_gen_max) (this system), C(link_gen_gpu_max),
+          C(link_width_current), C(link_width_max), C(pcie_replay_counter), C(numa_node), C(name), C(uuid), C(nvlink_peers);
+          C(unsupported) lists the calls the driver refused.
+      type: dict
+      sample: {available: true, error: null, driver_version: 580.159.04, unsupported: [],
+               gpus: {"0000:00:06.0": {index: 0, name: NVIDIA H200, link_gen_current: 5, link_gen_max: 5, link_gen_gpu_max: 5,
+                                       link_width_current: 16, link_width_max: 16, pcie_replay_counter: 0, numa_node: null,
+                                       unsupported: [numa_node], nvlink_peers: {}}}, pairs: []}
+    bandwidth:
+      description:
+        - Copy bandwidth per GPU in GB/s (10^9 bytes per second), and as a percentage of what the path's link
+          capabilities allow (C(theoretical_gbps)); null unless O(bandwidth_probe).
+      type: dict
+      contains:
+        backend:
+          description: C(torch <version>) or C(cupy <version>), null when neither could run.
+          type: str
+        python:
+          description: The interpreter the probe ran in.
+          type: str
+        size_mb:
+          description: Size of each copy in MiB.
+          type: int
+        error:
+          description: Why the probe gave no figures (no PyTorch/CuPy, no CUDA, no NVIDIA target), or null.
+          type: str
+        gpus:
+          description:
+            - Per PCI address, C(h2d_pinned_gbps), C(d2h_pinned_gbps), C(h2d_pageable_gbps), C(d2h_pageable_gbps) (median of
+              5 copies after a warm-up), C(theoretical_gbps) and the matching C(*_pct).
+          type: dict
+      sample: {backend: torch 2.11.0, python: /usr/bin/python3, size_mb: 256, error: null,
+               gpus: {"0000:00:06.0": {h2d_pinned_gbps: 55.22, d2h_pinned_gbps: 55.05, h2d_pageable_gbps: 8.37,
+                                       d2h_pageable_gbps: 13.56, theoretical_gbps: 63.02, h2d_pinned_pct: 87.6,
+                                       d2h_pinned_pct: 87.4, h2d_pageable_pct: 13.3, d2h_pageable_pct: 21.5}}}
+ansible_facts:
+  description: The audit as a fact.
+  returned: success
+  type: complex
+  contains:
+    gpufleet_pcie:
+      description: Same as RV(pcie).
+      type: dict
+"""
+
+import json
+import sys
+
+from ansible.module_utils.basic import AnsibleModule, missing_required_lib
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.nvml import (
+    HAS_PYNVML, PYNVML_IMPORT_ERROR, NvmlUnavailable, collect as nvml_collect, merge as nvml_merge,
+)
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import link_bandwidth_gbps
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
+    BMC_VENDORS, PciWalker, TopologyError, build_model, select_targets,
+)
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_findings import find, path_links, summary
+
+NVIDIA = "0x10de"
+
+# Runs in the probe interpreter (which may hold PyTorch or CuPy but not Ansible): stdlib only,
+# prints one JSON line. argv[1] is {"size_mb", "repeats", "bdfs"}.
+PROBE_SCRIPT = r'''
+import json, sys, time
+args = json.loads(sys.argv[1])
+size, reps, wanted = int(args["size_mb"]) << 20, int(args["repeats"]), set(args["bdfs"])
+
+
+def rate(copy, sync):
+    copy()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        copy()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return round(size / sorted(times)[len(times) // 2] / 1e9, 2)
+
+
+def with_torch():
+    import torch
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch %s sees no CUDA device" % torch.__version__)
+    out = {}
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        bdf = "%04x:%02x:%02x.0" % (p.pci_domain_id, p.pci_bus_id, p.pci_device_id)
+        if bdf not in wanted:
+            continue
+        with torch.cuda.device(i):
+            dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+            pinned = torch.ones(size, dtype=torch.uint8).pin_memory()
+            pageable = torch.ones(size, dtype=torch.uint8)
+            sync = torch.cuda.synchronize
+            out[bdf] = {"h2d_pinned_gbps": rate(lambda: dev.copy_(pinned, non_blocking=True), sync),
+                        "d2h_pinned_gbps": rate(lambda: pinned.copy_(dev, non_blocking=True), sync),
+                        "h2d_pageable_gbps": rate(lambda: dev.copy_(pageable), sync),
+                        "d2h_pageable_gbps": rate(lambda: pageable.copy_(dev), sync)}
+            del dev, pinned, pageable
+            torch.cuda.empty_cache()
+    return "torch " + torch.__version__, out
+
+
+def with_cupy():
+    import cupy
+    import numpy
+    out = {}
+    for i in range(cupy.cuda.runtime.getDeviceCount()):
+        dom, bus, rest = cupy.cuda.runtime.deviceGetPCIBusId(i).lower().split(":")
+        bdf = "%04x:%s:%s" % (int(dom, 16), bus, rest)
+        if bdf not in wanted:
+            continue
+        with cupy.cuda.Device(i):
+            dev = cupy.empty(size, dtype=cupy.uint8)
+            mem = cupy.cuda.alloc_pinned_memory(size)
+            pinned = numpy.frombuffer(mem, dtype=numpy.uint8, count=size)
+            pinned[:] = 1
+            pageable = numpy.ones(size, dtype=numpy.uint8)
+            sync = cupy.cuda.runtime.deviceSynchronize
+            out[bdf] = {"h2d_pinned_gbps": rate(lambda: dev.set(pinned), sync),
+                        "d2h_pinned_gbps": rate(lambda: dev.get(out=pinned), sync),
+                        "h2d_pageable_gbps": rate(lambda: dev.set(pageable), sync),
+                        "d2h_pageable_gbps": rate(lambda: dev.get(out=pageable), sync)}
+            del dev, mem, pinned, pageable
+    return "cupy " + cupy.__version__, out
+
+
+def main():
+    errors = []
+    for probe in (with_torch, with_cupy):
+        try:
+            backend, gpus = probe()
+        except Exception as err:
+            errors.append("%s: %s: %s" % (probe.__name__[5:], type(err).__name__, err))
+            continue
+        return {"backend": backend, "gpus": gpus, "error": None if gpus else "no CUDA device matches %s" % sorted(wanted)}
+    return {"backend": None, "gpus": {}, "error": "; ".join(errors)}
+
+
+print(json.dumps(main()))
+'''
+
+
+def path_bandwidth(model: dict, bdf: str) -> float | None:
+    """The slowest link's theoretical GB/s on the path, from both ends' capabilities."""
+    rates = []
+    for link in path_links(model, bdf):
+        pcap = link["partner_cap"] or {}
+        speeds = [s for s in (link["cap"]["speed_gts"], pcap.get("speed_gts")) if s]
+        widths = [w for w in (link["cap"]["width"], pcap.get("width")) if w]
+        rate = link_bandwidth_gbps(min(speeds), min(widths)) if speeds and widths else None
+        if rate:
+            rates.append(rate)
+    return min(rates) if rates else None
+
+
+def bandwidth(model: dict, params: dict, run) -> dict:
+    """Run the copy probe through ``run(argv, environ_update) -> (rc, out, err)`` and score it."""
+    python = params["probe_python"] or sys.executable
+    bdfs = [g["bdf"] for g in model["gpus"] if model["devices"][g["bdf"]]["vendor_id"] == NVIDIA]
+    result = {"backend": None, "python": python, "size_mb": params["probe_size_mb"], "gpus": {}, "error": None}
+    if not bdfs:
+        result["error"] = "no NVIDIA GPU among the targets"
+        return result
+    if model["root"] != "/":
+        result["error"] = f"the probe measures the live host, not the tree under root {model['root']}"
+        return result
+    if run is None:
+        result["error"] = "no command runner was given to run the probe"
+        return result
+    args = json.dumps({"size_mb": params["probe_size_mb"], "repeats": 5, "bdfs": bdfs})
+    rc, out, err = run([python, "-c", PROBE_SCRIPT, args], {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    lines = [ln for ln in (out or "").splitlines() if ln.startswith("{")]
+    try:
+        data = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        result["error"] = f"probe with {python} exited {rc} without a result: {(err or out or '').strip()[-400:]}"
+        return result
+    result.update(backend=data.get("backend"), error=data.get("error"))
+    for bdf, rates in (data.get("gpus") or {}).items():
+        theory = path_bandwidth(model, bdf)
+        entry = dict(rates, theoretical_gbps=theory)
+        for key, value in rates.items():
+            entry[key.replace("_gbps", "_pct")] = round(100.0 * value / theory, 1) if theory and value else None
+        result["gpus"][bdf] = entry
+    return result
+
+
+def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, list[str]]:
+    """The whole audit: targets, model, NVML, probe and findings. Returns (facts, warnings).
+
+    Raises TopologyError or NvmlUnavailable with a message fit for fail_json.
+    """
+    warnings: list[str] = []
+    params = dict({"devices": [], "vendor": None, "device": None, "class_prefix": "03", "exclude_vendors": list(BMC_VENDORS),
+                   "include_nvml": "auto", "vfio_wanted": False, "bandwidth_probe": False, "probe_python": None,
+                   "probe_size_mb": 256}, **params)
+    targets = select_targets(PciWalker(fs), devices=params["devices"], vendor=params["vendor"], device=params["device"],
+                             class_prefix=params["class_prefix"], exclude_vendors=params["exclude_vendors"])
+    model = build_model(fs, targets)
+    for bdf in targets:
+        dev = model["devices"][bdf]
+        if dev["config_error"]:
+            raise TopologyError(
+                f"Cannot audit {bdf} ({dev['class_name']} [{(dev['vendor_id'] or '?')[2:]}:{(dev['device_id'] or '?')[2:]}]): "
+                f"{dev['config_error']}. The link, MaxPayload, ASPM and ACS checks decode this file: run the module as root "
+                f"(become: true), and check that the function still exists (lspci -D -s {bdf}).")
+    for bdf, dev in model["devices"].items():
+        cfg = dev["config"]
+        if dev["config_error"]:
+            warnings.append(f"{bdf} (on the path of a target): {dev['config_error']}; its checks are skipped.")
+        elif cfg and cfg["size"] < 256:
+            warnings.append(f"Only {cfg['size']} bytes of config space are readable for {bdf}: run as root for the full audit.")
+
+    has_nvidia = any(model["devices"][b]["vendor_id"] == NVIDIA for b in targets)
+    mode = params["include_nvml"]
+    nvml = {"available": False, "error": None, "gpus": {}, "pairs": []}
+    if mode == "never":
+        nvml["error"] = "include_nvml is never"
+    elif mode == "auto" and not (HAS_PYNVML or nvml_lib):
+        nvml["error"] = "nvidia-ml-py (pynvml) is not installed for this interpreter"
+    elif mode == "auto" and not has_nvidia:
+        nvml["error"] = "no NVIDIA function among the targets"
+    elif mode == "auto" and fs.root != "/" and nvml_lib is None:
+        nvml["error"] = f"NVML describes the live host, not the tree under root {fs.root}"
+    else:
+        try:
+            nvml = nvml_collect(nvml_lib)
+        except NvmlUnavailable as err:
+            if mode == "always":
+                raise NvmlUnavailable(
+                    f"NVML could not be read on this host (include_nvml=always): {err}. Install the NVIDIA driver and "
+                    "nvidia-ml-py for the interpreter that runs the module, or set include_nvml: auto.") from None
+            nvml["error"] = str(err)
+            warnings.append(f"NVML not read: {err}; topology levels come from sysfs.")
+    nvml_merge(model, nvml)
+
+    model["bandwidth"] = None
+    if params["bandwidth_probe"]:
+        model["bandwidth"] = bandwidth(model, params, run)
+        if model["bandwidth"]["error"]:
+            warnings.append(f"Bandwidth probe: {model['bandwidth']['error']}")
+
+    model["findings"] = find(model, vfio_wanted=params["vfio_wanted"])
+    model["findings_summary"] = summary(model["findings"])
+    return model, warnings
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            root=dict(type="path", default="/"),
+            devices=dict(type="list", elements="str", default=[]),
+            vendor=dict(type="str"),
+            device=dict(type="str"),
+            class_prefix=dict(type="str", default="03"),
+            exclude_vendors=dict(type="list", elements="str", default=list(BMC_VENDORS)),
+            include_nvml=dict(type="str", choices=["auto", "always", "never"], default="auto"),
+            vfio_wanted=dict(type="bool", default=False),
+            bandwidth_probe=dict(type="bool", default=False),
+            probe_python=dict(type="path"),
+            probe_size_mb=dict(type="int", default=256),
+        ),
+        supports_check_mode=True,
+    )
+    if module.params["include_nvml"] == "always" and not HAS_PYNVML:
+        module.fail_json(msg=missing_required_lib("nvidia-ml-py (include_nvml=always)"), exception=PYNVML_IMPORT_ERROR)
+    if module.params["probe_size_mb"] < 1:
+        module.fail_json(msg=f"probe_size_mb must be at least 1, got {module.params['probe_size_mb']}")
+
+    def run(argv, env):
+        return module.run_command(argv, environ_update=env)
+
+    params = {k: v for k, v in module.params.items() if k != "root"}
+    try:
+        facts, warnings = gather(HostFS(module.params["root"]), params, run=run)
+    except (TopologyError, NvmlUnavailable) as err:
+        module.fail_json(msg=str(err))
+    except HostFSError as err:
+        module.fail_json(msg=f"PCIe audit under root {module.params['root']} failed: {err}. The module reads sysfs and procfs: "
+                             "run it as root (become: true) on a Linux host, outside a restricted container.")
+    for warning in warnings:
+        module.warn(warning)
+    module.exit_json(changed=False, actions=[], findings_summary=facts["findings_summary"], pcie=facts,
+                     ansible_facts={"gpufleet_pcie": facts})
+
+
+if __name__ == "__main__":
+    main()
