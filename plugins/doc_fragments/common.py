@@ -23,24 +23,32 @@ options:
     ATTRIBUTES_READONLY = r"""
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: The module never changes the host, so check mode returns the same result.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: none
   platform:
+    description: Target OS/families that can be operated against.
+    support: full
     platforms: posix
-    description: Linux hosts with sysfs.
+    details: Linux hosts with sysfs.
 """
 
     ATTRIBUTES = r"""
 attributes:
   check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
     support: full
     details: Every read is done and no write; RV(actions) lists what would be done.
   diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
     support: full
     details: Returns C(before) and C(after) of the state the module manages.
   platform:
+    description: Target OS/families that can be operated against.
+    support: full
     platforms: posix
-    description: Linux hosts with sysfs.
+    details: Linux hosts with sysfs.
 """

@@ -31,7 +31,6 @@ requirements:
   - pyudev for vendor and model names from the udev hardware database (optional; C(pci.ids) is the fallback).
   - PyTorch or CuPy with CUDA for O(bandwidth_probe) (optional).
 extends_documentation_fragment:
-  - ansible.builtin.action_common_attributes
   - ansible.builtin.action_common_attributes.facts
   - gpufleet.inference.common
   - gpufleet.inference.common.attributes_readonly
