@@ -18,6 +18,7 @@ def _link(dev: dict[str, Any]) -> dict[str, Any] | None:
     if cap.get("speed_gts") or sta.get("speed_gts"):
         return {"cur_gts": sta.get("speed_gts"), "cur_width": sta.get("width"),
                 "max_gts": cap.get("speed_gts"), "max_width": cap.get("width")}
+
     sysfs = dev.get("link_sysfs") or {}
     if sysfs:
         return {"cur_gts": sysfs.get("current_speed_gts"), "cur_width": sysfs.get("current_width"),
@@ -25,14 +26,19 @@ def _link(dev: dict[str, Any]) -> dict[str, Any] | None:
     return None
 
 
+GEN_BY_GTS = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+
+
 def _fmt_gts(gts: float | None) -> str:
+    """'Gen5 (32GT/s)', the way GPU tools (nvidia-smi) and the guides speak of links."""
     if not gts:
         return "?"
-    return f"{gts:g}GT/s"
+    gen = GEN_BY_GTS.get(float(gts))
+    return f"Gen{gen} ({gts:g}GT/s)" if gen else f"{gts:g}GT/s"
 
 
 def link_text(link: dict[str, Any] | None) -> str:
-    """'8GT/s x8 of 16GT/s x16' or '16GT/s x16' when it runs at capability."""
+    """'Gen3 (8GT/s) x8 of Gen4 (16GT/s) x16', or one reading when the link runs at capability."""
     if not link:
         return "n/a"
     cur = f"{_fmt_gts(link['cur_gts'])} x{link['cur_width'] or '?'}"
@@ -66,11 +72,14 @@ def host_summary(entry: dict[str, Any]) -> dict[str, Any]:
     devices = pcie.get("devices") or {}
     findings = pcie.get("findings") or []
     counts = {s: sum(1 for f in findings if f.get("severity") == s) for s in SEVERITIES}
+    nvml_gpus = ((pcie.get("nvml") or {}).get("gpus")) or {}
     gpus = []
     for gpu in pcie.get("gpus") or []:
         dev = devices.get(gpu["bdf"], {})
         link = _link(dev)
-        gpus.append({"bdf": gpu["bdf"], "name": gpu.get("name") or dev.get("device_name") or dev.get("device_id") or "?",
+        name = ((nvml_gpus.get(gpu["bdf"]) or {}).get("name") or gpu.get("name") or dev.get("device_name")
+                or " ".join(filter(None, (dev.get("vendor_id"), dev.get("device_id")))) or "?")
+        gpus.append({"bdf": gpu["bdf"], "name": name,
                      "link": link_text(link), "degraded": link_degraded(link),
                      "numa_node": gpu.get("numa_node"), "driver": dev.get("driver")})
     levels = sorted({p.get("level") for p in pcie.get("pairs") or [] if p.get("level")})

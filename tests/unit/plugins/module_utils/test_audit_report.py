@@ -25,14 +25,14 @@ def _entry(host="gpu1", findings=None):
 def test_link_text_and_degraded():
     up = ar._link(_dev(16.0, 16, 16.0, 16))
     down = ar._link(_dev(8.0, 8, 16.0, 16))
-    assert ar.link_text(up) == "16GT/s x16" and not ar.link_degraded(up)
-    assert ar.link_text(down) == "8GT/s x8 of 16GT/s x16" and ar.link_degraded(down)
+    assert ar.link_text(up) == "Gen4 (16GT/s) x16" and not ar.link_degraded(up)
+    assert ar.link_text(down) == "Gen3 (8GT/s) x8 of Gen4 (16GT/s) x16" and ar.link_degraded(down)
     assert ar.link_text(None) == "n/a" and not ar.link_degraded(None)
 
 
 def test_sysfs_link_is_the_fallback():
     dev = {"config": None, "link_sysfs": {"current_speed_gts": 2.5, "current_width": 1, "max_speed_gts": 8.0, "max_width": 4}}
-    assert ar.link_text(ar._link(dev)) == "2.5GT/s x1 of 8GT/s x4"
+    assert ar.link_text(ar._link(dev)) == "Gen1 (2.5GT/s) x1 of Gen3 (8GT/s) x4"
 
 
 def test_summary_ranks_critical_first_and_counts():
@@ -44,7 +44,7 @@ def test_summary_ranks_critical_first_and_counts():
 
 def test_markdown_has_fleet_row_and_escapes_pipes():
     md = ar.render_markdown([_entry("gpu1"), _entry("gpu2", findings=[])])
-    assert "| gpu1 | 6.1.0-50-cloud-amd64 | 2 | 8GT/s x8 of 16GT/s x16 | SYS | 1 | 0 | 1 | link 8GT/s x8 below 16GT/s x16 |" in md
+    assert "| gpu1 | 6.1.0-50-cloud-amd64 | 2 | Gen3 (8GT/s) x8 of Gen4 (16GT/s) x16 | SYS | 1 | 0 | 1 | link 8GT/s x8 below 16GT/s x16 |" in md
     assert "reseat \\| check riser" in md
     assert "## gpu2" in md and "No findings." in md
 
@@ -54,9 +54,17 @@ def test_html_escapes_and_marks_severity():
     page = ar.render_html([entry])
     assert "&lt;gpu&amp;1&gt;" in page and "<gpu&1>" not in page
     assert '<td class="critical">critical</td>' in page
-    assert '<td class="bad">8GT/s x8 of 16GT/s x16</td>' in page
+    assert '<td class="bad">Gen3 (8GT/s) x8 of Gen4 (16GT/s) x16</td>' in page
 
 
 def test_fleet_audits_skips_hosts_without_a_result():
     hostvars = {"a": {"__audit_result": {"pcie": {"gpus": []}}, "ansible_facts": {"kernel": "k"}}, "b": {}}
     assert ar.fleet_audits(hostvars, ["a", "b"]) == [{"host": "a", "kernel": "k", "pcie": {"gpus": []}}]
+
+
+def test_nvml_name_wins_over_ids():
+    entry = _entry()
+    entry["pcie"]["nvml"] = {"gpus": {"0000:01:00.0": {"name": "NVIDIA H200"}}}
+    entry["pcie"]["devices"]["0000:02:00.0"].update(device_name=None, vendor_id="0x10de", device_id="0x2335")
+    names = [g["name"] for g in ar.host_summary(entry)["gpus"]]
+    assert names == ["NVIDIA H200", "0x10de 0x2335"]
