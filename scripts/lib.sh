@@ -22,6 +22,10 @@ gpufleet_env() {
     export ANSIBLE_CONFIG="$GPUFLEET_REPO/ansible.cfg"
     export CONTAINERS_CONF="$GPUFLEET_CACHE/containers.conf"
     export ANSIBLE_COLLECTIONS_PATH="$GPUFLEET_REPO/.collections"
+    # Molecule and ansible-lint install "the project's collection" into $ANSIBLE_HOME/collections
+    # unless a link there already points at the checkout: keep that per checkout (bootstrap
+    # makes the link) so no stale copy under ~/.ansible ever shadows the working tree.
+    export ANSIBLE_HOME="$GPUFLEET_REPO/.ansible"
     export LC_ALL=C.UTF-8 LANG=C.UTF-8
     export PYTHONDONTWRITEBYTECODE=1
 }

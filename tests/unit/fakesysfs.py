@@ -318,3 +318,297 @@ def load_capture(name_or_path, dest) -> Path:
         src = FIXTURES / str(name_or_path)
     tool = capture_tool()
     return Path(tool.restore(tool.load(str(src)), str(dest)))
+
+
+def payload_switch(root, nic: bool = False, mps: int = 128, mrrs: int = 512, gpu_b_mps_supported: int = 256,
+                   **host_kw) -> FakeHost:
+    """Path-safe and peer-safe MaxPayload differ (for pcie_payload).
+
+    Root port 00:01.0 -> switch 01:00.0 -> ports 02:00.0, 02:01.0 (and 02:02.0 with ``nic``), every
+    bridge supporting 512. GPU 03:00.0 supports 512, so its own path allows 512; GPU 04:00.0 below
+    the other port supports only ``gpu_b_mps_supported``, which limits the whole hierarchy (peer).
+    With ``nic`` a ConnectX (15b3:1021) at 05:00.0 below 02:02.0, supporting 512. Everything is set to
+    MaxPayload ``mps`` and MaxReadReq ``mrrs``, like a firmware default. A second, unrelated root port
+    00:02.0 holds an NVMe drive (supports 256, set to 256).
+    """
+    host = FakeHost(root, **host_kw)
+    hb = host.host_bridge(0, 0, numa_node=0)
+    common = {"mps_supported": 512, "mps": mps, "mrrs": mrrs}
+    host.add("0000:00:01.0", hb, kind="root_port", vendor="0x8086", device="0x347a", acs_cap=("SV", "RR", "CR", "UF"),
+             acs_ctrl=ACS_REDIRECT_ON, **common)
+    downs = ["0000:02:00.0", "0000:02:01.0"] + (["0000:02:02.0"] if nic else [])
+    host.switch("0000:01:00.0", "0000:00:01.0", downs, **common)
+    host.gpu("0000:03:00.0", "0000:02:00.0", **common)
+    host.gpu("0000:04:00.0", "0000:02:01.0", mps_supported=gpu_b_mps_supported, mps=mps, mrrs=mrrs)
+    if nic:
+        host.add("0000:05:00.0", "0000:02:02.0", class_code="0x020700", vendor="0x15b3", device="0x1021",
+                 driver="mlx5_core", msix=4, **common)
+    host.add("0000:00:02.0", hb, kind="root_port", vendor="0x8086", device="0x347b", mps_supported=256, mps=256)
+    host.add("0000:06:00.0", "0000:00:02.0", class_code="0x010802", vendor="0x144d", device="0xa80a", driver="nvme",
+             mps_supported=256, mps=256)
+    return host
+
+
+# ---- vfio, IRQ affinity and huge pages (added with the vfio_bind, irq_affinity and hugepages modules) ------------
+DEBIAN_IRQBALANCE = """# irqbalance is a daemon process that distributes interrupts across
+# CPUs on SMP systems.
+#
+#IRQBALANCE_ONESHOT=
+#
+# IRQBALANCE_BANNED_CPULIST
+#IRQBALANCE_BANNED_CPULIST=
+#
+# IRQBALANCE_ARGS
+#    Append any args here to the irqbalance daemon as documented in the man page.
+#
+#IRQBALANCE_ARGS="""
+
+
+def group_of(host: FakeHost, bdf: str) -> int | None:
+    """The IOMMU group FakeHost put ``bdf`` in."""
+    link = host.real(f"{host.dirs[bdf]}/iommu_group")
+    return int(os.path.basename(os.readlink(link))) if link.is_symlink() else None
+
+
+def cpus_online(host: FakeHost, cpulist: str, default_affinity: str | None = None) -> None:
+    """/sys/devices/system/cpu/online and /proc/irq/default_smp_affinity (hex mask; default: all online)."""
+    host.write("/sys/devices/system/cpu/online", cpulist)
+    cpus = set()
+    for part in cpulist.split(","):
+        lo, _sep, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    host.write("/proc/irq/default_smp_affinity", default_affinity or format(sum(1 << c for c in cpus), "x"))
+
+
+def node_memory(host: FakeHost, node: int, mem_total_kb: int, pages=None, has_memory: bool = True) -> None:
+    """A node's meminfo and its per-size huge page counts ({2048: n, 1048576: m}); keeps has_memory up to date."""
+    pages = {2048: 0, 1048576: 0, **(pages or {})}
+    host.write(f"/sys/devices/system/node/node{node}/meminfo",
+               f"Node {node} MemTotal:       {mem_total_kb} kB\nNode {node} MemFree:        {mem_total_kb // 2} kB\n"
+               f"Node {node} HugePages_Total:  {pages[2048]}\n")
+    for kb, count in pages.items():
+        base = f"/sys/devices/system/node/node{node}/hugepages/hugepages-{kb}kB"
+        host.write(f"{base}/nr_hugepages", str(count))
+        host.write(f"{base}/free_hugepages", str(count))
+        host.write(f"{base}/surplus_hugepages", "0")
+    with_memory = getattr(host, "_with_memory", set())
+    if has_memory:
+        with_memory.add(node)
+    else:
+        with_memory.discard(node)
+    host._with_memory = with_memory  # pylint: disable=protected-access
+    host.write("/sys/devices/system/node/has_memory", ",".join(str(n) for n in sorted(with_memory)))
+
+
+def gpu_with_audio(host: FakeHost, bdf: str, parent: str, **kw) -> tuple[str, str]:
+    """An NVIDIA GPU (function .0) and its HDMI audio function (.1, snd_hda_intel) in one IOMMU group."""
+    host.gpu(bdf, parent, **kw)
+    audio = bdf[:-1] + "1"
+    host.add(audio, parent, vendor="0x10de", device="0x22e8", class_code="0x040300", driver="snd_hda_intel",
+             msix=1, group=group_of(host, bdf))
+    return bdf, audio
+
+
+def driver_module(host: FakeHost, driver: str, module: str | None = None) -> None:
+    """/sys/bus/pci/drivers/<driver>/module -> /sys/module/<module> (absent for built-in drivers)."""
+    host.mkdir(f"/sys/module/{module or driver}")
+    host.link(f"/sys/bus/pci/drivers/{driver}/module", f"/sys/module/{module or driver}")
+
+
+def nvidia_proc(host: FakeHost, bdf: str, minor: int) -> None:
+    host.write(f"/proc/driver/nvidia/gpus/{bdf}/information", f"Model: \t\t NVIDIA H100\nIRQ:   \t\t 0\nDevice Minor: \t {minor}\n")
+
+
+def hold(host: FakeHost, pid: int, comm: str, *dev_paths: str) -> None:
+    """A process with open descriptors on /dev paths (dangling links, as /proc/PID/fd reads them)."""
+    host.write(f"/proc/{pid}/comm", comm)
+    host.mkdir(f"/proc/{pid}/fd")
+    for fd, dev in enumerate(dev_paths, start=3):
+        os.symlink(dev, host.real(f"/proc/{pid}/fd/{fd}"))
+
+
+def nvme_disk(host: FakeHost, bdf: str, ctrl: int = 0, partitions: int = 1) -> list[dict[str, str]]:
+    """NVMe controller nvme<ctrl> under ``bdf`` with namespace 1 the way native multipath lays it out:
+    the hidden path nvme<c>c<c>n1 under the controller, the block device under the subsystem. Returns the block devices."""
+    base = f"{host.dirs[bdf]}/nvme/nvme{ctrl}"
+    host.write(f"{base}/uevent", f"MAJOR=240\nMINOR={ctrl}\nDEVNAME=nvme{ctrl}")
+    host.write(f"{base}/dev", f"240:{ctrl}")
+    host.write(f"{base}/nvme{ctrl}c{ctrl}n1/uevent", "DEVTYPE=disk")
+    head = f"nvme{ctrl}n1"
+    sub = f"/sys/devices/virtual/nvme-subsystem/nvme-subsys{ctrl}/{head}"
+    blocks = [{"name": head, "dev": f"259:{ctrl * 16}"}]
+    host.write(f"{sub}/uevent", f"MAJOR=259\nMINOR={ctrl * 16}\nDEVNAME={head}\nDEVTYPE=disk")
+    host.write(f"{sub}/dev", blocks[0]["dev"])
+    host.mkdir(f"{sub}/holders")
+    for p in range(1, partitions + 1):
+        dev = f"259:{ctrl * 16 + p}"
+        host.write(f"{sub}/{head}p{p}/uevent", f"MAJOR=259\nMINOR={ctrl * 16 + p}\nDEVNAME={head}p{p}\nDEVTYPE=partition")
+        host.write(f"{sub}/{head}p{p}/dev", dev)
+        host.mkdir(f"{sub}/{head}p{p}/holders")
+        host.link(f"/sys/class/block/{head}p{p}", f"{sub}/{head}p{p}")
+        blocks.append({"name": f"{head}p{p}", "dev": dev})
+    host.link(f"/sys/class/block/{head}", sub)
+    return blocks
+
+
+def mount(host: FakeHost, dev: str, mountpoint: str, fstype: str = "ext4") -> None:
+    """Add a line to /proc/self/mountinfo for block device ``dev`` (major:minor)."""
+    path = host.real("/proc/self/mountinfo")
+    old = path.read_text() if path.exists() else "22 1 0:21 / /proc rw - proc proc rw\n"
+    n = len(old.splitlines()) + 30
+    host.write("/proc/self/mountinfo", old.rstrip("\n") + f"\n{n} 1 {dev} / {mountpoint} rw,relatime - {fstype} /dev/x rw")
+
+
+def net_interface(host: FakeHost, bdf: str, name: str, up: bool = True) -> None:
+    host.write(f"{host.dirs[bdf]}/net/{name}/flags", "0x1003" if up else "0x1002")
+    host.write(f"{host.dirs[bdf]}/net/{name}/uevent", f"INTERFACE={name}\nIFINDEX=2")
+
+
+def irqbalance_installed(host: FakeHost, config: str | None = DEBIAN_IRQBALANCE, path: str = "/etc/default/irqbalance") -> None:
+    host.write("/usr/sbin/irqbalance", "#!/bin/false")
+    if config is not None:
+        host.write(path, config)
+
+
+class SimKernel:
+    """Kernel behaviour for the writes the vfio_bind, irq_affinity and hugepages modules make, on a FakeHost tree.
+
+    Wraps a HostFS (``fs()``) whose ``write_text`` acts as the kernel would: driver_override, unbind,
+    drivers_probe (binding the override or the function's natural driver, vfio-pci only with an IOMMU group,
+    new IRQ numbers for the new driver's vectors), smp_affinity_list (EIO for kernel-managed IRQs, EINVAL for
+    offline CPUs) and nr_hugepages (capped where memory is short). Every write is logged in ``writes``.
+    """
+
+    def __init__(self, host: FakeHost, managed_irqs=(), hugepage_cap=None, online: str | None = None):
+        import errno as _errno
+        import re as _re
+        from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+
+        self.host = host
+        self.managed = set(managed_irqs)
+        self.cap = dict(hugepage_cap or {})  # {(node, kb): most pages the kernel can give}
+        self.writes: list[tuple[str, str]] = []
+        self.natural: dict[str, str] = {}
+        self.vectors: dict[str, int] = {}
+        for bdf, path in host.dirs.items():
+            link = host.real(f"{path}/driver")
+            if link.is_symlink():
+                self.natural[bdf] = os.path.basename(os.readlink(link))
+            irqs = host.real(f"{path}/msi_irqs")
+            self.vectors[bdf] = len(os.listdir(irqs)) if irqs.is_dir() else 0
+        self.online = online
+        sim = self
+        re_, errno_ = _re, _errno
+
+        class _FS(HostFS):
+            def write_text(self, host_path: str, data: str) -> None:
+                sim.writes.append((host_path, data))
+
+                def fail(code: int, text: str):
+                    raise HostFSError("write", host_path, OSError(code, text))
+                m = re_.match(r"^/sys/bus/pci/devices/([^/]+)/driver_override$", host_path)
+                if m:
+                    return HostFS.write_text(self, host_path, data.strip() or "(null)")
+                m = re_.match(r"^/sys/bus/pci/(?:devices/[^/]+/driver|drivers/[^/]+)/unbind$", host_path)
+                if m:
+                    return sim.unbind(data.strip())
+                if host_path == "/sys/bus/pci/drivers_probe":
+                    code = sim.probe(data.strip())
+                    if code:
+                        fail(code, os.strerror(code))
+                    return None
+                m = re_.match(r"^/proc/irq/(\d+)/smp_affinity_list$", host_path)
+                if m:
+                    if int(m.group(1)) in sim.managed:
+                        fail(errno_.EIO, "Input/output error")
+                    wanted = sim.cpus(data)
+                    if not wanted & sim.cpus(sim.online_list()):  # the kernel needs one online CPU in the mask
+                        fail(errno_.EINVAL, "Invalid argument")
+                    HostFS.write_text(self, host_path, data.strip())
+                    return HostFS.write_text(self, f"/proc/irq/{m.group(1)}/effective_affinity_list", str(min(wanted)))
+                m = re_.match(r"^/sys/devices/system/node/node(\d+)/hugepages/hugepages-(\d+)kB/nr_hugepages$", host_path)
+                if m:
+                    count = int(data)
+                    count = min(count, sim.cap.get((int(m.group(1)), int(m.group(2))), count))
+                    HostFS.write_text(self, host_path, str(count))
+                    return HostFS.write_text(self, host_path.replace("nr_hugepages", "free_hugepages"), str(count))
+                return HostFS.write_text(self, host_path, data)
+
+        self._fs = _FS(str(host.root))
+
+    def fs(self):
+        return self._fs
+
+    # ---- helpers -----------------------------------------------------------------------------
+    @staticmethod
+    def cpus(text: str | None) -> set:
+        out = set()
+        for part in (text or "").strip().split(","):
+            if part:
+                lo, _sep, hi = part.partition("-")
+                out.update(range(int(lo), int(hi or lo) + 1))
+        return out
+
+    def online_list(self) -> str:
+        path = self.host.real("/sys/devices/system/cpu/online")
+        return self.online or (path.read_text().strip() if path.exists() else ",".join(self.host.nodes.values()))
+
+    def driver(self, bdf: str) -> str | None:
+        link = self.host.real(f"{self.host.dirs[bdf]}/driver")
+        return os.path.basename(os.readlink(link)) if link.is_symlink() else None
+
+    def load(self, driver: str) -> None:
+        """What modprobe does for a PCI driver module: the driver appears and probes unbound functions it matches."""
+        self.host.mkdir(f"/sys/bus/pci/drivers/{driver}")
+        for bdf in list(self.host.dirs):
+            if bdf.startswith("pci") or self.driver(bdf):
+                continue
+            override = self.override(bdf)
+            if override == driver or (override is None and self.natural.get(bdf) == driver):
+                self.probe(bdf)
+
+    def override(self, bdf: str) -> str | None:
+        path = self.host.real(f"{self.host.dirs[bdf]}/driver_override")
+        value = path.read_text().strip() if path.exists() else ""
+        return None if value in ("", "(null)") else value
+
+    def unbind(self, bdf: str) -> None:
+        path = self.host.dirs[bdf]
+        link = self.host.real(f"{path}/driver")
+        if link.is_symlink():
+            link.unlink()
+        irqs = self.host.real(f"{path}/msi_irqs")
+        if irqs.is_dir():
+            for name in os.listdir(irqs):
+                os.unlink(irqs / name)
+                proc = self.host.real(f"/proc/irq/{name}")
+                for f in os.listdir(proc) if proc.is_dir() else []:
+                    os.unlink(proc / f)
+                if proc.is_dir():
+                    proc.rmdir()
+
+    def probe(self, bdf: str) -> int:
+        """drivers_probe: 0, or the errno the write fails with."""
+        import errno as _errno
+        path = self.host.dirs[bdf]
+        if self.driver(bdf):
+            return 0
+        driver = self.override(bdf) or self.natural.get(bdf)
+        if not driver or not self.host.real(f"/sys/bus/pci/drivers/{driver}").is_dir():
+            return 0
+        if driver == "vfio-pci" and not self.host.real(f"{path}/iommu_group").is_symlink():
+            return _errno.EINVAL
+        self.host.link(f"{path}/driver", f"/sys/bus/pci/drivers/{driver}")
+        if driver != "vfio-pci":
+            for _vector in range(self.vectors.get(bdf, 0)):
+                irq = self.host.next_irq
+                self.host.next_irq += 1
+                self.host.write(f"{path}/msi_irqs/{irq}", "msix")
+                self.host.write(f"/proc/irq/{irq}/smp_affinity_list", self.online_list())
+                self.host.write(f"/proc/irq/{irq}/effective_affinity_list", str(min(self.cpus(self.online_list()))))
+        return 0
+
+    def rebind(self, bdf: str) -> None:
+        """The driver lets go and takes the function again (rmmod/modprobe, a reset): new IRQ numbers."""
+        self.unbind(bdf)
+        self.probe(bdf)

@@ -1,0 +1,331 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Kernel command line arguments owned per feature, for gpufleet.inference.kernel_cmdline.
+
+Each owner (a role or feature: ``pcie_link``, ``vfio``, ``hugepages``) owns a list of arguments.
+On Debian and Ubuntu they live in one drop-in, ``/etc/default/grub.d/99-gpufleet.cfg``, one line
+per owner, appended to ``GRUB_CMDLINE_LINUX_DEFAULT``; ``update-grub`` turns it into grub.cfg. On
+EL ``grubby`` edits the boot entries and a small JSON state file under ``/etc/gpufleet`` keeps the
+owners, so an owner removes its arguments without touching those of others. Arguments an owner
+removed stay listed as pending until the running kernel no longer has them, so the need for a
+reboot survives a second run.
+
+Everything here is pure: parsers, validation, conflict detection, rendering and planning.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+DROPIN_DIR = "/etc/default/grub.d"
+DROPIN = DROPIN_DIR + "/99-gpufleet.cfg"
+GRUB_DEFAULTS = "/etc/default/grub"
+GRUB_CFG = "/boot/grub/grub.cfg"
+STATE_FILE = "/etc/gpufleet/kernel_cmdline.json"
+STATE_FORMAT = "gpufleet-kernel-cmdline/1"
+PROC_CMDLINE = "/proc/cmdline"
+VARIABLE = "GRUB_CMDLINE_LINUX_DEFAULT"
+
+# A kernel argument as this module accepts it: ``flag`` or ``key=value``; no quotes, no
+# whitespace, no shell metacharacters (the drop-in is shell, sourced by grub-mkconfig as root).
+KEY_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$")
+VALUE_RE = re.compile(r"^[A-Za-z0-9_.,:/+@%=-]+$")
+OWNER_RE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+MAX_ARG = 256
+# Keys the kernel reads once per occurrence, so several values are meant (hugepagesz=1G hugepages=8
+# hugepagesz=2M hugepages=512). grubby keeps one value per key, so it cannot hold repeats.
+REPEATABLE = ("console", "hugepagesz", "hugepages", "pci")
+# Arguments that contradict each other although their keys differ.
+CONTRADICTIONS = (("iommu=off", "intel_iommu=on"), ("iommu=off", "amd_iommu=on"), ("iommu=off", "iommu=pt"))
+
+DROPIN_LINE_RE = re.compile(r'^GRUB_CMDLINE_LINUX_DEFAULT="\$\{GRUB_CMDLINE_LINUX_DEFAULT\}((?: [^"\s]+)*)"'
+                            r"\s+# gpufleet-owner=([a-z][a-z0-9_]*)\s*$")
+ASSIGN_RE = re.compile(r"^\s*(?:export\s+)?(GRUB_CMDLINE_LINUX(?:_DEFAULT)?)=(.*)$")
+LINUX_LINE_RE = re.compile(r"^\s*linux(?:16|efi)?\s+(\S+)\s*(.*)$")
+
+DROPIN_HEADER = """\
+# Managed by Ansible (gpufleet.inference.kernel_cmdline). Do not edit: change the variables of the
+# role named on each line instead. One line per owner; each owner rewrites or removes only its own.
+# The arguments go to GRUB_CMDLINE_LINUX_DEFAULT, which only the normal boot entries use: the
+# recovery entries boot without them, the way back when an argument keeps a host from booting.
+# The name sorts after 50-cloudimg-settings.cfg, which sets GRUB_CMDLINE_LINUX_DEFAULT outright.
+"""
+
+
+class CmdlineError(Exception):
+    """Bad input or a conflict; the message says what, where, why and what to do."""
+
+
+# ---- arguments ----------------------------------------------------------------------------------
+def arg_key(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def validate_owner(owner: str) -> str:
+    if not isinstance(owner, str) or not OWNER_RE.match(owner):
+        raise CmdlineError(f"owner {owner!r} is not valid: use the name of the role or feature that owns the arguments, "
+                           "lower case letters, digits and '_' (for example pcie_link, vfio, hugepages).")
+    return owner
+
+
+def validate_arg(arg: Any) -> str:
+    """One argument, or CmdlineError naming what is wrong with it."""
+    text = arg if isinstance(arg, str) else str(arg)
+    if not text:
+        raise CmdlineError("An empty kernel argument was given: drop it from args.")
+    if len(text) > MAX_ARG:
+        raise CmdlineError(f"Kernel argument {text[:40]!r}... is {len(text)} characters long; the limit here is {MAX_ARG}.")
+    key, sep, value = text.partition("=")
+    bad = sorted({c for c in text if not (c.isalnum() or c in "_.,:/+@%=-")})
+    if bad or not KEY_RE.match(key) or (sep and not VALUE_RE.match(value)) or not text.isascii():
+        shown = " ".join(repr(c) for c in bad) if bad else "its form"
+        raise CmdlineError(
+            f"Kernel argument {text!r} is refused because of {shown}: arguments must be 'flag' or 'key=value' with "
+            "letters, digits and _ . , : / + @ % = - only; no whitespace, quotes or shell metacharacters (the GRUB drop-in "
+            "is a shell file that runs as root). Give each argument as its own list item.")
+    return text
+
+
+def validate_args(args) -> list[str]:
+    out: list[str] = []
+    for arg in args or []:
+        text = validate_arg(arg)
+        if text not in out:
+            out.append(text)
+    return out
+
+
+def find_conflicts(owners: dict[str, list[str]], grubby: bool = False) -> list[str]:
+    """Messages for contradicting arguments across all owners (empty when there are none)."""
+    by_key: dict[str, dict[str, list[str]]] = {}
+    every: dict[str, list[str]] = {}
+    for owner in sorted(owners):
+        for arg in owners[owner]:
+            by_key.setdefault(arg_key(arg), {}).setdefault(arg, []).append(owner)
+            every.setdefault(arg, []).append(owner)
+    out = []
+    for key, values in sorted(by_key.items()):
+        if len(values) < 2 or (key in REPEATABLE and not grubby):
+            continue
+        shown = " vs ".join(f"{arg} (owner {', '.join(who)})" for arg, who in sorted(values.items()))
+        why = ("grubby keeps one value per key" if key in REPEATABLE
+               else "the kernel would see both and one silently wins")
+        out.append(f"{key}: {shown}; {why}")
+    for a, b in CONTRADICTIONS:
+        if a in every and b in every:
+            out.append(f"{a} (owner {', '.join(every[a])}) contradicts {b} (owner {', '.join(every[b])})")
+    return out
+
+
+def split_cmdline(text: str | None) -> list[str]:
+    """Split a kernel command line on whitespace, keeping double-quoted values whole."""
+    out: list[str] = []
+    cur: list[str] = []
+    quoted = False
+    for ch in (text or "").strip():
+        if ch == '"':
+            quoted = not quoted
+        elif ch.isspace() and not quoted:
+            if cur:
+                out.append("".join(cur))
+                cur = []
+            continue
+        cur.append(ch)
+    if cur:
+        out.append("".join(cur))
+    return out
+
+
+# ---- the Debian drop-in -------------------------------------------------------------------------
+def parse_dropin(text: str | None) -> tuple[dict[str, list[str]], list[str]]:
+    """Owners and their arguments from the drop-in, and the lines that are not ours."""
+    owners: dict[str, list[str]] = {}
+    foreign: list[str] = []
+    for line in (text or "").splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        m = DROPIN_LINE_RE.match(line)
+        if m:
+            owners.setdefault(m.group(2), []).extend(a for a in m.group(1).split() if a not in owners.get(m.group(2), []))
+        else:
+            foreign.append(line)
+    return owners, foreign
+
+
+def render_dropin(owners: dict[str, list[str]]) -> str | None:
+    """The drop-in for these owners (sorted by name); None when no owner has arguments."""
+    lines = [f'{VARIABLE}="${{{VARIABLE}}} {" ".join(args)}" # gpufleet-owner={owner}'
+             for owner, args in sorted(owners.items()) if args]
+    if not lines:
+        return None
+    return DROPIN_HEADER + "\n".join(lines) + "\n"
+
+
+def foreign_grub_args(texts) -> list[str]:
+    """Arguments set in GRUB_CMDLINE_LINUX(_DEFAULT) by files that are not the drop-in."""
+    out: list[str] = []
+    for text in texts:
+        for line in (text or "").splitlines():
+            m = ASSIGN_RE.match(line)
+            if not m:
+                continue
+            value = m.group(2).strip()
+            if value[:1] in ("'", '"'):
+                end = value.find(value[0], 1)
+                value = value[1:end] if end > 0 else value[1:]
+            else:
+                value = value.split("#", 1)[0]
+            out.extend(t for t in value.split() if not t.startswith("$") and t not in out)
+    return out
+
+
+def grub_cfg_args(text: str | None) -> list[str] | None:
+    """Arguments of the first ``linux`` line of grub.cfg (the newest kernel's normal entry)."""
+    for line in (text or "").splitlines():
+        m = LINUX_LINE_RE.match(line)
+        if m:
+            return split_cmdline(m.group(2))
+    return None
+
+
+# ---- grubby -------------------------------------------------------------------------------------
+def parse_grubby_info(text: str) -> list[dict[str, Any]]:
+    """``grubby --info=ALL`` -> [{index, kernel, args: [...], title, rescue}]."""
+    entries: list[dict[str, Any]] = []
+    for line in (text or "").splitlines():
+        key, sep, value = line.partition("=")
+        if not sep:
+            continue
+        key = key.strip()
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        if key == "index":
+            entries.append({"index": int(value) if value.isdigit() else value, "kernel": None, "args": [], "title": None})
+        elif entries and key in ("kernel", "title"):
+            entries[-1][key] = value
+        elif entries and key == "args":
+            entries[-1]["args"] = split_cmdline(value)
+    for entry in entries:
+        entry["rescue"] = "rescue" in (entry["kernel"] or "") or "rescue" in (entry["title"] or "").lower()
+    return entries
+
+
+# ---- the state file -----------------------------------------------------------------------------
+def empty_state() -> dict[str, Any]:
+    return {"format": STATE_FORMAT, "owners": {}, "pending_removal": {}}
+
+
+def parse_state(text: str | None, where: str = STATE_FILE) -> dict[str, Any]:
+    if text is None or not text.strip():
+        return empty_state()
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise CmdlineError(f"{where} is not valid JSON ({err}). It records which role owns which kernel argument; "
+                           "fix it, or move it away and run every role that sets kernel arguments again.") from None
+    if not isinstance(data, dict) or data.get("format") != STATE_FORMAT:
+        raise CmdlineError(f"{where} is not a gpufleet.inference.kernel_cmdline state file (format {STATE_FORMAT}); "
+                           "move it away and run again.")
+    state = empty_state()
+    owners = data.get("owners") or {}
+    state["owners"] = {o: [str(a) for a in args] for o, args in owners.items() if isinstance(args, list)}
+    pending = data.get("pending_removal") or {}
+    state["pending_removal"] = {str(a): str(o) for a, o in pending.items()} if isinstance(pending, dict) else {}
+    return state
+
+
+def render_state(state: dict[str, Any]) -> str | None:
+    """The state file text, or None when it would hold nothing."""
+    if not state["owners"] and not state["pending_removal"]:
+        return None
+    return json.dumps({"format": STATE_FORMAT, "owners": {o: a for o, a in sorted(state["owners"].items()) if a},
+                       "pending_removal": dict(sorted(state["pending_removal"].items()))}, indent=2, sort_keys=True) + "\n"
+
+
+# ---- planning -----------------------------------------------------------------------------------
+def wanted_args(owners: dict[str, list[str]]) -> list[str]:
+    out: list[str] = []
+    for owner in sorted(owners):
+        out.extend(a for a in owners[owner] if a not in out)
+    return out
+
+
+def change_owner(owners: dict[str, list[str]], owner: str, args: list[str], state: str) -> dict[str, list[str]]:
+    out = {o: list(a) for o, a in owners.items()}
+    if state == "present" and args:
+        out[owner] = list(args)
+    else:
+        out.pop(owner, None)
+    return out
+
+
+def pending_after(pending: dict[str, str], owners_before: dict, owners_after: dict, owner: str,
+                  current: list[str], still_configured=()) -> dict[str, str]:
+    """Arguments removed and not yet gone from the running kernel, with who removed them."""
+    wanted = set(wanted_args(owners_after))
+    out = {a: o for a, o in pending.items() if a not in wanted}
+    for arg in owners_before.get(owner, []):
+        if arg not in wanted:
+            out[arg] = owner
+    return {a: o for a, o in out.items() if a in current or a in still_configured}
+
+
+def status(owners: dict[str, list[str]], current: list[str], pending: dict[str, str], owner: str | None = None,
+           foreign=()) -> dict[str, Any]:
+    """Wanted set vs the running kernel's, as sets."""
+    wanted = wanted_args(owners)
+    missing = [a for a in wanted if a not in current]
+    unexpected = [a for a in pending if a in current and a not in wanted and a not in foreign]
+    out = {"wanted": wanted, "current": list(current), "missing": missing, "unexpected": unexpected,
+           "reboot_required": bool(missing or unexpected)}
+    if owner is not None:
+        out["owner_reboot_required"] = (any(a not in current for a in owners.get(owner, []))
+                                        or any(pending[a] == owner for a in unexpected))
+    return out
+
+
+def foreign_conflicts(owners: dict[str, list[str]], current: list[str], pending: dict[str, str]) -> list[str]:
+    """Arguments of the running kernel, set outside this module, whose key an owner sets to another value."""
+    wanted = wanted_args(owners)
+    keys = {arg_key(a): a for a in wanted if arg_key(a) not in REPEATABLE}
+    out = []
+    for arg in current:
+        key = arg_key(arg)
+        if key in keys and arg not in wanted and arg not in pending:
+            out.append(f"the running kernel has {arg}, set outside gpufleet.inference, and {keys[key]} is wanted")
+    return out
+
+
+def plan_dropin(before: str | None, owners: dict[str, list[str]], grub_cfg: str | None, removed: list[str],
+                foreign=()) -> dict[str, Any]:
+    """What the Debian path has to do: write or remove the drop-in, regenerate grub.cfg.
+
+    grub.cfg is regenerated when the drop-in changes, and also when it lacks a wanted argument
+    or still carries a removed one (a run that stopped between the two steps).
+    """
+    after = render_dropin(owners)
+    actions: list[dict[str, Any]] = []
+    if (before or None) != after:
+        actions.append({"action": "remove_dropin" if after is None else "write_dropin", "path": DROPIN})
+    cfg_args = grub_cfg_args(grub_cfg)
+    stale = []
+    if cfg_args is not None:
+        stale = [a for a in wanted_args(owners) if a not in cfg_args]
+        stale += [a for a in removed if a in cfg_args and a not in foreign and a not in wanted_args(owners)]
+    if actions or stale:
+        actions.append({"action": "update_grub", "path": GRUB_CFG, "reason": "drop-in changed" if actions else
+                        f"{GRUB_CFG} does not match the drop-in ({', '.join(stale)})"})
+    return {"before": before, "after": after, "actions": actions}
+
+
+def plan_grubby(entries: list[dict], owners: dict[str, list[str]], removable: list[str]) -> dict[str, Any]:
+    """Arguments to add to and remove from every normal boot entry (``--update-kernel=ALL``)."""
+    wanted = wanted_args(owners)
+    normal = [e for e in entries if not e["rescue"]] or entries
+    add = [a for a in wanted if any(a not in e["args"] for e in normal)]
+    remove = [a for a in removable if a not in wanted and any(a in e["args"] for e in normal)]
+    return {"add": add, "remove": remove}

@@ -1,0 +1,348 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: hugepages
+short_description: Reserve 2 MiB and 1 GiB huge pages per NUMA node, behind a memory guard
+version_added: 0.1.0
+description:
+  - Reserves 2 MiB huge pages at runtime on each NUMA node through
+    C(/sys/devices/system/node/nodeN/hugepages/hugepages-2048kB/nr_hugepages). Decreases are written before increases.
+  - 1 GiB pages are reserved through the kernel command line by default (O(method_1g=cmdline)). A running system seldom
+    has whole free gigabytes. The module computes the arguments (RV(cmdline_args)) and says whether a reboot is
+    still pending (RV(reboot_pending)). The C(gpufleet.inference.hugepages) role passes them to
+    M(gpufleet.inference.kernel_cmdline).
+  - The memory guard refuses, before any write, a reservation above O(max_memory_percent) of a node's C(MemTotal).
+    It counts every page size, so sizes that are not managed count at what they hold now.
+  - Reads every count back. The kernel may give fewer pages than asked when memory is fragmented. The module then
+    fails, after putting the counts back as they were, unless O(allow_partial=true). RV(nodes) always shows what the
+    kernel really gave. A boot that gave fewer 1 GiB pages than the command line asked for is reported the same way.
+  - Returns how the reservation survives a reboot. That is the sysctl C(vm.nr_hugepages) (RV(sysctl)) when every node
+    gets the same number of 2 MiB pages; otherwise, and for 1 GiB pages, kernel arguments (RV(cmdline_args)). The
+    role writes both.
+author:
+  - gpufleet.inference contributors (@gpufleet)
+requirements:
+  - Linux with sysfs. Run as root.
+extends_documentation_fragment:
+  - gpufleet.inference.common
+  - gpufleet.inference.common.attributes
+options:
+  pages_2m:
+    description: Number of 2 MiB pages on each node of O(nodes). Leave it unset to leave 2 MiB pages as they are.
+    type: int
+  pages_1g:
+    description: Number of 1 GiB pages on each node of O(nodes). Leave it unset to leave 1 GiB pages as they are.
+    type: int
+  nodes:
+    description: NUMA nodes that O(pages_2m) and O(pages_1g) apply to. Empty means every node with memory.
+    type: list
+    elements: int
+    default: []
+  per_node:
+    description:
+      - Counts for single nodes, overriding O(pages_2m) and O(pages_1g) there. Keys are node numbers. Values are
+        dictionaries with C(pages_2m) and/or C(pages_1g).
+    type: dict
+    default: {}
+  max_memory_percent:
+    description: The most of a node's C(MemTotal), in percent, that huge pages of all sizes may take.
+    type: int
+    default: 80
+  allow_partial:
+    description: Accept fewer pages than asked (warn instead of failing and putting the counts back).
+    type: bool
+    default: false
+  method_1g:
+    description:
+      - V(cmdline) reserves 1 GiB pages at boot only. Runtime writes for that size only lower the count.
+      - V(runtime) also writes increases at runtime. This works only while the node has whole free gigabytes.
+    type: str
+    choices: [cmdline, runtime]
+    default: cmdline
+notes:
+  - 2 MiB persistence uses C(vm.nr_hugepages), which counts pages of the default size. When C(default_hugepagesz) is
+    not 2 MiB, or nodes get different counts, the module uses C(hugepagesz=2M hugepages=0:N,1:M) instead. The per-node
+    form needs kernel 5.16 or later.
+seealso:
+  - name: HugeTLB pages
+    description: The kernel's documentation of the sysfs files and boot parameters.
+    link: https://docs.kernel.org/admin-guide/mm/hugetlbpage.html
+"""
+
+EXAMPLES = r"""
+- name: Reserve 4096 x 2 MiB pages on every node
+  gpufleet.inference.hugepages:
+    pages_2m: 4096
+  become: true
+  register: hp
+
+- name: Reserve 16 x 1 GiB pages on node 1 only (applied at the next boot)
+  gpufleet.inference.hugepages:
+    pages_1g: 16
+    nodes: [1]
+  become: true
+  register: hp1g
+
+- name: Put the 1 GiB reservation on the kernel command line
+  gpufleet.inference.kernel_cmdline:
+    owner: hugepages
+    args: "{{ hp1g.cmdline_args }}"
+    state: present
+  become: true
+
+- name: Different counts per node, accepting what the kernel can give now
+  gpufleet.inference.hugepages:
+    per_node:
+      0: {pages_2m: 8192}
+      1: {pages_2m: 2048}
+    allow_partial: true
+  become: true
+"""
+
+RETURN = r"""
+actions:
+  description: The writes done (or that would be done in check mode).
+  returned: always
+  type: list
+  elements: str
+  sample: ["set node 0 2M pages 0 -> 4096", "set node 1 2M pages 0 -> 4096"]
+nodes:
+  description: Per NUMA node, its memory, the guard's limit and, per page size, the count before, wanted and after.
+  returned: success
+  type: dict
+  sample: {"0": {mem_total_kb: 131890012, limit_kb: 105512009,
+                 pages: {2M: {before: 0, wanted: 4096, after: 4096, free: 4096}, 1G: {before: 0, wanted: null, after: 0, free: 0}}}}
+cmdline_args:
+  description: Kernel arguments that make the reservation survive a reboot (1 GiB pages; 2 MiB pages when the sysctl cannot).
+  returned: success
+  type: list
+  elements: str
+  sample: [hugepagesz=1G, hugepages=16]
+sysctl:
+  description: The persistent sysctl for 2 MiB pages, or null when kernel arguments carry them (or they are not managed).
+  returned: success
+  type: dict
+  sample: {vm.nr_hugepages: 8192}
+reboot_pending:
+  description: 1 GiB pages are asked for that the running kernel was not booted for; they come after a reboot.
+  returned: success
+  type: bool
+partial:
+  description: The kernel gave fewer pages than asked, and O(allow_partial) accepted it.
+  returned: success
+  type: bool
+shortfall:
+  description: Where the kernel gave fewer pages than asked.
+  returned: success
+  type: list
+  elements: str
+  sample: ["node 1: 2M pages 3712 of 4096 (memory fragmented)"]
+supported_sizes:
+  description: Page sizes this kernel offers.
+  returned: success
+  type: list
+  elements: str
+  sample: [2M, 1G]
+meminfo:
+  description: Huge page lines of C(/proc/meminfo) after the run (counts, sizes in kB).
+  returned: success
+  type: dict
+  sample: {MemTotal: 263842412, HugePages_Total: 8192, HugePages_Free: 8192, HugePages_Rsvd: 0, HugePages_Surp: 0,
+           Hugepagesize: 2048, Hugetlb: 16777216}
+diff:
+  description: Counts per node before and after, in diff mode.
+  returned: when diff mode is on and something changes
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hugepages import (
+    NAMES, HugepagesError, booted_with, boot_args, desired, guard, persistence, plan, read_layout,
+)
+
+
+def _per_node(raw: dict) -> dict[int, dict[int, int]]:
+    out: dict[int, dict[int, int]] = {}
+    for key, value in (raw or {}).items():
+        if not str(key).isdigit():
+            raise HugepagesError(f"per_node: '{key}' is not a NUMA node number; use keys like 0 and 1.")
+        if not isinstance(value, dict) or set(value) - {"pages_2m", "pages_1g"}:
+            raise HugepagesError(f"per_node[{key}]: give a dictionary with pages_2m and/or pages_1g, got {value!r}.")
+        sizes = {}
+        for name, kb in (("pages_2m", 2048), ("pages_1g", 1048576)):
+            if value.get(name) is not None:
+                try:
+                    sizes[kb] = int(value[name])
+                except (TypeError, ValueError):
+                    raise HugepagesError(f"per_node[{key}].{name}: '{value[name]}' is not a number of pages.") from None
+        out[int(key)] = sizes
+    return out
+
+
+def _render(layout: dict) -> str:
+    lines = []
+    for node, info in sorted(layout["nodes"].items()):
+        for kb, s in sorted(info["sizes"].items()):
+            lines.append(f"node {node} {NAMES.get(kb, str(kb) + 'kB')}: {s['nr']}\n")
+    return "".join(lines)
+
+
+def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
+    """Read, guard, plan, write, read back. Raises HugepagesError with the reason."""
+    warn = warn or (lambda msg: None)
+    pct = params["max_memory_percent"]
+    if not 1 <= pct <= 100:
+        raise HugepagesError(f"max_memory_percent must be between 1 and 100, got {pct}.")
+    layout = read_layout(fs)
+    if not layout["supported_kb"]:
+        raise HugepagesError("This kernel offers no huge pages (/sys/kernel/mm/hugepages is empty or missing): it was built "
+                             "without CONFIG_HUGETLBFS, or /sys is not mounted.")
+    pages = {2048: params.get("pages_2m"), 1048576: params.get("pages_1g")}
+    want = desired(layout, pages, params.get("nodes") or [], _per_node(params.get("per_node") or {}))
+    problems = guard(layout, want, pct)
+    if problems:
+        raise HugepagesError(" ".join(problems) + " Nothing was changed.")
+    runtime = {2048} | ({1048576} if params["method_1g"] == "runtime" else set())
+    actions = plan(layout, want, runtime)
+    if params["method_1g"] == "cmdline":  # at runtime 1 GiB pages are only given back
+        actions += [a for a in plan(layout, want, {1048576}) if a["after"] < (a["before"] or 0)]
+    persist = persistence(layout, want)
+
+    got: dict[tuple, int | None] = {}
+    shortfall: list[str] = []
+    if not check_mode:
+        done = []
+        for a in actions:
+            try:
+                fs.write_text(a["path"], str(a["after"]))
+            except HostFSError as err:
+                # the kernel refuses a count it cannot give with ENOMEM on some versions; read back below tells
+                if err.errno not in (12,):
+                    _restore(fs, done)
+                    raise HugepagesError(f"Failed to set {a['path']} to {a['after']}: {err}. {_restored(done)}") from None
+            value = fs.read_optional(a["path"])
+            got[(a["node"], a["size_kb"])] = int(value) if (value or "").isdigit() else None
+            done.append(a)
+            if a["after"] < (a["before"] or 0) and (got[(a["node"], a["size_kb"])] or 0) > a["after"]:
+                warn(f"node {a['node']}: {NAMES[a['size_kb']]} pages stay at {got[(a['node'], a['size_kb'])]}, not {a['after']}: "
+                     f"pages in use cannot be given back until their users free them.")
+            elif (got[(a["node"], a["size_kb"])] or 0) < a["after"]:
+                shortfall.append(f"node {a['node']}: {NAMES[a['size_kb']]} pages {got[(a['node'], a['size_kb'])]} of "
+                                 f"{a['after']} (free memory is fragmented or short)")
+        if shortfall and not params["allow_partial"]:
+            _restore(fs, done)
+            raise HugepagesError(
+                f"The kernel gave fewer huge pages than asked: {'; '.join(shortfall)}. {_restored(done)} Free memory on that "
+                f"node (stop what uses it, or 'echo 1 > /proc/sys/vm/compact_memory'), reserve the pages at boot through "
+                f"the kernel command line, or set allow_partial: true to keep what the kernel can give.")
+    after = read_layout(fs) if not check_mode else layout
+
+    # 1 GiB pages the command line should bring
+    args_1g = boot_args(layout, want, 1048576)
+    booted = booted_with(layout["cmdline"], args_1g)
+    reboot_pending = False
+    for node, sizes in sorted(want.items()):
+        if 1048576 not in sizes or params["method_1g"] != "cmdline":
+            continue
+        have = after["nodes"][node]["sizes"].get(1048576, {}).get("nr") or 0
+        if have < sizes[1048576]:
+            if booted:
+                shortfall.append(f"node {node}: 1G pages {have} of {sizes[1048576]} given at boot (memory short or fragmented "
+                                 f"at boot time)")
+            else:
+                reboot_pending = True
+    boot_short = [s for s in shortfall if "given at boot" in s]
+    if boot_short and not params["allow_partial"]:
+        raise HugepagesError(
+            f"The kernel was booted with {' '.join(args_1g)} but gave fewer 1 GiB pages: {'; '.join(boot_short)}. Lower "
+            f"pages_1g, check 'dmesg | grep -i hugetlb', or set allow_partial: true to accept what it gave.")
+    if shortfall:
+        warn(f"Fewer huge pages than asked (allow_partial): {'; '.join(shortfall)}.")
+
+    nodes_out = {}
+    for node, info in sorted(after["nodes"].items()):
+        before_sizes = layout["nodes"][node]["sizes"]
+        nodes_out[str(node)] = {
+            "mem_total_kb": info["mem_total_kb"], "limit_kb": info["mem_total_kb"] * pct // 100,
+            "has_memory": info["has_memory"],
+            "pages": {NAMES.get(kb, f"{kb}kB"): {"before": before_sizes.get(kb, {}).get("nr"), "wanted": want.get(node, {}).get(kb),
+                                                 "after": s["nr"], "free": s["free"]}
+                      for kb, s in sorted(info["sizes"].items())},
+        }
+    text_actions = [f"set node {a['node']} {NAMES[a['size_kb']]} pages {a['before']} -> {a['after']}" for a in actions]
+    diff = {}
+    if actions:
+        predicted = {"numa": layout["numa"], "nodes": {n: {"sizes": {kb: dict(s) for kb, s in i["sizes"].items()}}
+                                                       for n, i in layout["nodes"].items()}}
+        for a in actions:
+            predicted["nodes"][a["node"]]["sizes"][a["size_kb"]]["nr"] = got.get((a["node"], a["size_kb"]), a["after"])
+        diff = {"before": _render(layout), "after": _render(predicted)}
+    return {
+        "changed": bool(actions),
+        "actions": text_actions,
+        "nodes": nodes_out,
+        "cmdline_args": persist["cmdline_args"],
+        "sysctl": persist["sysctl"],
+        "reboot_pending": reboot_pending,
+        "partial": bool(shortfall),
+        "shortfall": shortfall,
+        "supported_sizes": [NAMES.get(kb, f"{kb}kB") for kb in layout["supported_kb"]],
+        "meminfo": after["meminfo"],
+        "diff": diff,
+    }
+
+
+def _restore(fs: HostFS, done: list) -> None:
+    for a in reversed(done):
+        try:
+            fs.write_text(a["path"], str(a["before"]))
+            a["restored"] = fs.read_optional(a["path"]) == str(a["before"])
+        except HostFSError:
+            a["restored"] = False
+
+
+def _restored(done: list) -> str:
+    if not done:
+        return "Nothing had been changed."
+    bad = [f"node {a['node']} {NAMES[a['size_kb']]}" for a in done if not a.get("restored")]
+    return "The counts were put back as they were." if not bad else f"Could not put back: {', '.join(bad)}; check them by hand."
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            root=dict(type="path", default="/"),
+            pages_2m=dict(type="int"),
+            pages_1g=dict(type="int"),
+            nodes=dict(type="list", elements="int", default=[]),
+            per_node=dict(type="dict", default={}),
+            max_memory_percent=dict(type="int", default=80),
+            allow_partial=dict(type="bool", default=False),
+            method_1g=dict(type="str", choices=["cmdline", "runtime"], default="cmdline"),
+        ),
+        supports_check_mode=True,
+    )
+    root = module.params["root"]
+    try:
+        result = execute(module.params, HostFS(root), module.check_mode, warn=module.warn)
+    except HugepagesError as err:
+        module.fail_json(msg=str(err), changed=False)
+    except HostFSError as err:
+        module.fail_json(msg=f"hugepages under root {root} failed: {err}. The module reads and writes sysfs: run it as root "
+                             "(become: true) on the host itself, not in a container.")
+    diff = result.pop("diff")
+    if module._diff and diff:
+        result["diff"] = diff
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

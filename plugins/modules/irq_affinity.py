@@ -1,0 +1,406 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: irq_affinity
+short_description: Pin a PCI function's MSI/MSI-X interrupts to CPUs of its NUMA node, alongside irqbalance
+version_added: 0.1.0
+description:
+  - Finds the MSI/MSI-X vectors of each function (C(/sys/bus/pci/devices/<bdf>/msi_irqs)). Sets
+    C(/proc/irq/N/smp_affinity_list) to CPUs local to the function's NUMA node, one vector per CPU, round robin.
+    O(cpus) narrows the choice to an allow-list and O(housekeeping_cpus) keeps CPUs free.
+  - Functions that share the same CPUs start their round robin at different CPUs, evenly apart, so their first
+    vectors do not all land on one CPU.
+  - Reads every value back after writing it. A vector whose write the kernel answers with C(EIO) is kernel-managed
+    (NVMe I/O queues, for example). It is reported as managed and left alone, not failed. Any other failure puts the
+    vectors already changed back and fails.
+  - Keeps irqbalance running. With O(irqbalance=policyscript) (the default), irqbalance's C(--policyscript) bans the
+    pinned functions' IRQs by device path, which stays valid when IRQ numbers change. With V(banned_cpus), the CPUs
+    used go into C(IRQBALANCE_BANNED_CPULIST). Either way only the module's own part of the irqbalance environment
+    file changes. RV(irqbalance.restart_required) says when irqbalance must be restarted, and
+    RV(irqbalance.present) reports when irqbalance is not installed.
+  - With O(persist), the function and its settings go to C(/etc/gpufleet/irq_affinity.json). The
+    C(gpufleet.inference.irq_affinity) role installs a script, a udev rule and systemd units that re-apply the pinning
+    from that file at boot and whenever a driver binds the function again. The kernel resets affinity when a driver
+    re-requests its vectors, and the new vectors get new numbers.
+  - Reports per IRQ the affinity before and after, the NUMA node, and whether it was served remotely.
+author:
+  - gpufleet.inference contributors (@gpufleet)
+requirements:
+  - Linux with sysfs and procfs. Run as root.
+extends_documentation_fragment:
+  - gpufleet.inference.common
+  - gpufleet.inference.common.attributes
+options:
+  devices:
+    description:
+      - PCI functions whose interrupts to pin. Give addresses (C(0000:3b:00.0)) or vendor:device IDs (C(10de:2335)) for
+        every function with that ID.
+      - An empty list is accepted only with O(exclusive=true). It then drops every function from the re-apply
+        configuration and the irqbalance ban, and leaves the interrupts where they are.
+    type: list
+    elements: str
+    required: true
+  state:
+    description:
+      - V(present) pins the vectors. V(absent) sets them back to the kernel's default affinity
+        (C(/proc/irq/default_smp_affinity)), and with O(persist) drops the functions from the re-apply configuration
+        and from the irqbalance ban.
+    type: str
+    choices: [present, absent]
+    default: present
+  cpus:
+    description:
+      - Allow-list of CPUs (C(0-15,32-47)). Only CPUs that are also on the function's NUMA node are used, unless
+        O(allow_remote=true). Empty means every CPU of the node.
+    type: str
+    default: ''
+  housekeeping_cpus:
+    description: CPUs never used for these interrupts (C(0,1)), for example those that serve the system's other work.
+    type: str
+    default: ''
+  policy:
+    description:
+      - V(spread) puts one vector per CPU, round robin. V(node) lets every vector run on any CPU of the node.
+    type: str
+    choices: [spread, node]
+    default: spread
+  numa_node:
+    description:
+      - NUMA node to use instead of the function's C(numa_node). Use it when the firmware reports C(-1).
+    type: int
+  allow_remote:
+    description: When O(cpus) has no CPU on the function's node, use O(cpus) anyway instead of failing.
+    type: bool
+    default: false
+  allow_no_irqs:
+    description:
+      - Do not fail for a function without MSI/MSI-X vectors. The NVIDIA driver enables them only when the GPU is
+        opened. The function is still recorded with O(persist), so the re-apply unit pins it when vectors appear.
+    type: bool
+    default: false
+  irqbalance:
+    description:
+      - How irqbalance is kept off the pinned interrupts. V(policyscript) writes
+        C(/usr/local/libexec/gpufleet-irqbalance-policy) and adds C(--policyscript) to C(IRQBALANCE_ARGS). V(banned_cpus)
+        manages one marked C(IRQBALANCE_BANNED_CPULIST) line. V(none) leaves irqbalance alone.
+      - Nothing is written when irqbalance is not installed. RV(irqbalance.present) then is false.
+    type: str
+    choices: [policyscript, banned_cpus, none]
+    default: policyscript
+  irqbalance_config:
+    description:
+      - irqbalance's environment file. By default C(/etc/default/irqbalance) (Debian, Ubuntu), or
+        C(/etc/sysconfig/irqbalance) (EL) when only that exists.
+    type: path
+  persist:
+    description:
+      - Record the functions and settings in C(/etc/gpufleet/irq_affinity.json) for the re-apply script of the
+        C(gpufleet.inference.irq_affinity) role. Offsets are then computed over every function in that file, the same
+        way the script computes them.
+    type: bool
+    default: false
+  exclusive:
+    description:
+      - The functions of this call are the only pinned ones. Others are dropped from the re-apply configuration and the
+        irqbalance ban; their interrupts stay where they are until irqbalance moves them.
+    type: bool
+    default: false
+notes:
+  - Kernel-managed vectors cannot be told from others without writing. After a real run the module remembers them in
+    C(/run/gpufleet), so that check mode can then predict them.
+seealso:
+  - module: gpufleet.inference.pcie_facts
+  - name: irqbalance(1)
+    description: The C(--policyscript) and C(IRQBALANCE_BANNED_CPULIST) interfaces.
+    link: https://github.com/Irqbalance/irqbalance
+"""
+
+EXAMPLES = r"""
+- name: Pin every H200's interrupts to its own NUMA node, keeping CPUs 0-1 for housekeeping
+  gpufleet.inference.irq_affinity:
+    devices: ['10de:2335']
+    housekeeping_cpus: '0-1'
+    persist: true
+  become: true
+  register: pinned
+
+- name: Show where each interrupt went
+  ansible.builtin.debug:
+    msg: "IRQ {{ item.irq }} of {{ item.bdf }}: {{ item.before }} -> {{ item.after }} (node {{ item.numa_node }}, remote before: {{ item.remote_before }})"
+  loop: "{{ pinned.irqs }}"
+
+- name: Pin a NIC's queues to an allow-list of CPUs, irqbalance told by banned CPUs
+  gpufleet.inference.irq_affinity:
+    devices: ['0000:5e:00.0']
+    cpus: '16-31'
+    irqbalance: banned_cpus
+  become: true
+
+- name: Give the interrupts back to the kernel's default and irqbalance
+  gpufleet.inference.irq_affinity:
+    devices: ['0000:5e:00.0']
+    state: absent
+    persist: true
+  become: true
+"""
+
+RETURN = r"""
+actions:
+  description: What the module did, or would do in check mode.
+  returned: always
+  type: list
+  elements: str
+  sample: ["pin IRQ 120 of 0000:3b:00.0 to CPUs 2 (was 0-15)", "write /etc/gpufleet/irq_affinity.pinned"]
+irqs:
+  description: One entry per vector of the functions.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    irq:
+      description: IRQ number.
+      type: int
+    bdf:
+      description: PCI function.
+      type: str
+    mode:
+      description: C(msix) or C(msi).
+      type: str
+    numa_node:
+      description: NUMA node the function belongs to (null when unknown).
+      type: int
+    before:
+      description: C(smp_affinity_list) before the run.
+      type: str
+    effective_before:
+      description: C(effective_affinity_list) before the run (the CPU that really served it).
+      type: str
+    wanted:
+      description: The affinity computed for it.
+      type: str
+    after:
+      description: C(smp_affinity_list) read back after the run (in check mode, the value it has now).
+      type: str
+    remote_before:
+      description: It was served by a CPU outside the function's NUMA node (null when the node is unknown).
+      type: bool
+    remote_after:
+      description: Its affinity after the run leaves the node (only with O(allow_remote)).
+      type: bool
+    managed:
+      description: The kernel manages its affinity (writes answer EIO); left alone. Null when not yet known.
+      type: bool
+    status:
+      description: C(changed), C(ok), C(managed), C(change) (check mode) or C(failed).
+      type: str
+  sample: [{irq: 120, bdf: "0000:3b:00.0", mode: msix, numa_node: 0, before: 0-15, effective_before: "9", wanted: "2",
+            after: "2", remote_before: false, remote_after: false, managed: false, status: changed}]
+devices:
+  description: Per function, the NUMA node, its local CPUs, the CPUs used and the number of vectors.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{bdf: "0000:3b:00.0", numa_node: 0, local_cpus: 0-15, cpus: 2-15, vectors: 9, managed_vectors: 0, remote: false}]
+irqbalance:
+  description: irqbalance's presence, its environment file, the mode used, and whether it must be restarted.
+  returned: success
+  type: dict
+  contains:
+    present:
+      description: irqbalance is installed.
+      type: bool
+    binary:
+      description: Path of the irqbalance binary, null when absent.
+      type: str
+    config:
+      description: irqbalance's environment file.
+      type: str
+    mode:
+      description: O(irqbalance) as used.
+      type: str
+    restart_required:
+      description: The ban changed; irqbalance must be restarted (if it runs) to read it.
+      type: bool
+    note:
+      description: Why nothing was done for irqbalance (it is not installed), or null.
+      type: str
+  sample: {present: true, binary: /usr/sbin/irqbalance, config: /etc/default/irqbalance, mode: policyscript,
+           restart_required: true, note: null}
+persisted:
+  description: The functions in the re-apply configuration after the run (empty unless O(persist)).
+  returned: success
+  type: list
+  elements: str
+  sample: ["0000:3b:00.0"]
+diff:
+  description: Affinities and files before and after, in diff mode.
+  returned: when diff mode is on and something changes
+  type: list
+  elements: dict
+"""
+
+import json
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq_affinity import (
+    CONFIG_FILE, DEFAULTS, MANAGED_CACHE, PINNED_FILE, POLICY_SCRIPT, IrqError, apply, irqbalance_config_text,
+    irqbalance_state, load_json, managed_cache_after, merge_config, parse_pinned, plan, render_pinned,
+    render_policy_script, report, resolve_cpus,
+)
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker, format_cpulist
+from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import VfioError, resolve
+
+
+def _file_action(fs: HostFS, path: str, after: str | None, mode: int = 0o644) -> list[dict]:
+    before = fs.read_optional(path)  # trailing newlines stripped
+    before_text = before + "\n" if before is not None else None
+    if after is not None and not after.endswith("\n"):
+        after += "\n"
+    if (after is None and before is None) or (after is not None and before is not None and after.rstrip("\n") == before):
+        return []
+    if after is None:
+        return [{"op": "remove", "path": path, "before": before_text, "after": ""}]
+    return [{"op": "write", "path": path, "before": before_text or "", "after": after, "mode": mode}]
+
+
+def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
+    """Select, plan, check, apply, read back. Raises IrqError with the reason; nothing is written before all checks pass."""
+    warn = warn or (lambda msg: None)
+    walker = PciWalker(fs)
+    if not params["devices"] and not params["exclusive"]:
+        raise IrqError("devices is empty: name the PCI functions by address (0000:3b:00.0) or vendor:device ID (10de:2335). "
+                       "With exclusive: true an empty list unpins every function pinned earlier.")
+    try:
+        bdfs = [t["bdf"] for t in resolve(walker, params["devices"], companions=False)] if params["devices"] else []
+    except VfioError as err:
+        raise IrqError(str(err)) from None
+    state, persist, exclusive = params["state"], params["persist"], params["exclusive"]
+    settings = {k: params.get(k, v) for k, v in DEFAULTS.items()}
+    config_before = load_json(fs, CONFIG_FILE)
+    config_after = merge_config(config_before, {b: settings for b in bdfs}, state, exclusive) if persist else config_before
+    if state == "present":
+        population = dict(config_after.get("devices") or {}) if persist else {}
+        population.update({b: settings for b in bdfs})
+    else:
+        population = {b: dict(DEFAULTS) for b in bdfs}
+    resolved, warnings = resolve_cpus(walker, population, strict=set(bdfs))
+    cache = load_json(fs, MANAGED_CACHE)
+    entries, plan_warnings = plan(walker, resolved, bdfs, state, cache, params["allow_no_irqs"])
+    warnings += plan_warnings
+
+    pinned_before = parse_pinned(fs.read_optional(PINNED_FILE))
+    pinned = {} if exclusive else dict(pinned_before)
+    for bdf in bdfs:
+        if state == "present":
+            pinned[bdf] = format_cpulist(resolved[bdf]["cpus"])
+        else:
+            pinned.pop(bdf, None)
+    mode = params["irqbalance"]
+    ib = irqbalance_state(fs, params.get("irqbalance_config"))
+    ib.update(mode=mode, restart_required=False, note=None)
+    files = _file_action(fs, PINNED_FILE, render_pinned(pinned) if pinned else None)
+    pinned_changed = bool(files)
+    if not ib["present"]:
+        ib["note"] = ("irqbalance is not installed: nothing else moves these interrupts, so no ban is needed; if it is "
+                      "installed later, run this again so it leaves them alone.")
+    elif mode != "none" or fs.exists(ib["config"]):
+        old = fs.read_optional(ib["config"])
+        new = irqbalance_config_text(old, mode, pinned)
+        conf_actions = _file_action(fs, ib["config"], new if (new or old is not None) else None)
+        script_actions = _file_action(fs, POLICY_SCRIPT, render_policy_script(), 0o755) if mode == "policyscript" and pinned else []
+        files += script_actions + conf_actions
+        ib["restart_required"] = bool(conf_actions or script_actions or (pinned_changed and mode != "none"))
+    if persist and config_after != config_before:
+        text = json.dumps(config_after, indent=2, sort_keys=True) + "\n" if config_after["devices"] else None
+        files += _file_action(fs, CONFIG_FILE, text)
+
+    if not check_mode:
+        apply(fs, entries)
+        for a in files:
+            if a["op"] == "write":
+                fs.write_atomic(a["path"], a["after"], mode=a["mode"])
+            else:
+                fs.remove(a["path"])
+        new_cache = managed_cache_after(cache, walker, entries)
+        if new_cache != cache:
+            try:
+                fs.write_atomic(MANAGED_CACHE, json.dumps(new_cache, sort_keys=True) + "\n")
+            except HostFSError as err:
+                warnings.append(f"Could not remember the managed vectors in {MANAGED_CACHE}: {err}; check mode will not predict them.")
+    for msg in warnings:
+        warn(msg)
+
+    verb = "pin" if state == "present" else "reset"
+    actions = [f"{verb} IRQ {e['irq']} of {e['bdf']} to CPUs {e['wanted']} (was {e['before']})"
+               for e in entries if e["status"] in ("change", "changed")]
+    actions += [f"{a['op']} {a['path']}" for a in files]
+    irqs = report(entries, resolved)
+    devices = []
+    for bdf in bdfs:
+        mine = [e for e in entries if e["bdf"] == bdf]
+        info = resolved[bdf]
+        devices.append({"bdf": bdf, "numa_node": info["numa_node"], "local_cpus": format_cpulist(info["local_cpus"]),
+                        "cpus": format_cpulist(info["cpus"]), "vectors": len(mine),
+                        "managed_vectors": sum(1 for e in mine if e["status"] == "managed"), "remote": info["remote"]})
+    diff = []
+    changing = [e for e in entries if e["status"] in ("change", "changed")]
+    if changing:
+        diff.append({"before_header": "smp_affinity_list", "after_header": "smp_affinity_list",
+                     "before": "".join(f"IRQ {e['irq']} ({e['bdf']}): {e['before']}\n" for e in changing),
+                     "after": "".join(f"IRQ {e['irq']} ({e['bdf']}): {e['wanted']}\n" for e in changing)})
+    for a in files:
+        diff.append({"before_header": a["path"], "after_header": a["path"], "before": a["before"] or "", "after": a["after"]})
+    return {
+        "changed": bool(actions),
+        "actions": actions,
+        "irqs": irqs,
+        "devices": devices,
+        "irqbalance": ib,
+        "persisted": sorted((config_after.get("devices") or {}).keys()) if persist else [],
+        "diff": diff,
+    }
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            root=dict(type="path", default="/"),
+            devices=dict(type="list", elements="str", required=True),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            cpus=dict(type="str", default=""),
+            housekeeping_cpus=dict(type="str", default=""),
+            policy=dict(type="str", choices=["spread", "node"], default="spread"),
+            numa_node=dict(type="int"),
+            allow_remote=dict(type="bool", default=False),
+            allow_no_irqs=dict(type="bool", default=False),
+            irqbalance=dict(type="str", choices=["policyscript", "banned_cpus", "none"], default="policyscript"),
+            irqbalance_config=dict(type="path"),
+            persist=dict(type="bool", default=False),
+            exclusive=dict(type="bool", default=False),
+        ),
+        supports_check_mode=True,
+    )
+    root = module.params["root"]
+    try:
+        result = execute(module.params, HostFS(root), module.check_mode, warn=module.warn)
+    except IrqError as err:
+        module.fail_json(msg=str(err), changed=False)
+    except HostFSError as err:
+        module.fail_json(msg=f"irq_affinity under root {root} failed: {err}. The module reads sysfs and writes /proc/irq: run it "
+                             "as root (become: true) on the host itself, not in a container.")
+    diff = result.pop("diff")
+    if module._diff and diff:
+        result["diff"] = diff
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,462 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kernel_cmdline
+short_description: Add and remove kernel command line arguments, one owner per feature
+version_added: 0.1.0
+description:
+  - Keeps the kernel arguments that one owner (a role or feature such as C(pcie_link), C(vfio) or C(hugepages)) asks for in
+    the boot configuration, and removes them again with O(state=absent), without touching the arguments of other owners or
+    those set outside this module.
+  - On Debian and Ubuntu (O(bootloader=grub_dropin)) the arguments live in one drop-in owned by the collection,
+    C(/etc/default/grub.d/99-gpufleet.cfg), one line per owner, each appending to C(GRUB_CMDLINE_LINUX_DEFAULT); then
+    C(update-grub) (or C(grub-mkconfig -o /boot/grub/grub.cfg)) regenerates C(grub.cfg). The file name sorts after the
+    C(50-cloudimg-settings.cfg) of cloud images, which sets C(GRUB_CMDLINE_LINUX_DEFAULT) outright.
+  - C(GRUB_CMDLINE_LINUX_DEFAULT) rather than C(GRUB_CMDLINE_LINUX), because only the normal boot entries use it. The
+    recovery entries boot without the tuning arguments, which is the way back into a host that one of them (a C(hugepages)
+    count too large for the memory, C(vfio-pci.ids) that takes the console GPU) keeps from booting.
+  - On EL (O(bootloader=grubby)) C(grubby --update-kernel=ALL --args=... / --remove-args=...) edits every boot entry and
+    the default for new kernels; the owners are recorded in C(/etc/gpufleet/kernel_cmdline.json) so that an owner removes
+    exactly its own arguments (an argument two owners want stays until both removed it).
+  - Compares the wanted arguments of all owners with C(/proc/cmdline) as sets and returns RV(reboot_required); arguments
+    an owner removed count as well while the running kernel still has them, also on later runs.
+  - Validates every argument (C(flag) or C(key=value), no whitespace, quotes or shell metacharacters) and refuses
+    conflicting ones across all owners, such as C(pcie_aspm=off) with C(pcie_aspm=force), before it changes anything.
+  - Never reboots. Roles export RV(owner_reboot_required) as C(<role>_reboot_required) for the C(gpufleet.inference.reboot)
+    role.
+author:
+  - gpufleet.inference contributors (@gpufleet)
+requirements:
+  - GRUB 2 with C(/etc/default/grub) and C(update-grub) or C(grub-mkconfig) (Debian, Ubuntu), or C(grubby) (EL 8 and later).
+  - With O(root) other than C(/), the bootloader tool runs through C(chroot) inside O(root).
+extends_documentation_fragment:
+  - gpufleet.inference.common
+  - gpufleet.inference.common.attributes
+options:
+  owner:
+    description:
+      - Name of the role or feature that owns O(args), lower case letters, digits and C(_). Each owner's arguments are kept
+        and removed separately.
+    type: str
+    required: true
+  args:
+    description:
+      - The owner's arguments, each C(flag) or C(key=value) as one list item, for example C(iommu=pt), C(pcie_aspm=off),
+        C(hugepagesz=1G), C(hugepages=16), C(pci=noacs), C(vfio-pci.ids=10de:2335).
+      - "Only letters, digits and these characters: C(_ . , : / + @ % = -)."
+      - The list replaces what the owner had; arguments it no longer names are removed.
+      - Ignored with O(state=absent).
+    type: list
+    elements: str
+    default: []
+  state:
+    description:
+      - V(present) keeps exactly O(args) for O(owner) (an empty list removes them).
+      - V(absent) removes every argument of O(owner).
+    type: str
+    choices: [present, absent]
+    default: present
+  bootloader:
+    description:
+      - V(grub_dropin) for Debian and Ubuntu, V(grubby) for EL.
+      - V(auto) takes V(grubby) when C(grubby) is installed, else V(grub_dropin) when C(/etc/default/grub) exists and
+        C(update-grub) or C(grub-mkconfig) is installed, and fails otherwise.
+    type: str
+    choices: [auto, grub_dropin, grubby]
+    default: auto
+notes:
+  - Changes take effect at the next boot. Reboot through the C(gpufleet.inference.reboot) role (the reboot contract),
+    which reboots once per play when allowed and then checks C(/proc/cmdline).
+  - Arguments set outside this module (in C(/etc/default/grub), or by hand with grubby) are left alone; when one of them
+    gives a key another value than an owner wants, the module warns (the argument written later, ours, is the one most
+    kernel parameters honour).
+  - grubby keeps one value per key, so on EL a key may appear only once across all owners (C(hugepagesz) pairs included).
+  - A hand-edited drop-in is rewritten from the owners' lines; lines that are not an owner's line are dropped with a warning.
+seealso:
+  - module: gpufleet.inference.kernel_cmdline_info
+  - name: The reboot contract
+    description: docs/reboot_contract.md in the collection.
+    link: https://example.invalid/gpufleet/inference/docs/reboot_contract.md
+"""
+
+EXAMPLES = r"""
+- name: Turn ASPM off at boot (the pcie_link role owns this)
+  gpufleet.inference.kernel_cmdline:
+    owner: pcie_link
+    args: [pcie_aspm=off]
+  become: true
+  register: cmdline
+
+- name: Export the reboot contract's flag
+  ansible.builtin.set_fact:
+    pcie_link_reboot_required: "{{ cmdline.owner_reboot_required }}"
+
+- name: IOMMU pass-through and vfio for two NVIDIA functions
+  gpufleet.inference.kernel_cmdline:
+    owner: vfio
+    args: [intel_iommu=on, iommu=pt, "vfio-pci.ids=10de:2335,10de:22a3"]
+  become: true
+
+- name: One-GiB huge pages, reserved at boot
+  gpufleet.inference.kernel_cmdline:
+    owner: hugepages
+    args: [default_hugepagesz=1G, hugepagesz=1G, hugepages=64]
+  become: true
+
+- name: Remove everything the vfio feature added
+  gpufleet.inference.kernel_cmdline:
+    owner: vfio
+    state: absent
+  become: true
+"""
+
+RETURN = r"""
+actions:
+  description:
+    - What was done (or would be done in check mode), in order. C(action) is one of C(write_dropin), C(remove_dropin),
+      C(update_grub), C(grubby_add), C(grubby_remove), C(write_state), C(remove_state); commands carry their C(argv).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{action: write_dropin, path: /etc/default/grub.d/99-gpufleet.cfg},
+           {action: update_grub, path: /boot/grub/grub.cfg, reason: drop-in changed, argv: [/usr/sbin/update-grub]}]
+bootloader:
+  description: The bootloader path used, C(grub_dropin) or C(grubby).
+  returned: success
+  type: str
+  sample: grub_dropin
+reboot_required:
+  description:
+    - True when the running kernel's arguments (C(/proc/cmdline)) lack an argument any owner wants, or still hold one an
+      owner removed.
+  returned: success
+  type: bool
+  sample: true
+owner_reboot_required:
+  description: The same, for the arguments of O(owner) only. Roles export it as C(<role>_reboot_required).
+  returned: success
+  type: bool
+  sample: true
+wanted:
+  description: Every argument all owners want, after this task.
+  returned: success
+  type: list
+  elements: str
+  sample: [pcie_aspm=off, intel_iommu=on, iommu=pt]
+current:
+  description: The arguments of the running kernel, from C(/proc/cmdline).
+  returned: success
+  type: list
+  elements: str
+  sample: [BOOT_IMAGE=/boot/vmlinuz-6.1.0-50-cloud-amd64, root=UUID=0f1e, ro, console=ttyS0]
+missing:
+  description: Wanted arguments the running kernel does not have.
+  returned: success
+  type: list
+  elements: str
+  sample: [pcie_aspm=off]
+unexpected:
+  description: Arguments an owner removed that the running kernel still has.
+  returned: success
+  type: list
+  elements: str
+  sample: []
+owners:
+  description: Every owner and its arguments as recorded after this task.
+  returned: success
+  type: dict
+  sample: {pcie_link: [pcie_aspm=off], vfio: [intel_iommu=on, iommu=pt]}
+diff:
+  description: The drop-in (Debian) or the owner record (EL) before and after, in diff mode.
+  returned: when diff mode is on
+  type: dict
+  sample: {before: "", after: "GRUB_CMDLINE_LINUX_DEFAULT=\"${GRUB_CMDLINE_LINUX_DEFAULT} pcie_aspm=off\" # gpufleet-owner=pcie_link\n",
+           before_header: /etc/default/grub.d/99-gpufleet.cfg, after_header: /etc/default/grub.d/99-gpufleet.cfg}
+"""
+
+import json
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline import (
+    DROPIN, DROPIN_DIR, GRUB_CFG, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, change_owner, find_conflicts,
+    foreign_conflicts, foreign_grub_args, grub_cfg_args, parse_dropin, parse_grubby_info, parse_state, pending_after,
+    plan_dropin, plan_grubby, render_state, split_cmdline, status, validate_args, validate_owner,
+    wanted_args,
+)
+
+C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
+SBIN_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+class Bootloader:
+    """Finds and runs the bootloader tools; with a root other than / they run through chroot."""
+
+    def __init__(self, module: AnsibleModule, fs: HostFS):
+        self.module = module
+        self.fs = fs
+
+    def find(self, name: str, required: bool = False) -> str | None:
+        if self.fs.root == "/":
+            return self.module.get_bin_path(name, required=required)
+        for directory in SBIN_DIRS:
+            if self.fs.exists(f"{directory}/{name}"):
+                return f"{directory}/{name}"
+        if required:
+            self.module.fail_json(msg=f"{name} is not installed under root {self.fs.root} (looked in {', '.join(SBIN_DIRS)}).")
+        return None
+
+    def argv(self, argv: list[str]) -> list[str]:
+        if self.fs.root == "/":
+            return argv
+        return [self.module.get_bin_path("chroot", required=True), self.fs.root] + argv
+
+    def run(self, argv: list[str]) -> tuple[int, str, str]:
+        return self.module.run_command(argv)
+
+    def detect(self, wanted: str) -> tuple[str, list[str]]:
+        """(bootloader, argv of the command that applies the configuration)."""
+        where = "" if self.fs.root == "/" else f" under root {self.fs.root}"
+        if wanted in ("auto", "grubby"):
+            grubby = self.find("grubby", required=wanted == "grubby")
+            if grubby:
+                return "grubby", [grubby]
+        if not self.fs.exists(GRUB_DEFAULTS):
+            self.module.fail_json(msg=(
+                f"GRUB files missing: {GRUB_DEFAULTS} does not exist{where}, and grubby is not installed. This module "
+                "drives GRUB 2 (update-grub on Debian/Ubuntu, grubby on EL); hosts that boot through systemd-boot, "
+                "a unified kernel image or a cloud provider's direct kernel boot need another way to set kernel arguments."))
+        update = self.find("update-grub")
+        if update:
+            return "grub_dropin", [update]
+        mkconfig = self.find("grub-mkconfig") or self.find("grub2-mkconfig")
+        if mkconfig:
+            return "grub_dropin", [mkconfig, "-o", GRUB_CFG]
+        self.module.fail_json(msg=(
+            f"GRUB files missing: {GRUB_DEFAULTS} exists{where} but neither update-grub nor grub-mkconfig is installed, "
+            "so the drop-in cannot be turned into grub.cfg. Install grub2-common (Debian/Ubuntu: apt-get install grub2-common)."))
+        return "", []  # not reached
+
+
+class KernelCmdline:
+    """Reads the owners and the running kernel's arguments, plans, applies."""
+
+    def __init__(self, module: AnsibleModule, fs: HostFS, loader: Bootloader, bootloader: str, apply_argv: list[str]):
+        self.module = module
+        self.fs = fs
+        self.loader = loader
+        self.bootloader = bootloader
+        self.apply_argv = apply_argv
+
+    # ---- readers ----------------------------------------------------------------------------
+    def read(self, path: str) -> str | None:
+        """Exact file content (HostFS.read_text strips the last newline), None when absent."""
+        return self.fs.read_bytes(path).decode("utf-8", "replace") if self.fs.exists(path) else None
+
+    def current(self) -> list[str]:
+        text = self.fs.read_optional(PROC_CMDLINE)
+        if text is None:
+            self.module.fail_json(msg=f"Cannot read {PROC_CMDLINE} under root {self.fs.root}: the module compares the wanted "
+                                      "arguments with the running kernel's. Run it on a Linux host with /proc mounted.")
+        return split_cmdline(text)
+
+    def foreign_texts(self) -> list[str]:
+        texts = [self.read(GRUB_DEFAULTS) or ""]
+        for name in self.fs.listdir(DROPIN_DIR):
+            path = f"{DROPIN_DIR}/{name}"
+            if name.endswith(".cfg") and path != DROPIN:
+                texts.append(self.fs.read_optional(path) or "")
+        return texts
+
+    def grubby_entries(self, grubby: str) -> list[dict]:
+        rc, out, err = self.loader.run(self.loader.argv([grubby, "--info=ALL"]))
+        if rc != 0:
+            self.module.fail_json(msg=f"'{grubby} --info=ALL' exited {rc}: {(err or out).strip()}. grubby cannot read the boot "
+                                      "entries; check /boot/loader/entries and /etc/default/grub.", rc=rc, stderr=err)
+        entries = parse_grubby_info(out)
+        if not entries:
+            self.module.fail_json(msg=f"'{grubby} --info=ALL' listed no boot entry; nothing to add arguments to.")
+        return entries
+
+    # ---- the run ------------------------------------------------------------------------------
+    def run(self, owner: str, args: list[str], state: str) -> dict:
+        current = self.current()
+        saved = parse_state(self.read(STATE_FILE), self.fs.path(STATE_FILE))
+        dropin_before = None
+        foreign: list[str] = []
+        entries: list[dict] = []
+        if self.bootloader == "grub_dropin":
+            dropin_before = self.read(DROPIN)
+            owners_before, stray = parse_dropin(dropin_before)
+            if stray:
+                self.module.warn(f"{DROPIN} holds lines this module did not write; they are dropped: {' | '.join(stray)}")
+            foreign = foreign_grub_args(self.foreign_texts())
+            grub_cfg = self.fs.read_optional(GRUB_CFG)
+            configured = grub_cfg_args(grub_cfg) or []
+        else:
+            owners_before = saved["owners"]
+            entries = self.grubby_entries(self.apply_argv[0])
+            configured = sorted({a for e in entries for a in e["args"]})
+        owners_after = change_owner(owners_before, owner, args, state)
+        conflicts = find_conflicts(owners_after, grubby=self.bootloader == "grubby")
+        if conflicts:
+            self.module.fail_json(msg=(
+                f"Conflicting kernel arguments, nothing changed: {'; '.join(conflicts)}. Keep one of them: change the "
+                "variables of the owning roles (each owner's arguments are listed in the owners key of this result)."),
+                owners=owners_after)
+        pending = pending_after(saved["pending_removal"], owners_before, owners_after, owner, current, configured)
+        for warning in foreign_conflicts(owners_after, current, pending):
+            self.module.warn(warning.capitalize() + ": our argument comes later on the command line; remove the other one "
+                             "from /etc/default/grub (or with grubby) to be sure which value the kernel takes.")
+        for arg in pending:
+            if arg in foreign:
+                self.module.warn(f"{arg} was removed by owner {pending[arg]} but {GRUB_DEFAULTS} (or another grub.d file) "
+                                 "still sets it, so the kernel keeps it after the next boot.")
+
+        actions: list[dict] = []
+        if self.bootloader == "grub_dropin":
+            plan = plan_dropin(dropin_before, owners_after, grub_cfg, list(pending), foreign)
+            for action in plan["actions"]:
+                if action["action"] == "update_grub":
+                    action["argv"] = self.loader.argv(self.apply_argv)
+                actions.append(action)
+            diff = {"before": dropin_before or "", "after": plan["after"] or "", "before_header": DROPIN, "after_header": DROPIN}
+        else:
+            plan = plan_grubby(entries, owners_after, list(pending))
+            grubby = self.apply_argv[0]
+            if plan["remove"]:
+                actions.append({"action": "grubby_remove", "args": plan["remove"],
+                                "argv": self.loader.argv([grubby, "--update-kernel=ALL", "--remove-args=" + " ".join(plan["remove"])])})
+            if plan["add"]:
+                actions.append({"action": "grubby_add", "args": plan["add"],
+                                "argv": self.loader.argv([grubby, "--update-kernel=ALL", "--args=" + " ".join(plan["add"])])})
+            diff = {"before": json.dumps(owners_before, indent=2, sort_keys=True) + "\n",
+                    "after": json.dumps(owners_after, indent=2, sort_keys=True) + "\n",
+                    "before_header": f"{STATE_FILE} (owners)", "after_header": f"{STATE_FILE} (owners)"}
+
+        # The state file: owners (grubby) and the removals the running kernel still has. Pruning
+        # alone is no reason to write.
+        kept = {a: o for a, o in pending.items() if a in current}
+        new_state = {"owners": owners_after if self.bootloader == "grubby" else {}, "pending_removal": kept}
+        state_text = render_state(new_state)
+        old_text = render_state(saved)
+        grew = set(kept) - set(saved["pending_removal"]) or (self.bootloader == "grubby" and owners_after != saved["owners"])
+        if state_text != old_text and (grew or actions):
+            actions.append({"action": "remove_state" if state_text is None else "write_state", "path": STATE_FILE})
+
+        result = status(owners_after, current, pending, owner, foreign)
+        result.update(bootloader=self.bootloader, owners=owners_after, actions=actions, changed=bool(actions))
+        if self.module._diff:
+            result["diff"] = diff
+        if actions and not self.module.check_mode:
+            self.apply(actions, dropin_before, plan, owners_after, state_text, foreign, pending)
+        return result
+
+    # ---- changers -----------------------------------------------------------------------------
+    def apply(self, actions: list[dict], dropin_before: str | None, plan: dict, owners_after: dict,
+              state_text: str | None, foreign: list[str], pending: dict) -> None:
+        done: list[str] = []
+        try:
+            for action in actions:
+                kind = action["action"]
+                if kind == "write_dropin":
+                    self.fs.write_atomic(DROPIN, plan["after"], 0o644)
+                elif kind == "remove_dropin":
+                    self.fs.remove(DROPIN)
+                elif kind in ("update_grub", "grubby_add", "grubby_remove"):
+                    rc, out, err = self.loader.run(action["argv"])
+                    if rc != 0:
+                        self.fail_command(action, rc, out, err, dropin_before, done)
+                elif kind == "write_state":
+                    self.fs.write_atomic(STATE_FILE, state_text, 0o644)
+                elif kind == "remove_state":
+                    self.fs.remove(STATE_FILE)
+                done.append(kind)
+        except HostFSError as err:
+            self.module.fail_json(msg=f"Writing the boot configuration failed after {', '.join(done) or 'no step'}: {err}. "
+                                      "Run the module as root (become: true) on a writable /etc and /boot.")
+        self.verify(owners_after, foreign, pending)
+
+    def fail_command(self, action: dict, rc: int, out: str, err: str, dropin_before: str | None, done: list[str]) -> None:
+        cmd = " ".join(action["argv"])
+        msg = f"'{cmd}' exited {rc}: {(err or out).strip()[-800:]}."
+        if self.bootloader == "grub_dropin" and ("write_dropin" in done or "remove_dropin" in done):
+            if dropin_before is None:
+                self.fs.remove(DROPIN)
+            else:
+                self.fs.write_atomic(DROPIN, dropin_before, 0o644)
+            msg += f" {DROPIN} was put back as it was; grub.cfg is unchanged or partly written, so run {cmd} by hand once fixed."
+        else:
+            msg += f" Done before the failure: {', '.join(done) or 'nothing'}."
+        self.module.fail_json(msg=f"Updating the boot configuration failed: {msg} Fix the bootloader configuration and run again.",
+                              rc=rc, stdout=out, stderr=err)
+
+    def verify(self, owners_after: dict, foreign: list[str], pending: dict) -> None:
+        """Read the configuration back: it must hold what was asked."""
+        wanted = wanted_args(owners_after)
+        if self.bootloader == "grub_dropin":
+            owners_now, _stray = parse_dropin(self.read(DROPIN))
+            if owners_now != {o: a for o, a in owners_after.items() if a}:
+                self.module.fail_json(msg=f"{DROPIN} reads back {owners_now}, not {owners_after}: something else writes it.")
+            cfg = grub_cfg_args(self.fs.read_optional(GRUB_CFG))
+            if cfg is None:
+                return
+            missing = [a for a in wanted if a not in cfg]
+            left = [a for a in pending if a in cfg and a not in wanted and a not in foreign]
+            where = f"{GRUB_CFG}'s first boot entry"
+        else:
+            entries = [e for e in self.grubby_entries(self.apply_argv[0]) if not e["rescue"]]
+            missing = [a for a in wanted if any(a not in e["args"] for e in entries)]
+            left = [a for a in pending if a not in wanted and any(a in e["args"] for e in entries)]
+            where = "a grubby boot entry"
+        if missing or left:
+            self.module.fail_json(msg=(
+                f"The bootloader tool succeeded but {where} still {'lacks ' + ', '.join(missing) if missing else ''}"
+                f"{' and ' if missing and left else ''}{'has ' + ', '.join(left) if left else ''}. Another file overrides "
+                f"{'GRUB_CMDLINE_LINUX_DEFAULT after ' + os.path.basename(DROPIN) if self.bootloader == 'grub_dropin' else 'the entries'}"
+                "; check /etc/default/grub and /etc/default/grub.d/."))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            owner=dict(type="str", required=True),
+            args=dict(type="list", elements="str", default=[]),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            bootloader=dict(type="str", choices=["auto", "grub_dropin", "grubby"], default="auto"),
+            root=dict(type="path", default="/"),
+        ),
+        supports_check_mode=True,
+    )
+    module.run_command_environ_update = C_LOCALE
+    try:
+        owner = validate_owner(module.params["owner"])
+        args = validate_args(module.params["args"]) if module.params["state"] == "present" else []
+        conflicts = find_conflicts({owner: args})
+    except CmdlineError as err:
+        module.fail_json(msg=str(err))
+    if conflicts:
+        module.fail_json(msg=f"Conflicting kernel arguments in args, nothing changed: {'; '.join(conflicts)}. Keep one of them.")
+    fs = HostFS(module.params["root"])
+    loader = Bootloader(module, fs)
+    bootloader, apply_argv = loader.detect(module.params["bootloader"])
+    try:
+        result = KernelCmdline(module, fs, loader, bootloader, apply_argv).run(owner, args, module.params["state"])
+    except CmdlineError as err:
+        module.fail_json(msg=str(err))
+    except HostFSError as err:
+        module.fail_json(msg=f"Reading the boot configuration under root {fs.root} failed: {err}. Run the module as root "
+                             "(become: true).")
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kernel_cmdline_info
+short_description: Compare the kernel arguments every owner asked for with the running kernel's
+version_added: 0.1.0
+description:
+  - Reads what M(gpufleet.inference.kernel_cmdline) recorded (the Debian drop-in C(/etc/default/grub.d/99-gpufleet.cfg), or
+    the EL owner record C(/etc/gpufleet/kernel_cmdline.json)) and compares it with C(/proc/cmdline) as sets.
+  - The C(gpufleet.inference.reboot) role runs it after a reboot to prove that the running kernel holds every argument asked
+    for and none that was removed.
+  - Never changes the host.
+author:
+  - gpufleet.inference contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.inference.common
+  - gpufleet.inference.common.attributes_readonly
+options:
+  owner:
+    description: Also report RV(owner_reboot_required) for this owner.
+    type: str
+"""
+
+EXAMPLES = r"""
+- name: Check the running kernel against every owner's arguments
+  gpufleet.inference.kernel_cmdline_info:
+  register: cmdline
+
+- name: Fail when the running kernel lacks an argument
+  ansible.builtin.assert:
+    that: cmdline.missing | length == 0
+    fail_msg: "Running kernel lacks {{ cmdline.missing | join(' ') }}"
+"""
+
+RETURN = r"""
+actions:
+  description: Always empty; the module changes nothing.
+  returned: always
+  type: list
+  elements: str
+  sample: []
+source:
+  description: Where the owners were read from, C(dropin), C(state) or C(none).
+  returned: success
+  type: str
+  sample: dropin
+owners:
+  description: Every owner and its arguments.
+  returned: success
+  type: dict
+  sample: {pcie_link: [pcie_aspm=off]}
+wanted:
+  description: Every argument the owners want.
+  returned: success
+  type: list
+  elements: str
+  sample: [pcie_aspm=off]
+current:
+  description: The running kernel's arguments.
+  returned: success
+  type: list
+  elements: str
+  sample: [BOOT_IMAGE=/boot/vmlinuz-6.1.0-50-cloud-amd64, ro, pcie_aspm=off]
+missing:
+  description: Wanted arguments the running kernel lacks.
+  returned: success
+  type: list
+  elements: str
+  sample: []
+unexpected:
+  description: Arguments an owner removed that the running kernel still has.
+  returned: success
+  type: list
+  elements: str
+  sample: []
+pending_removal:
+  description: Arguments removed by an owner, with that owner, while they may still be on the command line.
+  returned: success
+  type: dict
+  sample: {pci=noacs: vfio}
+reboot_required:
+  description: True when RV(missing) or RV(unexpected) is not empty.
+  returned: success
+  type: bool
+  sample: false
+owner_reboot_required:
+  description: The same for O(owner)'s arguments only.
+  returned: when O(owner) is set
+  type: bool
+  sample: false
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline import (
+    DROPIN, DROPIN_DIR, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, foreign_grub_args, parse_dropin, parse_state,
+    split_cmdline, status,
+)
+
+
+def gather(fs: HostFS, owner: str | None = None) -> dict:
+    """The owners' arguments against /proc/cmdline. Raises CmdlineError or HostFSError."""
+    text = fs.read_optional(PROC_CMDLINE)
+    if text is None:
+        raise CmdlineError(f"Cannot read {PROC_CMDLINE} under root {fs.root}: run the module on a Linux host with /proc mounted.")
+    current = split_cmdline(text)
+    saved = parse_state(fs.read_text(STATE_FILE) if fs.exists(STATE_FILE) else None, fs.path(STATE_FILE))
+    foreign: list[str] = []
+    if fs.exists(DROPIN):
+        owners, _stray = parse_dropin(fs.read_text(DROPIN))
+        source = "dropin"
+        texts = [fs.read_optional(GRUB_DEFAULTS) or ""]
+        texts += [fs.read_optional(f"{DROPIN_DIR}/{n}") or "" for n in fs.listdir(DROPIN_DIR)
+                  if n.endswith(".cfg") and f"{DROPIN_DIR}/{n}" != DROPIN]
+        foreign = foreign_grub_args(texts)
+    elif saved["owners"]:
+        owners, source = saved["owners"], "state"
+    else:
+        owners, source = {}, "none"
+    result = status(owners, current, saved["pending_removal"], owner, foreign)
+    result.update(owners=owners, source=source, pending_removal=saved["pending_removal"])
+    return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(owner=dict(type="str"), root=dict(type="path", default="/")),
+        supports_check_mode=True,
+    )
+    try:
+        result = gather(HostFS(module.params["root"]), module.params["owner"])
+    except CmdlineError as err:
+        module.fail_json(msg=str(err))
+    except HostFSError as err:
+        module.fail_json(msg=f"Reading the kernel argument record failed: {err}. Run the module as root (become: true).")
+    module.exit_json(changed=False, actions=[], **result)
+
+
+if __name__ == "__main__":
+    main()

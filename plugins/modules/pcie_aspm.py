@@ -1,0 +1,150 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: pcie_aspm
+short_description: Set the kernel's runtime PCIe ASPM policy and read it back
+version_added: 0.1.0
+description:
+  - Writes O(policy) to C(/sys/module/pcie_aspm/parameters/policy) and reads it back. V(performance) turns Active State
+    Power Management off on every link the kernel manages, which removes the L0s/L1 exit latency from GPU transfers.
+  - The runtime policy is lost at reboot. To keep it, put C(pcie_aspm.policy=<policy>) on the kernel command line with
+    M(gpufleet.inference.kernel_cmdline) (the C(gpufleet.inference.pcie_link) role does both).
+  - When the kernel refuses the change (booted with C(pcie_aspm=off), or the ACPI FADT says the platform does not let the OS
+    control ASPM, as on QEMU), the module changes nothing, warns, and returns RV(writable=false); the firmware's ASPM
+    settings then apply.
+author:
+  - gpufleet.inference contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.inference.common
+  - gpufleet.inference.common.attributes
+options:
+  policy:
+    description: The ASPM policy.
+    type: str
+    required: true
+    choices: [default, performance, powersave, powersupersave]
+"""
+
+EXAMPLES = r"""
+- name: No ASPM on GPU links, from now on
+  gpufleet.inference.pcie_aspm:
+    policy: performance
+  become: true
+"""
+
+RETURN = r"""
+actions:
+  description: The policy change done, or that would be done in check mode.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{action: set_policy, path: /sys/module/pcie_aspm/parameters/policy, before: default, after: performance}]
+policy:
+  description: The policy in force after the task (read back).
+  returned: success
+  type: str
+  sample: performance
+policy_before:
+  description: The policy before the task.
+  returned: success
+  type: str
+  sample: default
+available:
+  description: The policies this kernel offers.
+  returned: success
+  type: list
+  elements: str
+  sample: [default, performance, powersave, powersupersave]
+writable:
+  description: False when the kernel refuses policy changes (C(pcie_aspm=off), or ASPM control denied by the firmware).
+  returned: success
+  type: bool
+  sample: true
+diff:
+  description: The policy before and after, in diff mode.
+  returned: when diff mode is on
+  type: dict
+  sample: {before: "default\n", after: "performance\n"}
+"""
+
+import errno
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_aspm import POLICY_FILE, parse_policy, plan
+
+
+class PolicyError(Exception):
+    """The policy cannot be read or set; the message says why and what to do."""
+
+
+def set_policy(fs: HostFS, wanted: str, check_mode: bool) -> tuple[dict, list[str]]:
+    """Read, decide, write, read back. Returns (result, warnings); raises PolicyError."""
+    text = fs.read_optional(POLICY_FILE)
+    if text is None:
+        raise PolicyError(f"{POLICY_FILE} does not exist under root {fs.root}: this kernel has no PCIe ASPM support "
+                          "(CONFIG_PCIEASPM), so the firmware alone decides ASPM. Set it in the BIOS, or leave the policy unset.")
+    current, available = parse_policy(text)
+    decision = plan(current, available, wanted, fs.read_optional("/proc/cmdline"))
+    if decision["error"]:
+        raise PolicyError(decision["error"])
+    result = {"policy": current, "policy_before": current, "available": available, "writable": True, "actions": []}
+    warnings = []
+    if decision["skip"]:
+        result["writable"] = False
+        return result, [decision["skip"]]
+    if decision["action"] is None:
+        return result, warnings
+    result["actions"] = [decision["action"]]
+    if check_mode:
+        result["policy"] = wanted
+        return result, warnings
+    try:
+        fs.write_text(POLICY_FILE, wanted)
+    except HostFSError as err:
+        if err.errno == errno.EPERM:
+            result.update(writable=False, actions=[])
+            return result, [f"The kernel refused the ASPM policy {wanted} ({err.strerror}): the firmware does not let the OS "
+                            f"control ASPM (the ACPI FADT says so, as on QEMU) or ASPM is off on the command line. The policy "
+                            f"stays {current} and the firmware's ASPM settings apply; change them in the BIOS."]
+        raise PolicyError(f"Writing {wanted} to {POLICY_FILE} failed: {err.strerror}. Run the module as root (become: true).") from None
+    now, _available = parse_policy(fs.read_optional(POLICY_FILE))
+    if now != wanted:
+        raise PolicyError(f"Wrote {wanted} to {POLICY_FILE} but it reads back {now}: something else sets the ASPM policy "
+                          "(a tuned profile, a udev rule); find it and stop it.")
+    result["policy"] = now
+    return result, warnings
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            policy=dict(type="str", required=True, choices=["default", "performance", "powersave", "powersupersave"]),
+            root=dict(type="path", default="/"),
+        ),
+        supports_check_mode=True,
+    )
+    try:
+        result, warnings = set_policy(HostFS(module.params["root"]), module.params["policy"], module.check_mode)
+    except PolicyError as err:
+        module.fail_json(msg=str(err))
+    except HostFSError as err:
+        module.fail_json(msg=f"Reading the ASPM policy failed: {err}. Run the module as root (become: true).")
+    for warning in warnings:
+        module.warn(warning)
+    result["changed"] = bool(result["actions"])
+    if module._diff:
+        result["diff"] = {"before": f"{result['policy_before']}\n", "after": f"{result['policy']}\n",
+                          "before_header": POLICY_FILE, "after_header": POLICY_FILE}
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

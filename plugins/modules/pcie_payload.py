@@ -1,0 +1,461 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: pcie_payload
+short_description: Set PCIe MaxPayload and MaxReadRequest of GPUs and their path, safely, with read-back and restore
+version_added: 0.1.0
+description:
+  - Sets MaxPayload Size (MPS) and MaxReadRequest Size (MRRS) in the PCI Express Device Control register of the GPUs (or the
+    functions in O(devices)) with C(setpci), writing only the bits of the field (C(setpci -s BDF CAP_EXP+8.w=VALUE:MASK)).
+  - "MPS follows the kernel's C(pcie_bus_safe) rule: every PCIe function below one root port (the root port, switch ports,
+    the GPUs and their peers under the same switch) ends with one MaxPayload, never above the smallest that any of them
+    supports. O(mps=max_safe) picks that value; a larger explicit value fails with a message that names the limiting
+    device, and whether it is on the GPU's path or a peer."
+  - Functions the task does not write (a NIC beside the GPUs, a bridge with O(include_path=false)) keep their value, which
+    then fixes the value of their hierarchy; add them to O(devices) to change them together.
+  - MRRS is a requester setting and is written on the listed devices only, within the PCIe encoding (128 to 4096 bytes)
+    and never above O(mrrs_cap).
+  - Writes top-down (root port, switch ports, endpoints, as the kernel does), reads every write back from the sysfs
+    C(config) file, and fails when a device did not take the value (QEMU keeps these fields read-only), after rolling back
+    what it wrote, so a failed run changes nothing.
+  - Records the original values on the host (O(state_dir)) before the first write; O(state=default) restores them.
+  - With O(persist=true) installs a systemd oneshot unit, C(gpufleet-pcie-payload.service), that re-applies the values at
+    every boot through C(/usr/local/libexec/gpufleet-pcie-payload-apply /etc/gpufleet/pcie_payload.json).
+  - A systemd oneshot unit rather than a udev rule, because the values of one hierarchy must be applied together and in
+    order (root port before the switch ports before the GPUs) with a rollback when one does not take; udev runs C(RUN+=)
+    programs per device, in parallel, in no fixed order, kills them after a timeout, and runs them again on every
+    C(change) event or C(udevadm trigger). The unit runs once, before C(sysinit.target) and the GPU services, and its log
+    is in the journal (C(journalctl -u gpufleet-pcie-payload)).
+author:
+  - gpufleet.inference contributors (@gpufleet)
+requirements:
+  - pciutils (C(setpci)) on the host; Linux with sysfs; root (C(become)).
+  - systemd for O(persist=true).
+extends_documentation_fragment:
+  - gpufleet.inference.common
+  - gpufleet.inference.common.attributes
+options:
+  devices:
+    description:
+      - PCI addresses (C(0000:3b:00.0), or C(3b:00.0) for domain 0) of the functions to tune.
+      - Default, every GPU as M(gpufleet.inference.pcie_facts) finds them (PCI class C(03), the BMC display controllers of
+        ASPEED and Matrox left out); GPUs without a PCI Express capability are skipped with a warning. A listed function
+        without one fails.
+      - With O(state=default), the hierarchies of these devices are restored (default, every recorded device).
+    type: list
+    elements: str
+    default: []
+  mps:
+    description:
+      - MaxPayload Size. V(max_safe) for the largest value every function of the hierarchy supports, or a size in bytes
+        (V(128), V(256), V(512), V(1024), V(2048), V(4096)). Omit it to leave MaxPayload alone.
+    type: str
+  mrrs:
+    description: MaxReadRequest Size in bytes for the listed devices (128 to 4096, a power of two). Omit it to leave it alone.
+    type: int
+  mrrs_cap:
+    description:
+      - Upper bound on MaxReadRequest. The lower of O(mrrs) and this is written; without O(mrrs), a current value above
+        the cap is lowered to it. For platforms whose root complex or firmware needs small read requests.
+    type: int
+  include_path:
+    description:
+      - Write the bridges on each device's path (root port, switch upstream and downstream ports) with the same MaxPayload.
+      - With V(false) they keep their values, and MaxPayload can only be set to the value they hold.
+    type: bool
+    default: true
+  state:
+    description:
+      - V(present) sets the values.
+      - V(default) restores the original values recorded in O(state_dir) and removes the boot unit when no tuned device is
+        left. O(mps), O(mrrs) and O(mrrs_cap) are ignored.
+    type: str
+    choices: [present, default]
+    default: present
+  persist:
+    description:
+      - Re-apply the values at every boot with the oneshot unit C(gpufleet-pcie-payload.service). The unit keeps every
+        register the task manages, changed by this run or already right, so that a firmware or BIOS reset is undone at the
+        next boot. V(false) removes the unit and its files when a previous run installed them.
+    type: bool
+    default: true
+  on_readonly:
+    description:
+      - What to do when a device keeps a field read-only (the write succeeds, the value reads back unchanged).
+      - V(fail) rolls back every write of the run and fails.
+      - V(warn) rolls back the writes of that device's hierarchy only, warns, and goes on with the other hierarchies.
+    type: str
+    choices: [fail, warn]
+    default: fail
+  state_dir:
+    description: Directory on the host (under O(root)) where the original values are recorded, as C(originals.json).
+    type: path
+    default: /var/lib/gpufleet/pcie_payload
+notes:
+  - Apply while the GPUs are idle (before the inference service starts). A packet in flight while the two ends of a link
+    disagree on MaxPayload is a malformed TLP. The boot unit runs before the services that use the GPUs.
+  - Some drivers save config space at probe and restore it after a device reset (C(nvidia-smi -r), vfio reset), which
+    brings the old values back until the next boot or run; run the role again after such a reset.
+  - The kernel's C(pcie_bus_safe) also lowers MaxPayload to 128 below hot-plug capable switch ports, for cards that may be
+    added later. This module judges the devices present; run it again after adding a card.
+seealso:
+  - module: gpufleet.inference.pcie_facts
+  - name: Path- and peer-safe payload sizes
+    description: docs/pcie_payload.md in the collection.
+    link: https://example.invalid/gpufleet/inference/docs/pcie_payload.md
+"""
+
+EXAMPLES = r"""
+- name: Largest safe MaxPayload on every GPU and its path, MaxReadRequest 4096, kept across reboots
+  gpufleet.inference.pcie_payload:
+    mps: max_safe
+    mrrs: 4096
+  become: true
+  register: payload
+
+- name: Show what limits each GPU
+  ansible.builtin.debug:
+    msg: "{{ item.key }}: MPS {{ item.value.mps_after }} (limit {{ item.value.limit }} from {{ item.value.limiting_device }})"
+  loop: "{{ payload.devices | dict2items | selectattr('value.role', 'eq', 'target') }}"
+
+- name: Tune two GPUs and the RDMA NIC that shares their switch, without persistence
+  gpufleet.inference.pcie_payload:
+    devices: ['0000:17:00.0', '0000:18:00.0', '0000:19:00.0']
+    mps: 512
+    mrrs: 4096
+    mrrs_cap: 1024
+    persist: false
+  become: true
+
+- name: Put back what the firmware had
+  gpufleet.inference.pcie_payload:
+    state: default
+  become: true
+"""
+
+RETURN = r"""
+actions:
+  description:
+    - What was done (or would be done in check mode), in order. Register writes are C(action=set) with C(device),
+      C(register) (C(mps) or C(mrrs)), C(before), C(after) (bytes) and the C(argv) of setpci; file and unit steps are
+      C(record_originals), C(remove_record), C(write_file), C(remove_file), C(enable_unit), C(disable_unit),
+      C(daemon_reload).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{action: set, device: "0000:00:01.0", register: mps, before: 256, after: 512,
+            argv: [/usr/bin/setpci, -s, "0000:00:01.0", "CAP_EXP+8.w=0040:00e0"]}]
+devices:
+  description:
+    - Per PCI address, every function the task judged or wrote. C(role) is C(target) (a listed device or GPU), C(path) (a
+      bridge on its path) or C(function) (another function of the same card).
+    - C(limit) and C(limiting_device) are the largest safe MaxPayload of the hierarchy and the function that sets it;
+      C(path_limit)/C(path_limiting_device) and C(peer_limit)/C(peer_limiting_device) split it into the device's own path
+      and the rest of the hierarchy.
+    - C(mps_after) and C(mrrs_after) are read back from the device after the writes (predicted in check mode).
+  returned: success
+  type: dict
+  sample:
+    "0000:03:00.0": {role: target, hierarchy: "0000:00:01.0", class_name: 3D controller, vendor_id: "0x10de",
+                     device_id: "0x2330", port_type: endpoint, mps_supported: 512, mps_before: 256, mps_after: 256,
+                     mrrs_before: 512, mrrs_after: 4096, mrrs_capped: false, limit: 256, limiting_device: "0000:04:00.0",
+                     path_limit: 512, path_limiting_device: "0000:00:01.0", peer_limit: 256, peer_limiting_device: "0000:04:00.0"}
+persisted:
+  description: Entries the boot unit re-applies after this task, one per managed function (empty when nothing is persisted).
+  returned: success
+  type: list
+  elements: dict
+  sample: [{bdf: "0000:03:00.0", vendor_id: "0x10de", device_id: "0x2330", hierarchy: "0000:00:01.0", depth: 4, mrrs: 4096}]
+readonly:
+  description: Devices whose field stayed read-only, with O(on_readonly=warn).
+  returned: success
+  type: list
+  elements: dict
+  sample: [{device: "0000:01:00.0", register: mrrs, wanted: 4096, reads: 512}]
+diff:
+  description: Register values and boot persistence before and after, in diff mode.
+  returned: when diff mode is on
+  type: dict
+"""
+
+import sys
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import normalize_bdf
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload import (
+    APPLY_SCRIPT, PERSIST_CONFIG, RECORD_FILE, UNIT_NAME, UNIT_PATH, UNIT_WANTS, PayloadError, apply_writes,
+    failure_message, gather, gather_recorded, merge_record, parse_mps, parse_persist, parse_record, parse_size,
+    persist_entries, plan_present, plan_restore, read_payload, restore_scope, render_json, render_persist, render_script, render_unit,
+    setpci_argv,
+)
+
+C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
+
+
+class PciePayload:
+    """Readers of the record and persistence files; changers for registers, files and the unit."""
+
+    def __init__(self, module: AnsibleModule, fs: HostFS, setpci: str):
+        self.module = module
+        self.fs = fs
+        self.setpci = setpci
+        self.record_path = module.params["state_dir"].rstrip("/") + "/" + RECORD_FILE
+        self._systemctl = None
+
+    # ---- readers ----------------------------------------------------------------------------
+    def read(self, path: str) -> str | None:
+        """Exact file content (HostFS.read_text strips the last newline), None when absent."""
+        return self.fs.read_bytes(path).decode("utf-8", "replace") if self.fs.exists(path) else None
+
+    def record(self) -> tuple[str | None, dict]:
+        text = self.read(self.record_path)
+        return text, parse_record(text, self.fs.path(self.record_path))
+
+    def python(self) -> str:
+        return "/usr/bin/python3" if self.fs.exists("/usr/bin/python3") else sys.executable
+
+    def systemctl(self) -> str:
+        if self._systemctl is None:
+            self._systemctl = self.module.get_bin_path("systemctl", required=True)
+        return self._systemctl
+
+    def systemctl_argv(self, *args: str) -> list[str]:
+        root = [] if self.fs.root == "/" else [f"--root={self.fs.root}"]
+        return [self.systemctl()] + root + list(args)
+
+    def persistence_actions(self, entries: list[dict], persist: bool) -> list[dict]:
+        """File and unit steps that make the boot unit match ``entries`` (or remove it)."""
+        want = bool(persist and entries)
+        files = [(APPLY_SCRIPT, render_script(self.python()), "0755", "apply script"),
+                 (PERSIST_CONFIG, render_persist(entries), "0644", "persisted values"),
+                 (UNIT_PATH, render_unit(), "0644", "systemd unit")]
+        actions = []
+        enabled = self.fs.exists(UNIT_WANTS)
+        if not want and enabled:
+            actions.append({"action": "disable_unit", "unit": UNIT_NAME, "argv": self.systemctl_argv("disable", UNIT_NAME)})
+        unit_changed = False
+        for path, text, mode, what in files:
+            current = self.read(path)
+            if want and current != text:
+                actions.append({"action": "write_file", "path": path, "what": what, "content": text, "mode": mode})
+                unit_changed = unit_changed or path == UNIT_PATH
+            elif not want and current is not None:
+                actions.append({"action": "remove_file", "path": path, "what": what})
+                unit_changed = unit_changed or path == UNIT_PATH
+        if unit_changed and self.fs.root == "/":
+            actions.append({"action": "daemon_reload", "argv": self.systemctl_argv("daemon-reload")})
+        if want and not enabled:
+            actions.append({"action": "enable_unit", "unit": UNIT_NAME, "argv": self.systemctl_argv("enable", UNIT_NAME)})
+        return actions
+
+    def record_action(self, before_text: str | None, record: dict) -> list[dict]:
+        text = render_json(record) if record["devices"] else None
+        if text == before_text:
+            return []
+        if text is None:
+            return [{"action": "remove_record", "path": self.record_path}]
+        return [{"action": "record_originals", "path": self.record_path, "content": text}]
+
+    # ---- changers -----------------------------------------------------------------------------
+    def run(self, argv: list[str]) -> tuple[int, str, str]:
+        return self.module.run_command(argv)
+
+    def do_file_actions(self, actions: list[dict]) -> None:
+        for action in actions:
+            kind = action["action"]
+            if kind in ("record_originals", "write_file"):
+                self.fs.write_atomic(action["path"], action["content"], int(action.get("mode", "0644"), 8))
+                if self.read(action["path"]) != action["content"]:
+                    self.module.fail_json(msg=f"{action['path']} does not read back what was written; another process writes it.")
+            elif kind in ("remove_record", "remove_file"):
+                self.fs.remove(action["path"])
+            elif kind in ("enable_unit", "disable_unit", "daemon_reload"):
+                rc, out, err = self.run(action["argv"])
+                if rc != 0:
+                    self.module.fail_json(msg=f"'{' '.join(action['argv'])}' exited {rc}: {(err or out).strip()}. The register "
+                                              f"values are set; only the boot persistence failed. Check that systemd manages "
+                                              f"this host, or set persist: false.", rc=rc, stderr=err)
+                if kind == "enable_unit" and not self.fs.exists(UNIT_WANTS):
+                    self.module.fail_json(msg=f"'{' '.join(action['argv'])}' succeeded but {UNIT_WANTS} does not exist: the unit "
+                                              "will not run at boot.")
+
+    # ---- the two states -----------------------------------------------------------------------
+    def present(self, devices: list[str], mps, mrrs, mrrs_cap, include_path: bool, persist: bool, on_readonly: str) -> dict:
+        model = gather(self.fs, devices)
+        for warning in model["warnings"]:
+            self.module.warn(warning)
+        plan = plan_present(model, mps, mrrs, mrrs_cap, include_path)
+        record_text, record = self.record()
+        persist_text = self.read(PERSIST_CONFIG)
+        existing = parse_persist(persist_text)
+        sets = [self.set_action(w) for w in plan["writes"]]
+
+        live = {b: {"mps": d["mps_after"], "mrrs": d["mrrs_after"]} for b, d in plan["devices"].items()}
+        rec_after = merge_record(record, plan["writes"], model["functions"])
+        entries = persist_entries(plan["managed"], existing, live)
+        file_actions = self.record_action(record_text, rec_after) + self.persistence_actions(entries, persist)
+        result = {"devices": plan["devices"], "persisted": entries if persist else [], "readonly": []}
+        before_state = self.diff_state(plan["devices"], "before", existing, persist_text)
+        if self.module.check_mode or not (sets or file_actions):
+            actions = [a for a in file_actions if a["action"] == "record_originals"] + sets + \
+                      [a for a in file_actions if a["action"] != "record_originals"]
+            return self.finish(result, actions, before_state, plan["devices"], entries, persist)
+
+        # Record the originals before the first write, so that a crash leaves them known.
+        first = [a for a in file_actions if a["action"] == "record_originals"] if sets else []
+        self.do_file_actions(first)
+        outcome = apply_writes(self.fs, plan["writes"], self.run, self.setpci, stop_on_readonly=on_readonly == "fail")
+        hard = [f for f in outcome["failures"] if f["kind"] == "error" or on_readonly == "fail"]
+        if hard:
+            if first and not outcome["done"] and not outcome["rollback_failed"]:
+                if record_text is None:
+                    self.fs.remove(self.record_path)
+                else:
+                    self.fs.write_atomic(self.record_path, record_text, 0o644)
+            self.module.fail_json(msg=failure_message(hard[0], model["functions"], outcome),
+                                  changed=bool(outcome["rollback_failed"]), actions=[],
+                                  failures=outcome["failures"], rolled_back=outcome["rolled_back"],
+                                  rollback_failed=outcome["rollback_failed"], devices=plan["devices"])
+        for failure in outcome["failures"]:
+            self.module.warn(failure_message(failure, model["functions"], {"rolled_back": [], "rollback_failed": []}))
+            result["readonly"].append({k: failure[k] for k in ("device", "register", "wanted", "reads")})
+        # Read every reported device back, then make the record and the boot unit match what took.
+        for bdf, dev in plan["devices"].items():
+            now = read_payload(self.fs, bdf)
+            dev["mps_after"], dev["mrrs_after"] = now["mps"], now["mrrs"]
+        live = {b: {"mps": d["mps_after"], "mrrs": d["mrrs_after"]} for b, d in plan["devices"].items()}
+        done = [w for w in plan["writes"]
+                if any(d["device"] == w["device"] and d["register"] == w["register"] for d in outcome["done"])]
+        rec_after = merge_record(record, done, model["functions"])
+        skipped = {w["hierarchy"] for w in plan["writes"] for f in outcome["failures"] if f["device"] == w["device"]}
+        entries = persist_entries(plan["managed"], existing, live, skipped)
+        final = self.record_action(self.read(self.record_path), rec_after) + self.persistence_actions(entries, persist)
+        self.do_file_actions(final)
+        net_record = self.record_action(record_text, rec_after)
+        actions = net_record + [self.set_action(w) for w in done] + \
+            [a for a in final if a["action"] not in ("record_originals", "remove_record")]
+        result["persisted"] = entries if persist else []
+        return self.finish(result, actions, before_state, plan["devices"], entries, persist)
+
+    def default(self, devices: list[str], persist: bool) -> dict:
+        record_text, record = self.record()
+        persist_text = self.read(PERSIST_CONFIG)
+        existing = parse_persist(persist_text)
+        scope = restore_scope(record, existing, devices)
+        model = gather_recorded(self.fs, list(record["devices"]))
+        plan = plan_restore(record, model, scope)
+        for bdf in plan["gone"]:
+            self.module.warn(f"{bdf} was tuned earlier but no longer exists; its recorded values are dropped.")
+        rec_after = {"format": record["format"], "devices": {b: r for b, r in record["devices"].items() if b not in plan["restore"]}}
+        entries = sorted((e for e in existing.values() if e.get("hierarchy") not in scope),
+                         key=lambda e: (e.get("depth", 0), e["bdf"]))
+        file_actions = self.record_action(record_text, rec_after) + self.persistence_actions(entries, persist and bool(entries))
+        report = {}
+        for bdf in plan["restore"]:
+            info = model["functions"].get(bdf)
+            if info is None:
+                continue
+            original = record["devices"][bdf]["original"]
+            report[bdf] = {"role": "restored", "hierarchy": record["devices"][bdf]["hierarchy"], "class_name": info["class_name"],
+                           "vendor_id": info["vendor_id"], "device_id": info["device_id"], "port_type": info["port_type"],
+                           "mps_supported": info["mps_supported"], "mps_before": info["mps"],
+                           "mps_after": original.get("mps", info["mps"]), "mrrs_before": info["mrrs"],
+                           "mrrs_after": original.get("mrrs", info["mrrs"]), "mrrs_capped": False,
+                           "limit": None, "limiting_device": None, "path_limit": None, "path_limiting_device": None,
+                           "peer_limit": None, "peer_limiting_device": None}
+        result = {"devices": report, "persisted": entries if persist else [], "readonly": []}
+        before_state = self.diff_state(report, "before", existing, persist_text)
+        sets = [self.set_action(w) for w in plan["writes"]]
+        if not self.module.check_mode and sets:
+            outcome = apply_writes(self.fs, plan["writes"], self.run, self.setpci)
+            if outcome["failures"]:
+                self.module.fail_json(msg="Restoring the original values failed: " + failure_message(
+                    outcome["failures"][0], model["functions"], outcome) + " The record is kept; run state=default again once fixed.",
+                    changed=bool(outcome["rollback_failed"]), actions=[], failures=outcome["failures"],
+                    rolled_back=outcome["rolled_back"], rollback_failed=outcome["rollback_failed"])
+            for bdf, dev in report.items():
+                now = read_payload(self.fs, bdf)
+                dev["mps_after"], dev["mrrs_after"] = now["mps"], now["mrrs"]
+        if not self.module.check_mode:
+            self.do_file_actions(file_actions)
+        return self.finish(result, sets + file_actions, before_state, report, entries, persist)
+
+    # ---- helpers ------------------------------------------------------------------------------
+    def set_action(self, write: dict) -> dict:
+        return {"action": "set", "device": write["device"], "register": write["register"], "before": write["before"],
+                "after": write["after"], "argv": setpci_argv(self.setpci, self.fs.root, write["device"], write["register"], write["after"])}
+
+    def diff_state(self, devices: dict, when: str, existing: dict, persist_text: str | None) -> dict:
+        return {"registers": {b: {"mps": d[f"mps_{when}"], "mrrs": d[f"mrrs_{when}"]} for b, d in sorted(devices.items())},
+                "boot_unit_enabled": self.fs.exists(UNIT_WANTS), "persisted": sorted(existing)}
+
+    def finish(self, result: dict, actions: list[dict], before_state: dict, devices: dict, entries: list[dict], persist: bool) -> dict:
+        shown = [{k: v for k, v in a.items() if k != "content"} for a in actions]
+        result.update(changed=bool(shown), actions=shown)
+        if self.module._diff:
+            after = self.diff_state(devices, "after", {}, None)
+            after["boot_unit_enabled"] = bool(persist and entries)
+            after["persisted"] = sorted(e["bdf"] for e in entries) if persist else []
+            result["diff"] = {"before": before_state, "after": after}
+        return result
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            root=dict(type="path", default="/"),
+            devices=dict(type="list", elements="str", default=[]),
+            mps=dict(type="str"),
+            mrrs=dict(type="int"),
+            mrrs_cap=dict(type="int"),
+            include_path=dict(type="bool", default=True),
+            state=dict(type="str", choices=["present", "default"], default="present"),
+            persist=dict(type="bool", default=True),
+            on_readonly=dict(type="str", choices=["fail", "warn"], default="fail"),
+            state_dir=dict(type="path", default="/var/lib/gpufleet/pcie_payload"),
+        ),
+        supports_check_mode=True,
+    )
+    module.run_command_environ_update = C_LOCALE
+    p = module.params
+    try:
+        mps = parse_mps(p["mps"])
+        mrrs = parse_size(p["mrrs"], "mrrs") if p["mrrs"] is not None else None
+        mrrs_cap = parse_size(p["mrrs_cap"], "mrrs_cap") if p["mrrs_cap"] is not None else None
+    except PayloadError as err:
+        module.fail_json(msg=str(err))
+    if not p["state_dir"].startswith("/"):
+        module.fail_json(msg=f"state_dir must be an absolute path on the host, got {p['state_dir']!r}.")
+    if p["state"] == "present" and mps is None and mrrs is None and mrrs_cap is None:
+        module.fail_json(msg="Nothing to set: give mps (max_safe or bytes), mrrs or mrrs_cap, or state: default to restore.")
+    devices = []
+    for raw in p["devices"]:
+        bdf = normalize_bdf(raw)
+        if bdf is None:
+            module.fail_json(msg=f"'{raw}' is not a PCI address: write it as DDDD:BB:DD.F, for example 0000:3b:00.0 (lspci -D prints them).")
+        devices.append(bdf)
+    setpci = module.get_bin_path("setpci", required=True)
+    payload = PciePayload(module, HostFS(p["root"]), setpci)
+    try:
+        if p["state"] == "present":
+            result = payload.present(devices, mps, mrrs, mrrs_cap, p["include_path"], p["persist"], p["on_readonly"])
+        else:
+            result = payload.default(devices, p["persist"])
+    except PayloadError as err:
+        module.fail_json(msg=str(err))
+    except HostFSError as err:
+        module.fail_json(msg=f"PCIe payload task under root {p['root']} failed: {err}. It reads sysfs and writes {PERSIST_CONFIG}, "
+                             f"{p['state_dir']} and the boot unit: run it as root (become: true).")
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,546 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vfio_bind
+short_description: Bind PCI functions to vfio-pci after an IOMMU group check, and hand them back
+version_added: 0.1.0
+description:
+  - Binds PCI functions, named by address or by vendor:device ID, to C(vfio-pci) the way driverctl does it. It writes
+    C(driver_override), then the current driver's C(unbind), then C(/sys/bus/pci/drivers_probe). It loads the
+    C(vfio-pci) kernel module first when C(/sys/bus/pci/drivers/vfio-pci) is absent.
+  - The other functions of the same slot (a GPU's audio function C(.1)) are bound with it unless O(companions=false).
+  - Before any write it checks every IOMMU group involved. Each member must be one of the functions being bound, be
+    on C(vfio-pci) or C(pci-stub) already, be a PCI bridge, or be listed in O(group_allow). Otherwise the module fails
+    and names the member that blocks the group, with the fix.
+  - Refuses to release a function that is in use unless O(force=true). In use means a process holds one of its device
+    nodes (C(/dev/nvidiaN), C(/dev/nvme*), C(/dev/dri/*), C(/dev/snd/*), C(/dev/vfio/N)), a filesystem or swap on it is
+    mounted or active, device mapper or MD holds it, or one of its network interfaces is up.
+  - Waits until the kernel has really bound the function. It listens for the udev C(bind) event through pyudev, and
+    falls back to watching the C(driver) link. It never sleeps for a fixed time.
+  - Records the original driver under C(/var/lib/gpufleet/vfio) before the first change. O(state=absent) clears the
+    override, unbinds C(vfio-pci), loads the original driver's module if it is not loaded, and reprobes. It fails if
+    the original driver does not take the function back.
+  - With O(persist), the binding survives reboots. V(udev) writes C(/etc/udev/rules.d/61-gpufleet-vfio.rules), which
+    matches by address like driverctl and also covers built-in drivers. V(modprobe) writes
+    C(/etc/modprobe.d/gpufleet-vfio.conf) with C(options vfio-pci ids=) and a C(softdep) line per original driver
+    module that loads C(vfio-pci) before it.
+  - The IOMMU kernel arguments are not this module's job. The C(gpufleet.inference.vfio) role puts them on the kernel
+    command line with M(gpufleet.inference.kernel_cmdline).
+author:
+  - gpufleet.inference contributors (@gpufleet)
+requirements:
+  - Linux with sysfs, an enabled IOMMU (C(intel_iommu=on) or AMD-Vi) and C(vfio-pci) built in or as a module. Run as root.
+  - pyudev (optional) to wait for the bind on udev events instead of polling the driver link.
+extends_documentation_fragment:
+  - gpufleet.inference.common
+  - gpufleet.inference.common.attributes
+options:
+  devices:
+    description:
+      - PCI functions to bind. Give addresses (C(0000:3b:00.0), or C(3b:00.0) for domain 0) or vendor:device IDs
+        (C(10de:2335), which select every function with that ID).
+    type: list
+    elements: str
+    required: true
+  state:
+    description:
+      - V(present) binds the functions to C(vfio-pci). V(absent) hands them back to their original drivers.
+    type: str
+    choices: [present, absent]
+    default: present
+  companions:
+    description: Also bind the other functions of each selected function's slot, except bridges. This covers a GPU's audio function.
+    type: bool
+    default: true
+  group_allow:
+    description:
+      - PCI addresses that may stay as they are in an IOMMU group being handed to C(vfio-pci). Use it for functions
+        you know are harmless, for example a function you parked yourself.
+    type: list
+    elements: str
+    default: []
+  force:
+    description:
+      - Release functions that are in use (open device nodes, mounted filesystems, interfaces up). Processes that hold
+        them will see their device vanish. This is destructive, so it is off by default.
+    type: bool
+    default: false
+  bind_now:
+    description:
+      - Change the running kernel's bindings. With V(false) the module only writes the O(persist) files, for a host
+        that must reboot with the IOMMU turned on first.
+      - The in-use check still applies, because the next boot takes the functions. The IOMMU group check waits for a
+        run after that reboot.
+    type: bool
+    default: true
+  persist:
+    description:
+      - How the binding survives a reboot. V(none) changes the running kernel only.
+      - V(udev) works by address. V(modprobe) works by ID; it is refused when another function has the same ID and is
+        not bound, or when the original driver is built into the kernel.
+      - With O(state=absent), the functions are removed from both files unless this is V(none).
+    type: str
+    choices: [none, udev, modprobe]
+    default: none
+  restore_driver:
+    description:
+      - With O(state=absent), the driver expected to take the functions back. It overrides the recorded original and
+        helps when that record is lost. The module loads it with C(modprobe) when it is not loaded.
+    type: str
+  timeout:
+    description: Seconds to wait for each function to be bound after the probe.
+    type: float
+    default: 10
+notes:
+  - Binding fails with C(Invalid argument) (-22) when the IOMMU is off, and the module says so. Check
+    C(/sys/kernel/iommu_groups) and the kernel command line.
+  - The udev rule runs on every C(add) event, coldplug at boot included. It sets C(driver_override). When another
+    driver holds the function, the rule releases it and reprobes, which is how built-in drivers such as C(nvme) are
+    kept away.
+seealso:
+  - module: gpufleet.inference.pcie_facts
+  - name: driverctl
+    description: The persistent driver override model this module follows.
+    link: https://gitlab.com/driverctl/driverctl
+"""
+
+EXAMPLES = r"""
+- name: Hand every H200 (and its companion functions) to vfio-pci, persistently
+  gpufleet.inference.vfio_bind:
+    devices: ['10de:2335']
+    persist: udev
+  become: true
+
+- name: Bind one NVMe drive by address; its IOMMU group also holds a parked function
+  gpufleet.inference.vfio_bind:
+    devices: ['0000:3b:00.0']
+    group_allow: ['0000:3b:00.3']
+  become: true
+
+- name: Give the GPU back to the nvidia driver
+  gpufleet.inference.vfio_bind:
+    devices: ['0000:3b:00.0']
+    state: absent
+    persist: udev
+  become: true
+
+- name: Preview what would happen, with the group verdicts
+  gpufleet.inference.vfio_bind:
+    devices: ['10de:2335']
+  check_mode: true
+  diff: true
+  register: preview
+"""
+
+RETURN = r"""
+actions:
+  description: What the module did, or would do in check mode, in order.
+  returned: always
+  type: list
+  elements: str
+  sample: ["set 0000:3b:00.0 driver_override to vfio-pci", "unbind 0000:3b:00.0 from nvidia", "load the vfio-pci kernel module",
+           "probe 0000:3b:00.0 (bind to vfio-pci)", "write /etc/udev/rules.d/61-gpufleet-vfio.rules"]
+devices:
+  description: Every function handled, selected or companion.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    bdf:
+      description: PCI address.
+      type: str
+    id:
+      description: vendor:device ID.
+      type: str
+    class_name:
+      description: PCI class in words.
+      type: str
+    selected_by:
+      description: C(bdf), C(id) or C(companion).
+      type: str
+    companion_of:
+      description: For a companion, the selected function of its slot.
+      type: str
+    iommu_group:
+      description: IOMMU group number, null without an IOMMU.
+      type: int
+    driver_before:
+      description: Driver before the run.
+      type: str
+    driver_after:
+      description: Driver after the run (in check mode, the driver it would have).
+      type: str
+    driver_override_before:
+      description: C(driver_override) before the run, null when unset.
+      type: str
+    driver_override_after:
+      description: C(driver_override) after the run.
+      type: str
+    original_driver:
+      description: The driver recorded before the first bind, which O(state=absent) restores.
+      type: str
+    in_use:
+      description: Why the function counts as in use (empty when it is free).
+      type: list
+      elements: str
+  sample: [{bdf: "0000:3b:00.0", id: "10de:2335", class_name: 3D controller, selected_by: id, companion_of: null, iommu_group: 12,
+            driver_before: nvidia, driver_after: vfio-pci, driver_override_before: null, driver_override_after: vfio-pci,
+            original_driver: nvidia, in_use: []}]
+groups:
+  description: Each IOMMU group involved, with every member and its verdict. C(blocks) marks a member that stops the bind.
+  returned: success
+  type: dict
+  sample: {"12": [{bdf: "0000:3b:00.0", class_name: 3D controller, driver: nvidia, verdict: bound with the targets},
+                  {bdf: "0000:3a:00.0", class_name: PCI bridge, driver: pcieport, verdict: bridge}]}
+iommu_enabled:
+  description: Whether the kernel has IOMMU groups.
+  returned: success
+  type: bool
+persist:
+  description: The persistence method and the files it changed (or would change).
+  returned: success
+  type: dict
+  sample: {method: udev, files: [/etc/udev/rules.d/61-gpufleet-vfio.rules]}
+udev_rules_changed:
+  description: The udev rules file changed. Reload udev (C(udevadm control --reload)).
+  returned: success
+  type: bool
+initramfs_update_required:
+  description: The modprobe.d file changed. Rebuild the initramfs so it also applies when the driver loads early.
+  returned: success
+  type: bool
+wait_source:
+  description: How the bind was awaited, C(udev) (pyudev events) or C(poll) (the driver link); null when nothing was probed.
+  returned: success
+  type: str
+diff:
+  description: Bindings and files before and after, in diff mode.
+  returned: when diff mode is on and something changes
+  type: list
+  elements: dict
+"""
+
+import json
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PCI_DEVICES, PciWalker, normalize_bdf
+from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import (
+    DRIVERS_PROBE, MODPROBE_CONF, PCI_DRIVERS, STATE_FILE, UDEV_RULES, VFIO, BindWatcher, VfioError, check_groups,
+    describe_action, in_use, iommu_enabled, load_originals, parse_modprobe, plan_absent, plan_persist, plan_present,
+    read_state, remember, resolve,
+)
+
+EINVAL = 22
+
+
+def _render_bindings(states: dict) -> str:
+    return "".join(f"{bdf}: driver={st['driver'] or 'none'} driver_override={st['driver_override'] or 'none'}\n"
+                   for bdf, st in sorted(states.items()))
+
+
+def _predict(states: dict, actions: list) -> dict:
+    """The bindings the actions would leave (for check mode and the diff)."""
+    out = {bdf: dict(st) for bdf, st in states.items()}
+    for a in actions:
+        st = out.get(a.get("bdf"))
+        if st is None:
+            continue
+        if a["op"] == "override":
+            st["driver_override"] = a["value"]
+        elif a["op"] == "unbind":
+            st["driver"] = None
+        elif a["op"] == "probe":
+            st["driver"] = a["expect"] or st["driver"]
+    return out
+
+
+class Applier:
+    """Runs runtime actions against the kernel through HostFS; remembers what it did for a rollback."""
+
+    def __init__(self, fs: HostFS, modprobe, watcher: BindWatcher, timeout: float):
+        self.fs = fs
+        self.modprobe = modprobe
+        self.watcher = watcher
+        self.timeout = timeout
+
+    def run(self, a: dict) -> None:
+        op, bdf = a["op"], a.get("bdf")
+        try:
+            if op == "override":
+                self.fs.write_text(f"{PCI_DEVICES}/{bdf}/driver_override", (a["value"] or "") + "\n")
+                got = self.fs.read_optional(f"{PCI_DEVICES}/{bdf}/driver_override")
+                want = a["value"] or "(null)"
+                if (got or "(null)") not in (want, a["value"] or ""):
+                    raise VfioError(f"Wrote {a['value'] or 'nothing'} to {PCI_DEVICES}/{bdf}/driver_override but it reads back "
+                                    f"'{got}': the kernel did not take the override. Check dmesg.")
+            elif op == "unbind":
+                self.fs.write_text(f"{PCI_DEVICES}/{bdf}/driver/unbind", bdf)
+                if self.watcher.driver(bdf) == a["driver"]:
+                    raise VfioError(f"{bdf} is still bound to {a['driver']} after the unbind: the driver refused to let go. "
+                                    "Check dmesg, stop what uses the device, and run again.")
+            elif op == "modprobe":
+                self.modprobe(a["module"])
+                if a.get("driver") and not self.fs.isdir(f"{PCI_DRIVERS}/{a['driver']}"):
+                    raise VfioError(f"modprobe {a['module']} succeeded but {PCI_DRIVERS}/{a['driver']} did not appear: "
+                                    f"the module does not provide the {a['driver']} PCI driver on this kernel.")
+            elif op == "remove_id":
+                try:
+                    self.fs.write_text(f"{PCI_DRIVERS}/{VFIO}/remove_id", a["id"].replace(":", " "))
+                except HostFSError:
+                    pass  # the ID was not in the dynamic table: nothing to remove
+            elif op == "probe":
+                self._probe(a)
+        except HostFSError as err:
+            if op == "probe" and err.errno == EINVAL:
+                raise VfioError(
+                    f"Failed to bind {bdf} to {a['expect'] or 'its driver'}: the kernel answered '{err.strerror}' (-22) to the "
+                    f"probe. vfio-pci does this when the IOMMU is off or the function has no IOMMU group: boot with "
+                    f"intel_iommu=on (AMD: amd_iommu=on) and iommu=pt, then reboot; 'dmesg | grep -i vfio' tells more.") from None
+            raise VfioError(f"Failed to {describe_action(a)}: {err}. Run as root on the live host, and check dmesg.") from None
+
+    def _probe(self, a: dict) -> None:
+        bdf, expect = a["bdf"], a["expect"]
+        self.fs.write_text(DRIVERS_PROBE, bdf)
+        got = self.watcher.wait(bdf, expect, self.timeout)
+        if expect and got != expect:
+            if got:
+                why = (f"{got} claimed it first: driver_override is clear, so any matching loaded driver may take it. Unload "
+                       f"{got} or blacklist it, or set restore_driver: {got}.")
+            elif expect == VFIO:
+                why = ("Check 'dmesg | tail' for vfio-pci's reason, usually the IOMMU: intel_iommu=on (AMD: amd_iommu=on) "
+                       "on the kernel command line.")
+            else:
+                why = f"Check 'dmesg | tail' for {expect}'s reason, and that {expect} drives this device ID."
+            raise VfioError(f"Failed to bind {bdf} to {expect}: after {self.timeout:g} s it is "
+                            f"{'bound to ' + got if got else 'bound to no driver'}. {why}")
+
+
+def _rollback(fs: HostFS, applier: Applier, before: dict, touched: list[str]) -> list[str]:
+    """Put touched functions back as they were; returns notes for the error message."""
+    notes = []
+    for bdf in touched:
+        st = before[bdf]
+        steps = [{"op": "override", "bdf": bdf, "value": st["driver_override"]}]
+        now = applier.watcher.driver(bdf)
+        if now and now != st["driver"]:
+            steps.append({"op": "unbind", "bdf": bdf, "driver": now})
+        if st["driver"] and now != st["driver"]:
+            steps.append({"op": "probe", "bdf": bdf, "expect": st["driver"]})
+        try:
+            for step in steps:
+                applier.run(step)
+            notes.append(f"{bdf} restored to {st['driver'] or 'no driver'}")
+        except VfioError as err:
+            notes.append(f"{bdf} could not be restored ({err})")
+    return notes
+
+
+def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindWatcher | None = None,
+            warn=None) -> dict:
+    """The whole run: select, read, check, plan, apply, read back. Raises VfioError with the reason."""
+    warn = warn or (lambda msg: None)
+    allow = []
+    for raw in params.get("group_allow") or []:
+        bdf = normalize_bdf(raw)
+        if bdf is None:
+            raise VfioError(f"group_allow: '{raw}' is not a PCI address; write it as DDDD:BB:DD.F (0000:3b:00.3).")
+        allow.append(bdf)
+    walker = PciWalker(fs)
+    targets = resolve(walker, params["devices"], companions=params["companions"])
+    states = {t["bdf"]: read_state(walker, t["bdf"]) for t in targets}
+    order = [states[t["bdf"]] for t in targets]
+    originals = load_originals(fs)
+    state, persist = params["state"], params["persist"]
+    problems: list[str] = []
+    usage = {bdf: [] for bdf in states}
+    groups: dict = {}
+    groups_on = iommu_enabled(fs)
+
+    if state == "present":
+        pending = [s for s in order if s["driver"] != VFIO]
+        if params["bind_now"] and pending and not groups_on:
+            raise VfioError(
+                f"Failed to bind {', '.join(s['bdf'] for s in pending)} to {VFIO}: the IOMMU is off on this host "
+                f"(/sys/kernel/iommu_groups is empty), and vfio-pci refuses functions without an IOMMU group (-22). "
+                f"Put intel_iommu=on (AMD: amd_iommu=on) and iommu=pt on the kernel command line and reboot (the vfio role "
+                f"does both), or run with bind_now: false to write only the persistent configuration.")
+        if groups_on:
+            groups, group_problems = check_groups(walker, states, allow)
+            problems += group_problems
+        runtime = plan_present(order) if params["bind_now"] else []
+        # a function in use now is also refused when only the persistent rule is written: the next boot takes it
+        releasing = [s["bdf"] for s in pending if s["driver"] and (params["bind_now"] or persist != "none")]
+    else:
+        runtime = plan_absent(order, originals, params.get("restore_driver"))
+        releasing = [a["bdf"] for a in runtime if a["op"] == "unbind"]
+    for bdf in releasing:
+        usage[bdf] = in_use(walker, states[bdf])
+        if usage[bdf]:
+            when = "" if params["bind_now"] or state == "absent" else " Writing the persistent rule would take it away at the next boot."
+            msg = f"{bdf} ({states[bdf]['class_name']}, on {states[bdf]['driver']}) is in use: {'; '.join(usage[bdf])}.{when}"
+            if params["force"]:
+                warn(msg + " Releasing it anyway (force: true).")
+            else:
+                problems.append(msg + " Stop what uses it (or unmount it), or set force: true to release it anyway.")
+    if state == "present" and not groups_on and pending:
+        warn(f"No IOMMU groups on this host: the group check of {', '.join(s['bdf'] for s in pending)} runs when the module "
+             "runs again after the reboot with the IOMMU on.")
+    file_actions, persist_problems = plan_persist(fs, persist, state, order, originals, walker)
+    problems += persist_problems
+    if problems:
+        raise VfioError(" ".join(problems) + " Nothing was changed.")
+
+    # kernel modules the probes need
+    runtime_full: list[dict] = []
+    loaded: set[str] = set()
+    ids_in_modprobe = set(parse_modprobe(fs.read_optional(MODPROBE_CONF))[0])
+    for a in runtime:
+        if a["op"] == "probe":
+            driver = a["expect"]
+            if driver and driver not in loaded and not fs.isdir(f"{PCI_DRIVERS}/{driver}"):
+                runtime_full.append({"op": "modprobe", "module": a.get("module") or driver, "driver": driver})
+                loaded.add(driver)
+            if state == "absent" and states[a["bdf"]]["id"] in ids_in_modprobe:
+                runtime_full.append({"op": "remove_id", "id": states[a["bdf"]]["id"]})
+        runtime_full.append(a)
+
+    after_states = _predict(states, runtime_full)
+    new_originals = remember(originals, order) if state == "present" else {
+        k: v for k, v in originals.items() if k not in states or after_states[k]["driver"] == VFIO}
+    orig_action = []
+    if new_originals != originals and (runtime_full or file_actions):  # bookkeeping only alongside a real change
+        orig_action = [{"op": "write", "path": STATE_FILE, "internal": True,
+                        "after": json_text(new_originals) if new_originals else None}]
+    wait_source = None
+    if not check_mode:
+        for a in orig_action:
+            if state == "present":  # record before the first change
+                _write_state(fs, a["after"])
+        if runtime_full:
+            watcher = watcher or BindWatcher(fs)
+            wait_source = watcher.source
+            applier = Applier(fs, modprobe, watcher, params["timeout"])
+            touched: list[str] = []
+            try:
+                for a in runtime_full:
+                    if a.get("bdf") and a["bdf"] not in touched:
+                        touched.append(a["bdf"])
+                    applier.run(a)
+            except VfioError as err:
+                notes = _rollback(fs, applier, states, touched) if state == "present" else []
+                raise VfioError(f"{err}{' Rolled back: ' + '; '.join(notes) + '.' if notes else ''}") from None
+            finally:
+                watcher.close()
+        for a in file_actions:
+            if a["op"] == "write":
+                fs.write_atomic(a["path"], a["after"])
+            else:
+                fs.remove(a["path"])
+        if state == "absent":
+            for a in orig_action:
+                _write_state(fs, a["after"])
+        after_states = {bdf: read_state(walker, bdf) for bdf in states}
+        if params["bind_now"] and state == "present":
+            wrong = [b for b, s in after_states.items() if s["driver"] != VFIO]
+            if wrong:
+                raise VfioError(f"After the run {', '.join(wrong)} is not on {VFIO}: something rebound it. Check dmesg and udev rules.")
+
+    actions = [describe_action(a) for a in runtime_full + file_actions]
+    devices = []
+    for t in targets:
+        bdf = t["bdf"]
+        b, a = states[bdf], after_states[bdf]
+        devices.append({
+            "bdf": bdf, "id": b["id"], "class_name": b["class_name"], "selected_by": t["selected_by"],
+            "companion_of": t["companion_of"], "iommu_group": b["iommu_group"],
+            "driver_before": b["driver"], "driver_after": a["driver"],
+            "driver_override_before": b["driver_override"], "driver_override_after": a["driver_override"],
+            "original_driver": (new_originals.get(bdf) or originals.get(bdf) or {}).get("driver"),
+            "in_use": usage[bdf],
+        })
+    diff = []
+    if actions:
+        diff.append({"before_header": "bindings", "after_header": "bindings",
+                     "before": _render_bindings(states), "after": _render_bindings(after_states)})
+        for a in file_actions:
+            diff.append({"before_header": a["path"], "after_header": a["path"], "before": a["before"], "after": a["after"]})
+    changed_files = [a["path"] for a in file_actions]
+    return {
+        "changed": bool(actions),
+        "actions": actions,
+        "devices": devices,
+        "groups": groups,
+        "iommu_enabled": groups_on,
+        "persist": {"method": persist, "files": changed_files},
+        "udev_rules_changed": UDEV_RULES in changed_files,
+        "initramfs_update_required": MODPROBE_CONF in changed_files,
+        "wait_source": wait_source,
+        "diff": diff,
+    }
+
+
+def json_text(data: dict) -> str:
+    return json.dumps(data, indent=2, sort_keys=True) + "\n"
+
+
+def _write_state(fs: HostFS, text: str | None) -> None:
+    if text is None:
+        fs.remove(STATE_FILE)
+    else:
+        fs.write_atomic(STATE_FILE, text, mode=0o600)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            root=dict(type="path", default="/"),
+            devices=dict(type="list", elements="str", required=True),
+            state=dict(type="str", choices=["present", "absent"], default="present"),
+            companions=dict(type="bool", default=True),
+            group_allow=dict(type="list", elements="str", default=[]),
+            force=dict(type="bool", default=False),
+            bind_now=dict(type="bool", default=True),
+            persist=dict(type="str", choices=["none", "udev", "modprobe"], default="none"),
+            restore_driver=dict(type="str"),
+            timeout=dict(type="float", default=10),
+        ),
+        supports_check_mode=True,
+    )
+    params = module.params
+    if params["timeout"] <= 0:
+        module.fail_json(msg=f"timeout must be a positive number of seconds, got {params['timeout']}")
+    root = params["root"]
+
+    def modprobe(name: str) -> None:
+        if HostFS(root).root != "/":
+            raise VfioError(f"The {name} driver is not loaded in the tree under root {root}: the module loads kernel "
+                            "modules only on the live host (root: /).")
+        argv = [module.get_bin_path("modprobe", required=True), name]
+        rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+        if rc != 0:
+            raise VfioError(f"'{' '.join(argv)}' failed with rc {rc}: {(err or out).strip()}. Install the module for the running "
+                            f"kernel (uname -r), or build {name} into it.")
+
+    try:
+        result = execute(params, HostFS(root), module.check_mode, modprobe, warn=module.warn)
+    except VfioError as err:
+        module.fail_json(msg=str(err), changed=False)
+    except HostFSError as err:
+        module.fail_json(msg=f"vfio_bind under root {root} failed: {err}. The module reads and writes sysfs: run it as root "
+                             "(become: true) on the host itself, not in a container.")
+    diff = result.pop("diff")
+    if module._diff and diff:
+        result["diff"] = diff
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
