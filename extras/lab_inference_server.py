@@ -1,0 +1,557 @@
+#!/usr/bin/env python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""gpufleet lab inference server: a LAB STAND-IN for vLLM, not a product feature and not a model.
+
+vLLM is far too heavy to run inside the lab's QEMU VMs (software emulation), yet the kernel-upgrade
+gate must benchmark a real server on a real kernel there. This single-file, standard-library-only
+server speaks the part of vLLM's OpenAI-compatible HTTP API that the collection uses, and does real
+CPU work for every token, so a slower kernel, a CPU hog or a bad tuning really lowers its throughput:
+
+* ``GET /health`` (200, empty), ``GET /version``, ``GET /v1/models`` (with ``max_model_len``),
+  ``GET /metrics`` (Prometheus text, vLLM's counter names);
+* ``POST /v1/completions``: ``prompt`` as text or token IDs, ``max_tokens``, ``ignore_eos``,
+  ``stream`` with ``stream_options.include_usage`` and ``continuous_usage_stats``, usage in the
+  final chunk, ``data: [DONE]``, HTTP/1.1 keep-alive and chunked transfer coding like uvicorn;
+  errors in vLLM's JSON shape (400 for bad input, 404 for an unknown model, 401 for a bad key).
+
+The engine works like a continuous-batching engine: up to ``--max-num-seqs`` sequences run, the
+rest wait; each step generates one token for every running sequence. A step costs ``--step-work``
+KiB of SHA-256 (the weights every step reads) plus ``--work`` KiB per running sequence (per-token
+compute), and a new sequence's first step also costs ``--prefill-work`` KiB per prompt token.
+The hashing runs in one engine thread (hashlib releases the GIL), the HTTP side in asyncio. Tokens
+are pseudo-words chosen by the hash chain, so output is deterministic for a given prompt.
+
+Run (the API key, if any, comes from the environment, never from argv):
+
+    VLLM_API_KEY=secret python3 lab_inference_server.py --model /srv/models/lab --served-model-name lab \\
+        --host 127.0.0.1 --port 8000 --max-num-seqs 64 --work 64
+
+Unknown vLLM options (``--gpu-memory-utilization`` and the like) are accepted and listed as ignored
+at start-up, so the vLLM unit's command line can be pointed at this script. See docs/lab_inference_server.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+VERSION = "gpufleet-lab-1"
+SYLLABLES = ("ka to ri me su la no vi de po ga fu zi be ho xa "
+             "ne ru mi sa ko te li pa do ve gu yo ba ji wo ce").split()
+EOS_TOKEN_ID = 2
+MAX_BODY = 32 * 1024 * 1024
+KEEP_ALIVE_S = 5.0
+
+
+def log(msg: str) -> None:
+    sys.stderr.write(f"{time.strftime('%H:%M:%S')} lab-server: {msg}\n")
+    sys.stderr.flush()
+
+
+def token_text(token_id: int) -> str:
+    """The text of a token: a pseudo-word from the token ID's base-32 digits."""
+    digits = []
+    n = token_id
+    while True:
+        digits.append(SYLLABLES[n % 32])
+        n //= 32
+        if n == 0:
+            break
+    return " " + "".join(reversed(digits))
+
+
+class RequestError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "BadRequestError"):
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+# ---- the engine ---------------------------------------------------------------------------------------
+class Sequence:
+    __slots__ = ("rid", "prompt_len", "max_tokens", "ignore_eos", "state", "generated", "pending", "event",
+                 "finished", "finish_reason", "cancelled", "prefilled", "created")
+
+    def __init__(self, rid: str, prompt_key: bytes, prompt_len: int, max_tokens: int, ignore_eos: bool):
+        self.rid = rid
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        self.ignore_eos = ignore_eos
+        self.state = hashlib.sha256(prompt_key).digest()
+        self.generated = 0
+        self.pending: list[int] = []
+        self.event = asyncio.Event()
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.cancelled = False
+        self.prefilled = False
+        self.created = time.time()
+
+
+class Engine:
+    def __init__(self, args: argparse.Namespace):
+        self.work = int(args.work * 1024)
+        self.step_work = int(args.step_work * 1024)
+        self.prefill_work = int(args.prefill_work * 1024)
+        self.max_num_seqs = args.max_num_seqs
+        self.vocab_size = args.vocab_size
+        self.eos_after = args.eos_after
+        size = max(self.work, self.step_work, self.prefill_work, 4096)
+        block = bytearray()
+        seed = b"gpufleet-lab-weights"
+        while len(block) < size:
+            seed = hashlib.sha256(seed).digest()
+            block += seed
+        self.block = bytes(block[:size])
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+        self.wake = asyncio.Event()
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-engine")
+        self.stats = {"steps": 0, "step_seconds": 0.0, "prompt_tokens": 0, "generation_tokens": 0,
+                      "finished": {"length": 0, "stop": 0, "abort": 0}}
+
+    def submit(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+        self.wake.set()
+
+    def cancel(self, seq: Sequence) -> None:
+        seq.cancelled = True
+        self.wake.set()
+
+    def _hash(self, state: bytes, nbytes: int) -> bytes:
+        h = hashlib.sha256(state)
+        block = self.block
+        while nbytes > 0:
+            take = min(nbytes, len(block))
+            h.update(block[:take] if take < len(block) else block)
+            nbytes -= take
+        return h.digest()
+
+    def _step(self, states: list[bytes], prefill_tokens: list[int]) -> list[bytes]:
+        """One engine step in the engine thread: new hash state (token) per running sequence."""
+        if self.step_work:
+            self._hash(b"step", self.step_work)
+        out = []
+        for state, prompt_len in zip(states, prefill_tokens):
+            if prompt_len:
+                state = self._hash(state, prompt_len * self.prefill_work)
+            out.append(self._hash(state, self.work))
+        return out
+
+    def calibrate(self) -> tuple[float, float]:
+        """Seconds of one step at batch 1 and at max_num_seqs, measured now on this host (after a warm-up step)."""
+        self._step([b"x"], [0])
+        t0 = time.perf_counter()
+        self._step([b"x"], [0])
+        one = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        self._step([b"x"] * self.max_num_seqs, [0] * self.max_num_seqs)
+        full = time.perf_counter() - t0
+        return one, full
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            self.running = [s for s in self.running if not s.cancelled and not s.finished]
+            for seq in [s for s in self.waiting if s.cancelled]:
+                self.waiting.remove(seq)
+                self.stats["finished"]["abort"] += 1
+            while self.waiting and len(self.running) < self.max_num_seqs:
+                self.running.append(self.waiting.pop(0))
+            if not self.running:
+                self.wake.clear()
+                await self.wake.wait()
+                continue
+            batch = list(self.running)
+            prefill = [0 if s.prefilled else s.prompt_len for s in batch]
+            t0 = time.perf_counter()
+            states = await loop.run_in_executor(self.executor, self._step, [s.state for s in batch], prefill)
+            self.stats["step_seconds"] += time.perf_counter() - t0
+            self.stats["steps"] += 1
+            for seq, state, prompt_len in zip(batch, states, prefill):
+                if seq.cancelled:
+                    self.stats["finished"]["abort"] += 1
+                    continue
+                if prompt_len:
+                    seq.prefilled = True
+                    self.stats["prompt_tokens"] += prompt_len
+                seq.state = state
+                token = int.from_bytes(state[:4], "big") % self.vocab_size
+                seq.generated += 1
+                seq.pending.append(token)
+                self.stats["generation_tokens"] += 1
+                if seq.generated >= seq.max_tokens:
+                    seq.finished, seq.finish_reason = True, "length"
+                elif not seq.ignore_eos and (token == EOS_TOKEN_ID or (self.eos_after and seq.generated >= self.eos_after)):
+                    seq.finished, seq.finish_reason = True, "stop"
+                if seq.finished:
+                    self.stats["finished"][seq.finish_reason] += 1
+                seq.event.set()
+
+
+# ---- HTTP ---------------------------------------------------------------------------------------------
+class Server:
+    def __init__(self, args: argparse.Namespace, api_key: str | None):
+        self.args = args
+        self.api_key = api_key
+        self.engine = Engine(args)
+        self.model_name = args.served_model_name or args.model
+        self.created = int(time.time())
+        self.http = {"requests": 0, "errors": 0, "connections": 0}
+
+    # -- framing
+    @staticmethod
+    def _head(status: int, headers: dict, keep_alive: bool) -> bytes:
+        reasons = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
+                   411: "Length Required", 413: "Payload Too Large", 500: "Internal Server Error"}
+        lines = [f"HTTP/1.1 {status} {reasons.get(status, 'Error')}", f"date: {time.strftime('%a, %d %b %Y %H:%M:%S GMT', time.gmtime())}",
+                 "server: gpufleet-lab"]
+        lines += [f"{k}: {v}" for k, v in headers.items()]
+        if not keep_alive:
+            lines.append("connection: close")
+        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+    async def _send(self, writer, status: int, body: bytes, ctype: str, keep_alive: bool) -> None:
+        writer.write(self._head(status, {"content-type": ctype, "content-length": str(len(body))}, keep_alive) + body)
+        await writer.drain()
+
+    async def _json(self, writer, status: int, obj, keep_alive: bool) -> None:
+        await self._send(writer, status, json.dumps(obj).encode(), "application/json", keep_alive)
+
+    async def _error(self, writer, err: RequestError, keep_alive: bool) -> None:
+        self.http["errors"] += 1
+        await self._json(writer, err.status, {"error": {"message": str(err), "type": err.kind, "param": None,
+                                                        "code": err.status}}, keep_alive)
+
+    # -- connection loop
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.http["connections"] += 1
+        try:
+            while True:
+                try:
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), KEEP_ALIVE_S)
+                except (asyncio.TimeoutError, asyncio.IncompleteReadError, ConnectionError):
+                    return
+                except asyncio.LimitOverrunError:
+                    await self._error(writer, RequestError(400, "request headers too long"), False)
+                    return
+                lines = head.decode("latin-1").split("\r\n")
+                parts = lines[0].split(" ")
+                if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+                    await self._error(writer, RequestError(400, f"bad request line {lines[0][:60]!r}"), False)
+                    return
+                method, target, version = parts
+                headers = {}
+                for line in lines[1:]:
+                    if line:
+                        name, _s, value = line.partition(":")
+                        headers[name.strip().lower()] = value.strip()
+                keep_alive = headers.get("connection", "").lower() != "close" and version == "HTTP/1.1"
+                if "chunked" in headers.get("transfer-encoding", "").lower():
+                    await self._error(writer, RequestError(411, "chunked request bodies are not supported; send Content-Length"), False)
+                    return
+                try:
+                    length = int(headers.get("content-length", "0"))
+                except ValueError:
+                    await self._error(writer, RequestError(400, "bad Content-Length"), False)
+                    return
+                if length > MAX_BODY:
+                    await self._error(writer, RequestError(413, "request body too large"), False)
+                    return
+                body = await reader.readexactly(length) if length else b""
+                self.http["requests"] += 1
+                keep_alive = await self.route(method, target.split("?", 1)[0], headers, body, writer, keep_alive)
+                if not keep_alive:
+                    return
+        except (ConnectionError, asyncio.IncompleteReadError):
+            return
+        finally:
+            try:
+                writer.close()
+            except Exception:  # pylint: disable=broad-except
+                pass
+
+    def _authorized(self, headers: dict) -> bool:
+        if not self.api_key:
+            return True
+        return headers.get("authorization", "") == f"Bearer {self.api_key}"
+
+    async def route(self, method: str, path: str, headers: dict, body: bytes, writer, keep_alive: bool) -> bool:
+        if path.startswith("/v1/") and not self._authorized(headers):
+            self.http["errors"] += 1
+            await self._json(writer, 401, {"error": "Unauthorized"}, keep_alive)
+            return keep_alive
+        routes = {("GET", "/health"): self.health, ("GET", "/version"): self.version, ("GET", "/v1/models"): self.models,
+                  ("GET", "/metrics"): self.metrics, ("POST", "/v1/completions"): self.completions}
+        handler = routes.get((method, path))
+        if handler is None:
+            known = {p for _m, p in routes}
+            if path in known:
+                await self._error(writer, RequestError(405, f"method {method} not allowed on {path}", "MethodNotAllowed"), keep_alive)
+            else:
+                await self._error(writer, RequestError(404, f"no route {path}", "NotFoundError"), keep_alive)
+            return keep_alive
+        try:
+            return await handler(body, writer, keep_alive)
+        except RequestError as err:
+            await self._error(writer, err, keep_alive)
+            return keep_alive
+
+    async def health(self, _body, writer, keep_alive) -> bool:
+        await self._send(writer, 200, b"", "application/json", keep_alive)
+        return keep_alive
+
+    async def version(self, _body, writer, keep_alive) -> bool:
+        await self._json(writer, 200, {"version": VERSION}, keep_alive)
+        return keep_alive
+
+    async def models(self, _body, writer, keep_alive) -> bool:
+        await self._json(writer, 200, {"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": self.created, "owned_by": "gpufleet-lab",
+            "root": self.args.model, "parent": None, "max_model_len": self.args.max_model_len, "permission": []}]},
+            keep_alive)
+        return keep_alive
+
+    async def metrics(self, _body, writer, keep_alive) -> bool:
+        eng = self.engine
+        label = f'model_name="{self.model_name}"'
+        lines = [
+            "# HELP vllm:num_requests_running Number of requests in the running batch (lab stand-in).",
+            "# TYPE vllm:num_requests_running gauge", f"vllm:num_requests_running{{{label}}} {len(eng.running)}",
+            "# HELP vllm:num_requests_waiting Number of requests waiting to run (lab stand-in).",
+            "# TYPE vllm:num_requests_waiting gauge", f"vllm:num_requests_waiting{{{label}}} {len(eng.waiting)}",
+            "# HELP vllm:prompt_tokens_total Prefilled prompt tokens (lab stand-in).",
+            "# TYPE vllm:prompt_tokens_total counter", f"vllm:prompt_tokens_total{{{label}}} {eng.stats['prompt_tokens']}",
+            "# HELP vllm:generation_tokens_total Generated tokens (lab stand-in).",
+            "# TYPE vllm:generation_tokens_total counter",
+            f"vllm:generation_tokens_total{{{label}}} {eng.stats['generation_tokens']}",
+            "# HELP vllm:request_success_total Finished requests by finish reason (lab stand-in).",
+            "# TYPE vllm:request_success_total counter",
+        ]
+        for reason in ("length", "stop", "abort"):
+            lines.append(f'vllm:request_success_total{{{label},finished_reason="{reason}"}} {eng.stats["finished"][reason]}')
+        lines += [
+            "# HELP gpufleet_lab_engine_steps_total Engine steps (one token per running sequence each).",
+            "# TYPE gpufleet_lab_engine_steps_total counter", f"gpufleet_lab_engine_steps_total {eng.stats['steps']}",
+            "# HELP gpufleet_lab_engine_step_seconds_total Seconds spent in engine steps.",
+            "# TYPE gpufleet_lab_engine_step_seconds_total counter",
+            f"gpufleet_lab_engine_step_seconds_total {eng.stats['step_seconds']:.6f}",
+            "# HELP gpufleet_lab_http_requests_total HTTP requests received.",
+            "# TYPE gpufleet_lab_http_requests_total counter", f"gpufleet_lab_http_requests_total {self.http['requests']}",
+            "# HELP gpufleet_lab_http_connections_total TCP connections accepted.",
+            "# TYPE gpufleet_lab_http_connections_total counter",
+            f"gpufleet_lab_http_connections_total {self.http['connections']}",
+            "# HELP gpufleet_lab_info The lab stand-in server and its work settings.",
+            "# TYPE gpufleet_lab_info gauge",
+            f'gpufleet_lab_info{{version="{VERSION}",work_kib="{self.args.work:g}",step_work_kib="{self.args.step_work:g}",'
+            f'prefill_work_kib="{self.args.prefill_work:g}",max_num_seqs="{self.args.max_num_seqs}"}} 1',
+        ]
+        await self._send(writer, 200, ("\n".join(lines) + "\n").encode(), "text/plain; version=0.0.4; charset=utf-8", keep_alive)
+        return keep_alive
+
+    # -- completions
+    def _parse(self, body: bytes) -> dict:
+        try:
+            req = json.loads(body.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as err:
+            raise RequestError(400, f"request body is not valid JSON: {err}") from None
+        if not isinstance(req, dict):
+            raise RequestError(400, "request body must be a JSON object")
+        model = req.get("model")
+        if model is not None and model != self.model_name:
+            raise RequestError(404, f"The model `{model}` does not exist.", "NotFoundError")
+        prompt = req.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if not prompt.strip():
+                raise RequestError(400, "prompt is empty")
+            prompt_len, key = len(prompt.split()), prompt.encode("utf-8")
+        elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            bad = [t for t in prompt if not 0 <= t < self.args.vocab_size]
+            if bad:
+                raise RequestError(400, f"Token id {bad[0]} is out of vocabulary (size {self.args.vocab_size})")
+            prompt_len, key = len(prompt), json.dumps(prompt).encode()
+        else:
+            raise RequestError(400, "prompt must be a string, a list of token IDs, or a one-element list of either "
+                                    "(the lab server takes one prompt per request)")
+        max_tokens = req.get("max_tokens", 16)
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise RequestError(400, f"max_tokens must be an integer of at least 1, got {max_tokens!r}")
+        if prompt_len + max_tokens > self.args.max_model_len:
+            raise RequestError(400, f"This model's maximum context length is {self.args.max_model_len} tokens. However, "
+                                    f"you requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
+                                    f"{max_tokens} in the completion). Please reduce the length of the messages or completion.")
+        for name in ("n", "best_of"):
+            if req.get(name) not in (None, 1):
+                raise RequestError(400, f"{name} must be 1 on the lab server")
+        stream = bool(req.get("stream", False))
+        options = req.get("stream_options")
+        if options is not None and not stream:
+            raise RequestError(400, "Stream options can only be defined when `stream=True`.")
+        options = options if isinstance(options, dict) else {}
+        return {"prompt_len": prompt_len, "key": key, "max_tokens": max_tokens, "stream": stream,
+                "ignore_eos": bool(req.get("ignore_eos", False)), "include_usage": bool(options.get("include_usage")),
+                "continuous": bool(options.get("continuous_usage_stats"))}
+
+    async def completions(self, body: bytes, writer, keep_alive: bool) -> bool:
+        req = self._parse(body)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        seq = Sequence(rid, req["key"], req["prompt_len"], req["max_tokens"], req["ignore_eos"])
+        self.engine.submit(seq)
+        created = int(time.time())
+        try:
+            if not req["stream"]:
+                tokens = []
+                while True:
+                    await seq.event.wait()
+                    seq.event.clear()
+                    tokens += seq.pending
+                    seq.pending = []
+                    if seq.finished:
+                        break
+                await self._json(writer, 200, {
+                    "id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                    "choices": [{"index": 0, "text": "".join(token_text(t) for t in tokens), "logprobs": None,
+                                 "finish_reason": seq.finish_reason, "stop_reason": None}],
+                    "usage": self._usage(seq)}, keep_alive)
+                return keep_alive
+            writer.write(self._head(200, {"content-type": "text/event-stream; charset=utf-8",
+                                          "transfer-encoding": "chunked", "cache-control": "no-cache"}, keep_alive))
+            interval = max(1, self.args.stream_interval)
+            buffered: list[int] = []
+            sent = False
+            while True:
+                await seq.event.wait()
+                seq.event.clear()
+                buffered += seq.pending
+                seq.pending = []
+                if sent and len(buffered) < interval and not seq.finished:
+                    continue  # like vLLM's --stream-interval: the first token goes out at once, then batches
+                sent = True
+                chunk = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
+                         "choices": [{"index": 0, "text": "".join(token_text(t) for t in buffered), "logprobs": None,
+                                      "finish_reason": seq.finish_reason if seq.finished else None, "stop_reason": None}],
+                         "usage": self._usage(seq) if req["continuous"] else None}
+                buffered = []
+                self._event(writer, json.dumps(chunk))
+                await writer.drain()
+                if seq.finished:
+                    break
+            if req["include_usage"]:
+                self._event(writer, json.dumps({"id": rid, "object": "text_completion", "created": created,
+                                                "model": self.model_name, "choices": [], "usage": self._usage(seq)}))
+            self._event(writer, "[DONE]")
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            return keep_alive
+        except (ConnectionError, asyncio.CancelledError):
+            self.engine.cancel(seq)
+            raise
+        finally:
+            if not seq.finished:
+                self.engine.cancel(seq)
+
+    @staticmethod
+    def _usage(seq: Sequence) -> dict:
+        return {"prompt_tokens": seq.prompt_len, "total_tokens": seq.prompt_len + seq.generated,
+                "completion_tokens": seq.generated}
+
+    @staticmethod
+    def _event(writer, data: str) -> None:
+        payload = f"data: {data}\n\n".encode("utf-8")
+        writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+
+
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(
+        description="gpufleet lab inference server: a lab stand-in for vLLM's OpenAI API that does real CPU work per token.",
+        epilog="The API key is read from the environment variable VLLM_API_KEY (as vLLM does); it is never taken from argv.")
+    parser.add_argument("--model", help="model directory or file; it must exist, as with vLLM")
+    parser.add_argument("--served-model-name", help="name in /v1/models and requests (default: the model path)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one)")
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="sequences batched per engine step (default 256)")
+    parser.add_argument("--max-model-len", type=int, default=4096, help="prompt plus output tokens allowed (default 4096)")
+    parser.add_argument("--work", type=float, default=64.0, help="KiB of SHA-256 per generated token (default 64)")
+    parser.add_argument("--step-work", type=float, default=1024.0, help="KiB of SHA-256 per engine step (default 1024)")
+    parser.add_argument("--prefill-work", type=float, default=2.0, help="KiB of SHA-256 per prompt token (default 2)")
+    parser.add_argument("--vocab-size", type=int, default=32000, help="token IDs allowed in prompts (default 32000)")
+    parser.add_argument("--stream-interval", type=int, default=1,
+                        help="tokens per streamed chunk after the first token (default 1)")
+    parser.add_argument("--eos-after", type=int, default=0,
+                        help="without ignore_eos, stop a sequence after this many tokens (default 0: only on the EOS token)")
+    parser.add_argument("--api-key", help=argparse.SUPPRESS)
+    args, unknown = parser.parse_known_args(argv)
+    return args, unknown
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """The first problem with the arguments, or None."""
+    if args.api_key is not None:
+        return "--api-key is refused: argv is readable by every user in /proc; set VLLM_API_KEY in the environment"
+    if not args.model:
+        return "--model is required (the model path, as with vLLM)"
+    if not os.path.exists(args.model):
+        return f"model path {args.model} does not exist (the lab server needs a real path, as vLLM does)"
+    for name in ("max_num_seqs", "max_model_len", "vocab_size", "stream_interval"):
+        if getattr(args, name) < 1:
+            return f"--{name.replace('_', '-')} must be at least 1"
+    for name in ("work", "step_work", "prefill_work"):
+        if getattr(args, name) < 0:
+            return f"--{name.replace('_', '-')} must not be negative"
+    if not 0 <= args.port <= 65535:
+        return "--port must be 0-65535"
+    return None
+
+
+async def serve(args: argparse.Namespace, api_key: str | None) -> int:
+    app = Server(args, api_key)
+    one, full = app.engine.calibrate()
+    log(f"engine: one step costs {one * 1e3:.2f} ms at batch 1 and {full * 1e3:.2f} ms at batch {args.max_num_seqs} "
+        f"on this host now: about {1 / max(one, 1e-9):.0f} tok/s and {args.max_num_seqs / max(full, 1e-9):.0f} tok/s")
+    engine_task = asyncio.ensure_future(app.engine.run())
+    server = await asyncio.start_server(app.handle, args.host, args.port, limit=65536, reuse_address=True)
+    port = server.sockets[0].getsockname()[1]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    log(f"serving model {app.model_name!r} (lab stand-in for vLLM, not a model) on http://{args.host}:{port}")
+    print(f"INFO: Application startup complete. Listening on http://{args.host}:{port}", flush=True)
+    await stop.wait()
+    log("stopping")
+    server.close()
+    engine_task.cancel()
+    try:
+        await engine_task
+    except asyncio.CancelledError:
+        pass
+    app.engine.executor.shutdown(wait=False)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, unknown = parse_args(sys.argv[1:] if argv is None else argv)
+    problem = check_args(args)
+    if problem:
+        log(f"error: {problem}")
+        return 2
+    if unknown:
+        log(f"ignoring vLLM options the lab server does not model: {' '.join(unknown)}")
+    api_key = os.environ.get("VLLM_API_KEY") or None
+    return asyncio.run(serve(args, api_key))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

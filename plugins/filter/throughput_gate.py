@@ -1,0 +1,29 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The throughput gate as a filter: ``baseline | gpufleet.inference.throughput_gate(candidate)`` (logic in module_utils)."""
+
+from __future__ import annotations
+
+from ansible.errors import AnsibleFilterError
+from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide
+
+
+def throughput_gate(baseline, candidate, threshold=0.95, alpha=0.01, pass_alpha=0.05, min_runs=5, max_runs=15,
+                    bootstrap=2000, seed=0, unit="tok/s"):
+    """Judge candidate runs against baseline runs; see gpufleet.inference.throughput_gate."""
+    try:
+        return decide(list(baseline) if isinstance(baseline, tuple) else baseline,
+                      list(candidate) if isinstance(candidate, tuple) else candidate,
+                      threshold=float(threshold), alpha=float(alpha), pass_alpha=float(pass_alpha),
+                      min_runs=int(min_runs), max_runs=int(max_runs), bootstrap=int(bootstrap), seed=int(seed),
+                      unit=str(unit))
+    except (GateError, TypeError, ValueError) as err:
+        raise AnsibleFilterError(f"throughput_gate: {err}") from err
+
+
+class FilterModule:
+    """Throughput gate filter."""
+
+    def filters(self):
+        return {"throughput_gate": throughput_gate}

@@ -1,0 +1,403 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: inference_benchmark
+short_description: Benchmark an OpenAI-compatible inference server (vLLM) with a streaming concurrency sweep
+version_added: 0.1.0
+description:
+  - Runs a closed-loop benchmark against the C(/v1/completions) endpoint of an OpenAI-compatible server such as vLLM, from
+    the target host, with a client written on the Python standard library (asyncio, raw HTTP/1.1 with keep-alive).
+  - Every request streams (C(stream=true)) a fixed-seed prompt of exactly O(prompt_tokens) token IDs (or words, see
+    O(prompt_mode)) and asks for exactly O(output_tokens) tokens (C(ignore_eos)), with greedy sampling and usage in the stream.
+  - For each level of O(concurrency) it sends O(warmup) requests that are not counted, then O(repetitions) runs of
+    O(requests) requests each, keeping that many requests in flight (a closed loop).
+  - Reports per run output tokens/s, requests/s, TTFT, TPOT, inter-token latency (ITL) and end-to-end latency as mean,
+    p50, p90 and p99, and the errors by reason; per level the spread of the runs' output tokens/s (the samples the
+    M(gpufleet.inference.throughput_gate) module and filter judge).
+  - ITL is counted per token, not per chunk, when one streamed chunk carries several tokens (see the notes).
+  - With O(results_dir) it stores the results as JSON on the host, with the kernel release (C(uname -r)) and the O(tuning)
+    the caller says the host was in.
+  - Fails with a clear message before sending load when the server cannot be reached, refuses the API key, does not serve
+    O(model), cannot fit O(prompt_tokens) + O(output_tokens), or rejects the request format.
+author:
+  - gpufleet.inference contributors (@gpufleet)
+requirements:
+  - Python 3.8 or later on the target (standard library only).
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: partial
+    details:
+      - In check mode the module validates every option and asks the server for its models (C(GET /v1/models)), but sends
+        no benchmark load and writes no file. A benchmark saturates the server, and C(--check) must not degrade a
+        production fleet. Set C(check_mode=false) on the task to benchmark during a check run.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+options:
+  url:
+    description:
+      - Base URL of the server, C(http://HOST:PORT) or C(https://HOST:PORT). A trailing C(/v1) is accepted and dropped.
+    type: str
+    default: http://127.0.0.1:8000
+  model:
+    description: Model name to request. Defaults to the first model the server lists in C(/v1/models).
+    type: str
+  api_key:
+    description: Bearer token for the server (vLLM C(--api-key) or C(VLLM_API_KEY)).
+    type: str
+  prompt_tokens:
+    description: Prompt length in tokens.
+    type: int
+    default: 1024
+  output_tokens:
+    description: Tokens to generate per request (C(max_tokens)). With O(ignore_eos) every request generates exactly this many.
+    type: int
+    default: 128
+  concurrency:
+    description: Concurrency levels of the sweep; at each, this many requests are kept in flight.
+    type: list
+    elements: int
+    default: [8, 32]
+  requests:
+    description:
+      - Requests in each measured run. Must be at least the largest concurrency level; several times that gives a steady
+        state. Runs of a few seconds are too noisy for a 5% gate (see docs/benchmark.md).
+    type: int
+    default: 128
+  warmup:
+    description: Requests sent at each level before its measured runs and not counted.
+    type: int
+    default: 32
+  repetitions:
+    description: Measured runs per concurrency level. The throughput gate needs at least 5 per side by default.
+    type: int
+    default: 5
+  seed:
+    description:
+      - Seed of the prompts. The same seed gives the same prompts on every host, so baseline and candidate runs see the
+        same work. A server that was not restarted may serve repeated prompts from its prefix cache; use another seed for
+        an A/B on a running server.
+    type: int
+    default: 0
+  ignore_eos:
+    description: Send C(ignore_eos=true) so every request generates O(output_tokens) tokens. Set false for servers that reject it.
+    type: bool
+    default: true
+  prompt_mode:
+    description:
+      - V(token_ids) sends the prompt as a list of token IDs drawn from O(token_id_range) (exact length; vLLM accepts it).
+      - V(text) sends O(prompt_tokens) common words instead, for servers that take text only (the length is then about
+        that many tokens; the results hold the server's own count).
+    type: str
+    choices: [token_ids, text]
+    default: token_ids
+  token_id_range:
+    description:
+      - Half-open range C([low, high)) of the token IDs in prompts. The default holds ordinary tokens in every common
+        vocabulary; lower C(high) for models whose vocabulary is smaller.
+    type: list
+    elements: int
+    default: [1000, 4000]
+  per_chunk_usage:
+    description:
+      - Ask for C(stream_options.continuous_usage_stats) (cumulative token counts in every chunk, supported by vLLM), so
+        ITL is exact when chunks carry several tokens. Set false for servers that reject it.
+    type: bool
+    default: true
+  timeout:
+    description: Seconds one request may take, from connect to the end of its stream, before it counts as an error.
+    type: float
+    default: 300
+  validate_certs:
+    description: Verify the server's TLS certificate for C(https) URLs.
+    type: bool
+    default: true
+  ca_path:
+    description: CA bundle to verify the server's certificate with, for C(https) URLs.
+    type: path
+  max_error_rate:
+    description: Fraction of failed requests (0 to 1) above which the module fails, with the results in its output.
+    type: float
+    default: 0.0
+  results_dir:
+    description:
+      - Directory on the host for the results JSON (created if missing). The file is
+        C(<label>-<kernel release>-<UTC time>.json) and holds the results, the kernel release and O(tuning).
+      - When not set, nothing is written.
+    type: path
+  label:
+    description: Name of this benchmark in the results and the file name (letters, digits, C(.), C(_), C(-)).
+    type: str
+    default: benchmark
+  tuning:
+    description: What the host's tuning was during the benchmark, stored with the results as given (for example the tuning roles' settings).
+    type: dict
+    default: {}
+notes:
+  - TTFT runs from writing the request to the first streamed chunk that carries a token. TPOT is (latency - TTFT) /
+    (output tokens - 1) with the server's C(usage.completion_tokens), as C(vllm bench serve) computes it. ITL is the gap
+    between token-bearing chunks spread over the tokens of the later chunk (k tokens give k values of gap/k), the per-chunk
+    count coming from C(continuous_usage_stats); without it each gap is divided by the mean tokens per chunk.
+  - Percentiles interpolate linearly between closest ranks (numpy's default), so they compare with C(vllm bench serve).
+  - Output tokens/s of a run is the output tokens of its successful requests over the window from the first request
+    written to the last one finished. Each run's figure is one sample for the throughput gate.
+  - The client measures its own CPU use per run (C(client_cpu_pct)) and warns when it nears a whole core.
+seealso:
+  - module: gpufleet.inference.throughput_gate
+  - name: docs/benchmark.md
+    description: How the client measures and how the gate decides.
+    link: https://example.invalid/gpufleet/inference/docs/benchmark.md
+"""
+
+EXAMPLES = r"""
+- name: Benchmark the local vLLM server at two concurrency levels
+  gpufleet.inference.inference_benchmark:
+    url: http://127.0.0.1:8000
+    prompt_tokens: 1024
+    output_tokens: 128
+    concurrency: [8, 32]
+    requests: 256
+    repetitions: 5
+  register: bench
+
+- name: Show the median output tokens/s per level
+  ansible.builtin.debug:
+    msg: "c={{ item.concurrency }}: {{ item.output_throughput }} tok/s (CV {{ item.output_throughput_cv }})"
+  loop: "{{ bench.summary }}"
+
+- name: Keep a baseline on the host, tagged with the kernel and tuning it was taken under
+  gpufleet.inference.inference_benchmark:
+    url: http://127.0.0.1:8000
+    api_key: "{{ vllm_api_key }}"
+    concurrency: [32]
+    results_dir: /var/lib/gpufleet/benchmarks
+    label: baseline
+    tuning:
+      mps: 256
+      mrrs: 4096
+      irq_pinning: true
+  register: baseline
+
+- name: Benchmark a server that takes text prompts only and does not know vLLM's extensions
+  gpufleet.inference.inference_benchmark:
+    url: https://llm.example.com
+    model: my-model
+    prompt_mode: text
+    ignore_eos: false
+    per_chunk_usage: false
+    concurrency: [4]
+    requests: 32
+
+- name: Benchmark even in a --check run (the module only probes the server in check mode by default)
+  gpufleet.inference.inference_benchmark:
+    concurrency: [16]
+  check_mode: false
+"""
+
+RETURN = r"""
+actions:
+  description: What the module changed or would change on the host (the results file it writes).
+  returned: always
+  type: list
+  elements: str
+  sample: ["write /var/lib/gpufleet/benchmarks/baseline-6.1.0-50-cloud-amd64-20260101T120000Z.json"]
+benchmarked:
+  description: Whether load was sent (false in check mode).
+  returned: always
+  type: bool
+kernel:
+  description: Kernel release of the host (C(uname -r)) during the benchmark.
+  returned: always
+  type: str
+  sample: 6.1.0-50-cloud-amd64
+plan:
+  description: Levels and the number of requests and output tokens the sweep sends (with the preflight request).
+  returned: always
+  type: dict
+  sample: {levels: [8, 32], requests_per_level: 672, requests_total: 1345, output_tokens_total: 172032}
+server:
+  description: What the server said about itself, and the preflight request's result.
+  returned: always
+  type: dict
+  sample: {url: "http://127.0.0.1:8000", model: lab, models: [lab], max_model_len: 4096, root: /srv/models/lab,
+           owned_by: vllm, preflight: {ttft_ms: 3.1, output_tokens: 4, per_chunk_usage_seen: true}}
+results_file:
+  description: Path of the results JSON on the host; null when O(results_dir) is not set or in check mode.
+  returned: always
+  type: str
+  sample: /var/lib/gpufleet/benchmarks/baseline-6.1.0-50-cloud-amd64-20260101T120000Z.json
+samples:
+  description: Output tokens/s of every measured run, per concurrency level (a string key); the input of the throughput gate.
+  returned: when benchmarked
+  type: dict
+  sample: {"8": [2210.4, 2198.7, 2231.0, 2205.9, 2219.3], "32": [6650.2, 6702.8, 6588.1, 6671.4, 6640.0]}
+summary:
+  description: One line per level with the median output and request throughput, the output CV, latency medians and errors.
+  returned: when benchmarked
+  type: list
+  elements: dict
+  sample: [{concurrency: 8, output_throughput: 2210.4, output_throughput_cv: 0.0054, request_throughput: 17.27,
+            ttft_p50_ms: 41.2, ttft_p99_ms: 88.0, tpot_p50_ms: 3.3, itl_p50_ms: 3.2, itl_p99_ms: 9.8, errors: 0}]
+benchmark:
+  description:
+    - The whole result, as stored in RV(results_file). C(levels) holds per level C(output_throughput) and
+      C(request_throughput) across runs (C(median), C(mean), C(min), C(max), C(cv), C(values)), C(ttft_ms), C(tpot_ms),
+      C(itl_ms) and C(e2el_ms) over all measured requests (C(count), C(mean), C(std), C(min), C(p50), C(p90), C(p99),
+      C(max)), and C(runs), each with the same latency statistics, C(duration_s), C(output_tokens), C(prompt_tokens),
+      C(output_throughput), C(request_throughput), C(total_token_throughput), C(errors), C(error_reasons),
+      C(short_outputs), C(tokens_per_chunk), C(itl_exact), C(tokens_source) and C(client_cpu_pct).
+  returned: when benchmarked
+  type: dict
+  contains:
+    format:
+      description: Version of this layout.
+      type: str
+      sample: gpufleet.inference_benchmark/1
+    label:
+      description: O(label).
+      type: str
+    host:
+      description: Host name of the target.
+      type: str
+    kernel:
+      description: Kernel release during the benchmark.
+      type: str
+    tuning:
+      description: O(tuning) as given.
+      type: dict
+    config:
+      description: The benchmark settings (never the API key; C(api_key_set) says whether one was used).
+      type: dict
+    server:
+      description: Same as RV(server).
+      type: dict
+    levels:
+      description: Per concurrency level, as described above.
+      type: list
+      elements: dict
+    samples:
+      description: Same as RV(samples).
+      type: dict
+    requests:
+      description: Measured requests in all.
+      type: int
+    errors:
+      description: Failed measured requests in all.
+      type: int
+    short_outputs:
+      description: Successful requests that generated fewer than O(output_tokens) tokens although C(ignore_eos) was sent.
+      type: int
+    started_at:
+      description: UTC start time.
+      type: str
+    finished_at:
+      description: UTC end time.
+      type: str
+    duration_s:
+      description: Seconds the whole sweep took.
+      type: float
+"""
+
+import json
+import os
+import platform
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.inference_client import (
+    BenchmarkError, benchmark, check_label, compact_summary, config_from_params, error_failure, plan, probe,
+    result_warnings, results_document, results_filename, run,
+)
+
+ARGUMENT_SPEC = dict(
+    url=dict(type="str", default="http://127.0.0.1:8000"),
+    model=dict(type="str"),
+    api_key=dict(type="str", no_log=True),
+    prompt_tokens=dict(type="int", default=1024, no_log=False),
+    output_tokens=dict(type="int", default=128, no_log=False),
+    concurrency=dict(type="list", elements="int", default=[8, 32]),
+    requests=dict(type="int", default=128),
+    warmup=dict(type="int", default=32),
+    repetitions=dict(type="int", default=5),
+    seed=dict(type="int", default=0),
+    ignore_eos=dict(type="bool", default=True),
+    prompt_mode=dict(type="str", choices=["token_ids", "text"], default="token_ids"),
+    token_id_range=dict(type="list", elements="int", default=[1000, 4000], no_log=False),
+    per_chunk_usage=dict(type="bool", default=True),
+    timeout=dict(type="float", default=300.0),
+    validate_certs=dict(type="bool", default=True),
+    ca_path=dict(type="path"),
+    max_error_rate=dict(type="float", default=0.0),
+    results_dir=dict(type="path"),
+    label=dict(type="str", default="benchmark"),
+    tuning=dict(type="dict", default={}),
+)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    try:
+        cfg = config_from_params(params)
+        label = check_label(params["label"])
+        if not 0.0 <= params["max_error_rate"] <= 1.0:
+            raise ValueError(f"max_error_rate must be between 0 and 1, got {params['max_error_rate']}")
+        if params["results_dir"] and not os.path.isabs(params["results_dir"]):
+            raise ValueError(f"results_dir must be an absolute path, got {params['results_dir']!r}")
+    except ValueError as err:
+        module.fail_json(msg=f"Invalid benchmark settings: {err}")
+
+    kernel = platform.release()
+    result = dict(changed=False, actions=[], benchmarked=False, kernel=kernel, plan=plan(cfg), results_file=None)
+    results_dir = params["results_dir"]
+
+    if module.check_mode:
+        try:
+            result["server"] = run(probe(cfg))
+        except BenchmarkError as err:
+            module.fail_json(msg=str(err), **result)
+        if results_dir:
+            result["actions"] = [f"write {results_dir}/{label}-{kernel}-<UTC time>.json"]
+        result["changed"] = bool(result["actions"])
+        module.exit_json(**result)
+
+    try:
+        outcome = run(benchmark(cfg))
+    except BenchmarkError as err:
+        module.fail_json(msg=str(err), **result)
+    doc = results_document(outcome, label=label, host=platform.node(), kernel=kernel, tuning=params["tuning"])
+    result.update(benchmarked=True, server=outcome["server"], samples=outcome["samples"], summary=compact_summary(outcome),
+                  benchmark=doc)
+
+    if results_dir:
+        path = os.path.join(results_dir, results_filename(label, kernel, outcome["finished_at"]))
+        try:
+            HostFS("/").write_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n", mode=0o644)
+        except HostFSError as err:
+            module.fail_json(msg=f"The benchmark ran, but its results could not be stored: {err}. Check that results_dir "
+                                 "is on a writable file system and that the task runs as a user who may write there "
+                                 "(become: true).", **result)
+        result.update(results_file=path, actions=[f"write {path}"], changed=True)
+
+    for warning in result_warnings(outcome, cfg):
+        module.warn(warning)
+    failure = error_failure(outcome, params["max_error_rate"])
+    if failure:
+        module.fail_json(msg=failure, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""throughput_gate module and filter: the answers, fail_on_regression, check mode and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from ansible.module_utils import _internal
+from ansible.module_utils.testing import patch_module_args
+
+from ansible_collections.gpufleet.inference.plugins.modules import throughput_gate
+
+BASE = [1012.5, 1003.1, 998.7, 1020.0, 1009.9]
+SLOWER = [921.4, 930.8, 915.0, 925.2, 934.1]
+SAME = [1005.0, 1011.2, 1000.4, 1016.8, 1008.0]
+
+
+@pytest.fixture(autouse=True)
+def module_side():
+    """Importing controller code (the filter, ansible.errors) anywhere in the session makes module.warn()
+    print instead of returning warnings; run these module tests as a module runs, and put the flag back."""
+    saved = _internal.is_controller
+    _internal.is_controller = False
+    yield
+    _internal.is_controller = saved
+
+
+def run_main(args, capsys):
+    with patch_module_args(args), pytest.raises(SystemExit) as exc:
+        throughput_gate.main()
+    result = json.loads(capsys.readouterr().out)
+    assert (exc.value.code != 0) == bool(result.get("failed"))
+    return result
+
+
+def test_regression(capsys):
+    result = run_main({"baseline": BASE, "candidate": SLOWER}, capsys)
+    assert result["changed"] is False and result["actions"] == []
+    assert result["decision"] == "regression" and result["runs_needed"] == 0
+    assert result["ratio"] == pytest.approx(925.2 / 1009.9)
+    assert result["p_value"] == pytest.approx(1 / 252)
+    assert result["gate"]["decided_by"] == "test" and result["gate"]["baseline"]["n"] == 5
+    assert result["reason"] == result["gate"]["reason"]
+
+
+def test_pass_and_check_mode_agree(capsys):
+    normal = run_main({"baseline": BASE, "candidate": SAME}, capsys)
+    check = run_main({"baseline": BASE, "candidate": SAME, "_ansible_check_mode": True}, capsys)
+    assert normal["decision"] == "pass"
+    for key in ("decision", "ratio", "p_value", "reason", "gate"):
+        assert normal[key] == check[key]
+
+
+def test_inconclusive_asks_for_runs(capsys):
+    result = run_main({"baseline": BASE, "candidate": [880.0, 1000.0, 940.0, 1015.0, 930.0]}, capsys)
+    assert result["decision"] == "inconclusive" and result["runs_needed"] == 5
+
+
+def test_fail_on_regression(capsys):
+    result = run_main({"baseline": BASE, "candidate": SLOWER, "fail_on_regression": True}, capsys)
+    assert result["failed"] and result["msg"].startswith("regression: candidate median 925.2 tok/s is 91.6%")
+    assert result["decision"] == "regression"
+    assert not run_main({"baseline": BASE, "candidate": SAME, "fail_on_regression": True}, capsys).get("failed")
+
+
+def test_noisy_runs_warn(capsys):
+    result = run_main({"baseline": [1000.0, 1150.0, 900.0, 1080.0, 940.0], "candidate": SAME}, capsys)
+    texts = [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
+    assert any("baseline run-to-run CV" in t for t in texts)
+
+
+@pytest.mark.parametrize("args, fragment", [
+    ({"baseline": BASE, "candidate": SAME, "threshold": 1.5}, "Cannot judge the runs: threshold must be in (0, 1]"),
+    ({"baseline": BASE, "candidate": SAME, "min_runs": 3}, "no regression could ever be significant"),
+    ({"baseline": [0, 0, 0, 0, 0], "candidate": SAME}, "baseline median is 0.0 tok/s"),
+    ({"baseline": BASE, "candidate": SAME, "bootstrap_resamples": -1}, "bootstrap_resamples must be 0 or more"),
+    ({"baseline": BASE, "candidate": ["fast"]}, "unable to convert to float"),
+])
+def test_bad_input(capsys, args, fragment):
+    result = run_main(args, capsys)
+    assert result["failed"] and fragment in result["msg"]
+
+
+# ---- the filter (imported inside the tests: it is controller code) --------------------------------
+def gate_filter():
+    from ansible_collections.gpufleet.inference.plugins.filter.throughput_gate import FilterModule
+
+    return FilterModule().filters()["throughput_gate"]
+
+
+def test_filter_matches_the_module(capsys):
+    module = run_main({"baseline": BASE, "candidate": SLOWER}, capsys)
+    gate = gate_filter()
+    assert gate(BASE, SLOWER) == module["gate"]
+    assert gate(tuple(BASE), SAME, threshold="0.95", min_runs="5")["decision"] == "pass"
+    assert gate(["1000", "1010", "990", "1005", "995"], SLOWER)["decision"] == "regression"
+
+
+@pytest.mark.parametrize("baseline, candidate, kwargs, fragment", [
+    (BASE, "fast", {}, "candidate must be a list"),
+    (BASE, SAME, {"alpha": 0.9}, "alpha must be in (0, 0.5)"),
+    (BASE, SAME, {"min_runs": "five"}, "invalid literal"),
+])
+def test_filter_errors(baseline, candidate, kwargs, fragment):
+    gate = gate_filter()
+    from ansible.errors import AnsibleFilterError
+
+    with pytest.raises(AnsibleFilterError) as err:
+        gate(baseline, candidate, **kwargs)
+    assert str(err.value).startswith("throughput_gate: ") and fragment in str(err.value)

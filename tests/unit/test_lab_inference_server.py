@@ -1,0 +1,328 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""extras/lab_inference_server.py, the lab stand-in for vLLM, run for real on 127.0.0.1.
+
+Each test starts the server as a subprocess on a free port and talks HTTP to it: the OpenAI
+protocol (streamed and not), vLLM's error shapes, the API key from the environment, batching with
+--max-num-seqs, clean SIGTERM, and that a CPU hog on its core really lowers its throughput.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SERVER = os.path.join(REPO, "extras", "lab_inference_server.py")
+
+
+class LabServer:
+    """The lab server in a subprocess on 127.0.0.1 and a free port; stopped by stop() or the context manager."""
+
+    def __init__(self, model_dir: str, *args: str, env: dict | None = None, cpu: int | None = None,
+                 name: str = "lab", start: bool = True):
+        self.argv = [sys.executable, SERVER, "--model", str(model_dir), "--served-model-name", name, "--host", "127.0.0.1",
+                     "--port", "0", *args]
+        self.env = dict(os.environ)
+        self.env.pop("VLLM_API_KEY", None)
+        self.env.update(env or {})
+        self.cpu = cpu
+        self.proc: subprocess.Popen | None = None
+        self.port = 0
+        self.stderr = ""
+        if start:
+            self.start()
+
+    def start(self, timeout: float = 20.0) -> None:
+        preexec = (lambda: os.sched_setaffinity(0, {self.cpu})) if self.cpu is not None else None
+        self.proc = subprocess.Popen(self.argv, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     preexec_fn=preexec)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                break
+            found = re.search(r"Listening on http://127\.0\.0\.1:(\d+)", line)
+            if found:
+                self.port = int(found.group(1))
+                return
+        self.stop()
+        raise RuntimeError(f"lab server did not start: {self.stderr}")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.stderr = self.proc.stderr.read() if self.proc.stderr else ""
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream:
+                stream.close()
+        rc = self.proc.returncode
+        self.proc = None
+        return rc
+
+    def __enter__(self) -> "LabServer":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.stop()
+
+    # -- a small synchronous HTTP helper
+    def request(self, method: str, path: str, body=None, headers: dict | None = None, conn=None):
+        own = conn is None
+        conn = conn or http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        data = json.dumps(body).encode() if isinstance(body, (dict, list)) else body
+        hdrs = {"Content-Type": "application/json"} if data is not None else {}
+        hdrs.update(headers or {})
+        conn.request(method, path, body=data, headers=hdrs)
+        resp = conn.getresponse()
+        raw = resp.read()
+        if own:
+            conn.close()
+        return resp, raw
+
+    def metrics_text(self) -> str:
+        return self.request("GET", "/metrics")[1].decode()
+
+    def metric(self, name: str) -> float:
+        total = 0.0
+        for line in self.metrics_text().splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    path = tmp_path / "model"
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    return path
+
+
+@pytest.fixture
+def lab(model_dir):
+    server = LabServer(model_dir, "--max-model-len", "512", "--work", "4", "--step-work", "16")
+    yield server
+    server.stop()
+
+
+def sse_events(raw: bytes) -> list[str]:
+    return [line[6:] for line in raw.decode().split("\n") if line.startswith("data: ")]
+
+
+# ---- protocol -------------------------------------------------------------------------------------
+def test_health_version_models(lab, model_dir):
+    resp, raw = lab.request("GET", "/health")
+    assert (resp.status, raw) == (200, b"")
+    resp, raw = lab.request("GET", "/version")
+    assert json.loads(raw)["version"].startswith("gpufleet-lab")
+    resp, raw = lab.request("GET", "/v1/models")
+    models = json.loads(raw)
+    assert models["object"] == "list"
+    entry = models["data"][0]
+    assert (entry["id"], entry["root"], entry["max_model_len"], entry["object"]) == ("lab", str(model_dir), 512, "model")
+
+
+def test_completion_text_and_token_ids(lab):
+    resp, raw = lab.request("POST", "/v1/completions", {"model": "lab", "prompt": "one two three", "max_tokens": 5})
+    body = json.loads(raw)
+    assert resp.status == 200
+    assert body["object"] == "text_completion"
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert len(body["choices"][0]["text"].split()) == 5
+    resp, raw = lab.request("POST", "/v1/completions", {"model": "lab", "prompt": [1000, 1001, 1002, 1003], "max_tokens": 7})
+    assert json.loads(raw)["usage"] == {"prompt_tokens": 4, "completion_tokens": 7, "total_tokens": 11}
+    # the same prompt gives the same text (the hash chain starts from the prompt)
+    again = json.loads(lab.request("POST", "/v1/completions", {"model": "lab", "prompt": "one two three", "max_tokens": 5})[1])
+    assert again["choices"][0]["text"] == body["choices"][0]["text"]
+
+
+def test_stream_format_with_usage(lab):
+    resp, raw = lab.request("POST", "/v1/completions", {
+        "model": "lab", "prompt": [1000, 1001], "max_tokens": 4, "stream": True, "ignore_eos": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}})
+    assert resp.status == 200
+    assert resp.getheader("content-type").startswith("text/event-stream")
+    assert resp.getheader("transfer-encoding") == "chunked"
+    events = sse_events(raw)
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    token_chunks = [c for c in chunks if c["choices"]]
+    assert [c["usage"]["completion_tokens"] for c in token_chunks] == [1, 2, 3, 4]
+    assert [c["choices"][0]["finish_reason"] for c in token_chunks] == [None, None, None, "length"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}
+
+
+def test_stream_without_usage_and_stream_interval(model_dir):
+    with LabServer(model_dir, "--stream-interval", "3", "--work", "1", "--step-work", "1") as lab:
+        _resp, raw = lab.request("POST", "/v1/completions", {"model": "lab", "prompt": "hi", "max_tokens": 7, "stream": True})
+    events = sse_events(raw)
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(c["usage"] is None for c in chunks)
+    assert [len(c["choices"][0]["text"].split()) for c in chunks] == [1, 3, 3]
+
+
+def test_eos_after_without_ignore_eos(model_dir):
+    with LabServer(model_dir, "--eos-after", "3", "--work", "1", "--step-work", "1") as lab:
+        stopped = json.loads(lab.request("POST", "/v1/completions", {"prompt": "a b", "max_tokens": 10})[1])
+        ignored = json.loads(lab.request("POST", "/v1/completions", {"prompt": "a b", "max_tokens": 10, "ignore_eos": True})[1])
+    assert (stopped["usage"]["completion_tokens"], stopped["choices"][0]["finish_reason"]) == (3, "stop")
+    assert (ignored["usage"]["completion_tokens"], ignored["choices"][0]["finish_reason"]) == (10, "length")
+
+
+@pytest.mark.parametrize("body, status, fragment", [
+    (b"{not json", 400, "not valid JSON"),
+    ({"model": "other", "prompt": "x"}, 404, "does not exist"),
+    ({"prompt": [5, 99999]}, 400, "out of vocabulary"),
+    ({"prompt": "x", "max_tokens": 600}, 400, "maximum context length is 512"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, 400, "only be defined when `stream=True`"),
+    ({"prompt": "x", "n": 2}, 400, "n must be 1"),
+    ({"prompt": ""}, 400, "prompt is empty"),
+    ({"prompt": ["a", "b"]}, 400, "one prompt per request"),
+    ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens must be"),
+])
+def test_bad_requests_answer_like_vllm(lab, body, status, fragment):
+    resp, raw = lab.request("POST", "/v1/completions", body)
+    assert resp.status == status
+    error = json.loads(raw)["error"]
+    assert fragment in error["message"] and error["code"] == status
+
+
+def test_unknown_route_and_method(lab):
+    assert lab.request("GET", "/v1/nothing")[0].status == 404
+    assert lab.request("GET", "/v1/completions")[0].status == 405
+
+
+def test_keep_alive_serves_several_requests_on_one_connection(lab):
+    conn = http.client.HTTPConnection("127.0.0.1", lab.port, timeout=30)
+    try:
+        for _i in range(3):
+            resp, raw = lab.request("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2, "stream": True}, conn=conn)
+            assert resp.status == 200 and sse_events(raw)[-1] == "[DONE]"
+        # one /metrics read: it is the 4th request and comes on a 2nd connection
+        assert lab.metrics_text().count("\n") > 10
+        text = lab.metrics_text()  # the 5th request, on a 3rd connection
+        assert "gpufleet_lab_http_requests_total 5" in text
+        assert "gpufleet_lab_http_connections_total 3" in text
+    finally:
+        conn.close()
+
+
+def test_metrics_count_tokens(lab):
+    lab.request("POST", "/v1/completions", {"prompt": [1, 2, 3], "max_tokens": 6})
+    lab.request("POST", "/v1/completions", {"prompt": "a b", "max_tokens": 4, "stream": True})
+    resp, raw = lab.request("GET", "/metrics")
+    assert resp.getheader("content-type").startswith("text/plain")
+    assert "# TYPE vllm:generation_tokens_total counter" in raw.decode()
+    assert lab.metric("vllm:generation_tokens_total") == 10
+    assert lab.metric("vllm:prompt_tokens_total") == 5
+    assert lab.metric("vllm:request_success_total") == 2
+    assert lab.metric("vllm:num_requests_running") == 0
+
+
+def test_api_key_from_environment(model_dir):
+    with LabServer(model_dir, env={"VLLM_API_KEY": "s3cret"}) as lab:
+        assert lab.request("GET", "/v1/models")[0].status == 401
+        assert lab.request("GET", "/v1/models", headers={"Authorization": "Bearer wrong"})[0].status == 401
+        assert lab.request("GET", "/v1/models", headers={"Authorization": "Bearer s3cret"})[0].status == 200
+        assert lab.request("GET", "/health")[0].status == 200  # like vLLM, /health and /metrics need no key
+
+
+def test_refuses_api_key_on_argv_and_missing_model(tmp_path, model_dir):
+    for argv, fragment in ((["--model", str(model_dir), "--api-key", "x"], "VLLM_API_KEY"),
+                           (["--model", str(tmp_path / "absent")], "does not exist"),
+                           ([], "--model is required")):
+        proc = subprocess.run([sys.executable, SERVER, *argv], capture_output=True, text=True, timeout=30, check=False)
+        assert proc.returncode == 2
+        assert fragment in proc.stderr
+
+
+def test_ignores_vllm_only_options_and_stops_on_sigterm(model_dir):
+    lab = LabServer(model_dir, "--gpu-memory-utilization", "0.9", "--tensor-parallel-size", "8")
+    try:
+        assert lab.request("GET", "/health")[0].status == 200
+    finally:
+        t0 = time.monotonic()
+        rc = lab.stop()
+    assert rc == 0 and time.monotonic() - t0 < 5
+    assert "ignoring vLLM options the lab server does not model: --gpu-memory-utilization 0.9 --tensor-parallel-size 8" in lab.stderr
+
+
+def test_max_num_seqs_queues_the_rest(model_dir):
+    """With one sequence slot, a second concurrent request waits (vllm:num_requests_waiting) until the first is done."""
+    import threading
+
+    with LabServer(model_dir, "--max-num-seqs", "1", "--work", "64", "--step-work", "0") as lab:
+        threads = [threading.Thread(target=lab.request, args=("POST", "/v1/completions", {"prompt": p, "max_tokens": 3000, "ignore_eos": True}))
+                   for p in ("first", "second")]
+        for t in threads:
+            t.start()
+        seen = set()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(t.is_alive() for t in threads):
+            seen.add((lab.metric("vllm:num_requests_running"), lab.metric("vllm:num_requests_waiting")))
+            time.sleep(0.01)
+        for t in threads:
+            t.join()
+        assert (1.0, 1.0) in seen
+        assert not any(running > 1 for running, _waiting in seen)
+        assert lab.metric("vllm:generation_tokens_total") == 6000
+
+
+def _throughput(lab: LabServer, seconds: float) -> float:
+    """Generated tokens per second over a closed loop of 4 concurrent streams for ``seconds``."""
+    import threading
+
+    stop = time.monotonic() + seconds
+    before = lab.metric("vllm:generation_tokens_total")
+    t0 = time.monotonic()
+
+    def loop() -> None:
+        while time.monotonic() < stop:
+            lab.request("POST", "/v1/completions", {"prompt": [1000] * 8, "max_tokens": 32, "ignore_eos": True})
+
+    threads = [threading.Thread(target=loop) for _i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return (lab.metric("vllm:generation_tokens_total") - before) / (time.monotonic() - t0)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="needs CPU affinity")
+def test_cpu_hog_on_its_core_lowers_throughput(model_dir):
+    """Real CPU work per token: a busy process on the same core takes a real share of the throughput."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    with LabServer(model_dir, "--work", "64", "--step-work", "256", cpu=cpu) as lab:
+        _throughput(lab, 0.5)  # warm-up
+        idle = _throughput(lab, 1.5)
+        hog = subprocess.Popen([sys.executable, "-c", "import time\nt=time.monotonic()+20\nwhile time.monotonic()<t: pass"],
+                               preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
+        try:
+            busy = _throughput(lab, 1.5)
+        finally:
+            hog.kill()
+            hog.wait(timeout=10)
+    assert idle > 0
+    assert busy < 0.8 * idle, f"throughput with a hog on CPU {cpu}: {busy:.0f} tok/s vs {idle:.0f} without"
