@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Render the fleet report (fleet.md, fleet.html) again from a directory of per-host audit JSON
 files, as written by playbooks/audit.yml; used for docs/examples and for old audits."""
 
