@@ -1,0 +1,579 @@
+"""The gpufleet VM lab: QEMU q35 VMs with an emulated IOMMU and a GPU-host PCIe topology.
+
+    tests/lab/lab build              build the base image if missing (tests/lab/build-image)
+    tests/lab/lab up [N]             start N VMs (default 3), wait for SSH, write the inventory
+    tests/lab/lab down               power every lab VM off (QMP, then SSH, then kill)
+    tests/lab/lab status             what runs, on which port, and whether SSH answers
+    tests/lab/lab ssh NAME [CMD...]  SSH into a VM (lab1, lab2, ...)
+
+Environment:
+    GPUFLEET_LAB_ACCEL      tcg (default) or kvm (a machine with real KVM)
+    GPUFLEET_LAB_MEMORY     memory per VM, default 2G
+    GPUFLEET_LAB_MEMORY_<NAME>  memory of one VM, e.g. GPUFLEET_LAB_MEMORY_LAB3=4G
+    GPUFLEET_LAB_CPUS       vCPUs per VM, default 2
+    GPUFLEET_LAB_CPU        TCG CPU model, default max
+    GPUFLEET_LAB_BASE_PORT  first SSH port tried on 127.0.0.1, default 2221
+    GPUFLEET_LAB_BOOT_TIMEOUT  seconds to wait for SSH, default 300
+    GPUFLEET_LAB_DOWN_TIMEOUT  seconds a graceful poweroff may take, default 60
+    GPUFLEET_LAB_IMAGE      use this base image instead of the one build-image makes
+
+Python 3 standard library only. Everything a VM leaves lives in <checkout>/.lab/ (gitignored):
+overlay disk, pidfile, QMP socket, serial log, state file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+LAB_DIR = REPO / ".lab"
+INVENTORY_DIR = REPO / "inventories" / "lab"
+INVENTORY = INVENTORY_DIR / "hosts.yml"
+SSH_CONFIG = LAB_DIR / "ssh_config"  # not in the inventory dir: Ansible would try to parse it
+BUILD_IMAGE = HERE / "build-image"
+CACHE = Path(os.environ.get("GPUFLEET_CACHE", "/var/cache/gpufleet"))
+KEY = CACHE / "lab" / "id_ed25519"
+GROUP = "lab_vms"
+QEMU = "qemu-system-x86_64"
+
+# The PCIe topology of every VM: what a PCIe GPU host has, in small.
+#   00:02.0 virtio-net  SSH NIC (user net, hostfwd to 127.0.0.1:PORT)
+#   00:03.0 virtio-blk  boot disk (overlay on the base image)
+#   rp1 00:04.0 (16GT/s x16) -> gpu0 (virtio-gpu-pci, class 0x0380)
+#   rp2 00:05.0 (8GT/s x8)   -> nvme0 (QEMU NVMe, managed MSI-X vectors)
+#   rp3 00:06.0 (16GT/s x16) -> switch upstream -> downstream 1 -> gpu1
+#                                                -> downstream 2 -> gpu2  (one IOMMU group)
+#   rp4 00:07.0 (8GT/s x4)   -> nic1 (virtio-net, restricted user net; unbind it freely)
+TOPOLOGY = [
+    "-device", "intel-iommu,intremap=on",
+    "-device", "pcie-root-port,id=rp1,bus=pcie.0,addr=0x4,chassis=1,slot=1,x-speed=16,x-width=16",
+    "-device", "virtio-gpu-pci,id=gpu0,bus=rp1",
+    "-device", "pcie-root-port,id=rp2,bus=pcie.0,addr=0x5,chassis=2,slot=2,x-speed=8,x-width=8",
+    "-blockdev", "driver=null-co,node-name=nvme0blk,size=8589934592,read-zeroes=on",
+    "-device", "nvme,id=nvme0,bus=rp2,drive=nvme0blk,serial=GPUFLEETLAB0001",
+    "-device", "pcie-root-port,id=rp3,bus=pcie.0,addr=0x6,chassis=3,slot=3,x-speed=16,x-width=16,disable-acs=on",
+    "-device", "x3130-upstream,id=sw0up,bus=rp3",
+    "-device", "xio3130-downstream,id=sw0dn1,bus=sw0up,chassis=4,slot=1",
+    "-device", "xio3130-downstream,id=sw0dn2,bus=sw0up,chassis=4,slot=2",
+    "-device", "virtio-gpu-pci,id=gpu1,bus=sw0dn1",
+    "-device", "virtio-gpu-pci,id=gpu2,bus=sw0dn2",
+    "-device", "pcie-root-port,id=rp4,bus=pcie.0,addr=0x7,chassis=5,slot=5,x-speed=8,x-width=4",
+    "-netdev", "user,id=aux0,restrict=on,net=10.0.3.0/24",
+    "-device", "virtio-net-pci,id=nic1,netdev=aux0,bus=rp4",
+]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class LabError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- helpers
+
+def parse_size_mb(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([MmGg]?)i?[Bb]?\s*", text)
+    if not m:
+        raise LabError(f"cannot read memory size {text!r}: use e.g. 2048, 2048M, 2G or 4G")
+    n, unit = int(m.group(1)), m.group(2).upper()
+    return n * 1024 if unit == "G" else n
+
+
+def memory_mb(name: str) -> int:
+    per_host = os.environ.get(f"GPUFLEET_LAB_MEMORY_{name.upper()}")
+    return parse_size_mb(per_host or os.environ.get("GPUFLEET_LAB_MEMORY", "2G"))
+
+
+def vm_names(n: int) -> list[str]:
+    return [f"lab{i}" for i in range(1, n + 1)]
+
+
+def paths(name: str) -> dict[str, Path]:
+    return {
+        "disk": LAB_DIR / f"{name}.qcow2",
+        "pid": LAB_DIR / f"{name}.pid",
+        "qmp": LAB_DIR / f"{name}.qmp",
+        "serial": LAB_DIR / f"{name}.serial.log",
+        "state": LAB_DIR / f"{name}.json",
+    }
+
+
+def read_pid(name: str) -> int | None:
+    try:
+        return int(paths(name)["pid"].read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [a.decode(errors="replace") for a in raw.split(b"\0") if a]
+
+
+def is_our_qemu(pid: int | None, name: str | None = None) -> bool:
+    """pid is alive and is a QEMU of this checkout's lab (and of VM `name`, if given)."""
+    if not pid:
+        return False
+    args = cmdline(pid)
+    if not args or "qemu" not in Path(args[0]).name:
+        return False
+    want = str(paths(name)["pid"]) if name else str(LAB_DIR) + "/"
+    return any(a.startswith(want) for a in args)
+
+
+def lab_qemu_pids() -> dict[int, str]:
+    """Every QEMU process whose command line points into this checkout's .lab/ (pid -> name)."""
+    found = {}
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        pid = int(d.name)
+        args = cmdline(pid)
+        if not args or "qemu" not in Path(args[0]).name:
+            continue
+        for i, a in enumerate(args[:-1]):
+            if a == "-pidfile" and args[i + 1].startswith(str(LAB_DIR) + "/"):
+                found[pid] = Path(args[i + 1]).stem
+    return found
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def load_state(name: str) -> dict:
+    try:
+        return json.loads(paths(name)["state"].read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def running_vms() -> dict[str, dict]:
+    """name -> state, for each lab VM whose QEMU runs."""
+    vms = {}
+    for pidfile in sorted(LAB_DIR.glob("*.pid")):
+        name = pidfile.stem
+        pid = read_pid(name)
+        if is_our_qemu(pid, name):
+            st = load_state(name)
+            st["pid"] = pid
+            vms[name] = st
+    return dict(sorted(vms.items(), key=lambda kv: int(re.sub(r"\D", "", kv[0]) or 0)))
+
+
+def ssh_argv(name: str, *cmd: str, timeout: int = 10) -> list[str]:
+    return ["ssh", "-F", str(SSH_CONFIG), "-o", f"ConnectTimeout={timeout}", "-o", "BatchMode=yes",
+            name, *cmd]
+
+
+def ssh_run(name: str, cmd: str, timeout: int = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(ssh_argv(name, cmd), capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+# ---------------------------------------------------------------- QMP
+
+def qmp(name: str, command: str, timeout: float = 5.0) -> dict:
+    """Run one QMP command on VM `name` and return its reply."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(str(paths(name)["qmp"]))
+        f = s.makefile("rwb")
+
+        def reply() -> dict:
+            while True:
+                line = f.readline()
+                if not line:
+                    raise LabError(f"{name}: QMP closed the connection")
+                msg = json.loads(line)
+                if "event" not in msg:
+                    return msg
+
+        reply()  # greeting
+        for cmd in ("qmp_capabilities", command):
+            f.write(json.dumps({"execute": cmd}).encode() + b"\n")
+            f.flush()
+            try:
+                r = reply()
+            except (LabError, OSError):
+                if cmd == "quit":
+                    return {"return": {}}
+                raise
+            if "error" in r:
+                raise LabError(f"{name}: QMP {cmd}: {r['error']}")
+        return r
+
+
+# ---------------------------------------------------------------- inventory
+
+def write_inventory(vms: dict[str, dict]) -> None:
+    INVENTORY_DIR.mkdir(parents=True, exist_ok=True)
+    lines = [
+        "# Written by tests/lab/lab up; rewritten on every `up`, removed by `down`. Do not edit.",
+        "all:",
+        "  children:",
+        f"    {GROUP}:",
+        "      hosts:",
+    ]
+    for name, st in vms.items():
+        lines += [
+            f"        {name}:",
+            "          ansible_host: 127.0.0.1",
+            f"          ansible_port: {st['port']}",
+            f"          gpufleet_lab_memory_mb: {st['memory_mb']}",
+            f"          gpufleet_lab_serial_log: {paths(name)['serial']}",
+        ]
+    lines += [
+        "      vars:",
+        "        ansible_user: root",
+        f"        ansible_ssh_private_key_file: {KEY}",
+        "        ansible_python_interpreter: /usr/bin/python3",
+        "        ansible_ssh_common_args: >-",
+        "          -o IdentitiesOnly=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
+        "          -o ServerAliveInterval=5 -o ServerAliveCountMax=3",
+        f"        gpufleet_lab_accel: {accel()}",
+        "",
+    ]
+    tmp = INVENTORY.with_suffix(".yml.tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(INVENTORY)
+
+    cfg = [f"# Written by tests/lab/lab up: ssh -F {SSH_CONFIG} lab1", ""]
+    for name, st in vms.items():
+        cfg += [
+            f"Host {name}",
+            "  HostName 127.0.0.1",
+            f"  Port {st['port']}",
+            "  User root",
+            f"  IdentityFile {KEY}",
+            "  IdentitiesOnly yes",
+            "  StrictHostKeyChecking no",
+            "  UserKnownHostsFile /dev/null",
+            "  LogLevel ERROR",
+            "  ServerAliveInterval 5",
+            "  ServerAliveCountMax 3",
+            "",
+        ]
+    tmp = SSH_CONFIG.with_suffix(".tmp")
+    tmp.write_text("\n".join(cfg))
+    tmp.replace(SSH_CONFIG)
+
+
+# ---------------------------------------------------------------- commands
+
+def accel() -> str:
+    a = os.environ.get("GPUFLEET_LAB_ACCEL", "tcg")
+    if a not in ("tcg", "kvm"):
+        raise LabError(f"GPUFLEET_LAB_ACCEL={a!r}: use tcg or kvm")
+    return a
+
+
+def base_image() -> Path:
+    forced = os.environ.get("GPUFLEET_LAB_IMAGE")
+    if forced:
+        p = Path(forced)
+        if not p.is_file():
+            raise LabError(f"GPUFLEET_LAB_IMAGE={forced}: no such file")
+        return p
+    out = subprocess.run([str(BUILD_IMAGE), "--print-path"], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise LabError(f"build-image --print-path failed: {out.stderr.strip()}")
+    return Path(out.stdout.strip().splitlines()[-1])
+
+
+def cmd_build(_args) -> int:
+    return subprocess.call([str(BUILD_IMAGE)])
+
+
+def qemu_argv(name: str, port: int, mem: int, image: Path) -> list[str]:
+    p = paths(name)
+    cpus = os.environ.get("GPUFLEET_LAB_CPUS", "2")
+    if accel() == "kvm":
+        machine = ["-M", "q35,kernel-irqchip=split", "-accel", "kvm", "-cpu", "host"]
+    else:
+        # not "max,svm=off": QEMU 7.2's TCG then breaks systemd's mounts and sandboxed units
+        machine = ["-M", "q35", "-accel", "tcg,thread=multi",
+                   "-cpu", os.environ.get("GPUFLEET_LAB_CPU", "max")]
+    return [
+        QEMU, "-name", f"gpufleet-{name}",  # no process=: `pgrep -a qemu` must see the VMs
+        *machine, "-smp", cpus, "-m", f"{mem}M",
+        "-nodefaults", "-no-user-config", "-display", "none", "-vga", "none",
+        "-rtc", "base=utc",
+        *TOPOLOGY,
+        "-netdev", f"user,id=ssh0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
+        "-device", "virtio-net-pci,id=nic0,netdev=ssh0,bus=pcie.0,addr=0x2",
+        "-drive", f"if=none,id=disk0,file={p['disk']},format=qcow2,cache=unsafe,discard=unmap",
+        "-device", "virtio-blk-pci,id=blk0,drive=disk0,bus=pcie.0,addr=0x3",
+        "-serial", f"file:{p['serial']}",
+        "-qmp", f"unix:{p['qmp']},server=on,wait=off",
+        "-pidfile", str(p["pid"]), "-daemonize",
+    ]
+
+
+def start_vm(name: str, image: Path, used_ports: set[int]) -> dict:
+    p = paths(name)
+    for f in ("disk", "pid", "qmp", "state"):
+        p[f].unlink(missing_ok=True)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image),
+                    str(p["disk"])], check=True)
+    mem = memory_mb(name)
+    port = int(os.environ.get("GPUFLEET_LAB_BASE_PORT", "2221"))
+    last_err = ""
+    for _attempt in range(20):
+        while port in used_ports or not port_free(port):
+            port += 1
+        argv = qemu_argv(name, port, mem, image)
+        r = subprocess.run(argv, capture_output=True, text=True)
+        if r.returncode == 0:
+            used_ports.add(port)
+            st = {"name": name, "port": port, "memory_mb": mem, "image": str(image),
+                  "accel": accel(), "started": time.time(), "argv": argv}
+            p["state"].write_text(json.dumps(st, indent=1))
+            log(f"{name}: started (pid {read_pid(name)}, ssh 127.0.0.1:{port}, {mem} MiB, {accel()})")
+            return st
+        last_err = r.stderr.strip()
+        if "hostfwd" not in last_err and "host forwarding" not in last_err:
+            break
+        used_ports.add(port)  # lost the race for this port: take the next
+    raise LabError(f"{name}: QEMU did not start: {last_err}\n  argv: {shlex.join(argv)}")
+
+
+def wait_ssh(name: str, deadline: float, t0: float) -> float:
+    pid = read_pid(name)
+    while time.time() < deadline:
+        if not is_our_qemu(pid, name):
+            tail = "\n".join(paths(name)["serial"].read_text(errors="replace").splitlines()[-20:])
+            raise LabError(f"{name}: QEMU exited during boot; serial log tail:\n{tail}")
+        try:
+            r = ssh_run(name, "true", timeout=20)
+            if r.returncode == 0:
+                return time.time() - t0
+        except subprocess.TimeoutExpired:
+            pass
+        time.sleep(2)
+    raise LabError(f"{name}: no SSH after {int(deadline - t0)} s; see {paths(name)['serial']}")
+
+
+def cmd_up(args) -> int:
+    n = args.n
+    if n < 1:
+        raise LabError("N must be at least 1")
+    LAB_DIR.mkdir(exist_ok=True)
+    t0 = time.time()
+    image = base_image()
+    if not image.is_file():
+        log(f"base image {image.name} missing: building it (tests/lab/build-image)")
+        if subprocess.call([str(BUILD_IMAGE)]) != 0:
+            raise LabError("building the base image failed")
+    vms = running_vms()
+    used = {st["port"] for st in vms.values() if "port" in st}
+    started = []
+    try:
+        for name in vm_names(n):
+            if name in vms:
+                log(f"{name}: already running (pid {vms[name]['pid']}), kept")
+                continue
+            vms[name] = start_vm(name, image, used)
+            vms[name]["pid"] = read_pid(name)
+            started.append(name)
+        write_inventory(vms)
+        timeout = int(os.environ.get("GPUFLEET_LAB_BOOT_TIMEOUT", "300"))
+        deadline = time.time() + timeout
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(vms)) as ex:
+            futs = {name: ex.submit(wait_ssh, name, deadline, t0) for name in vms}
+            errors = []
+            for name, fut in futs.items():
+                try:
+                    log(f"{name}: SSH answers ({fut.result():.0f} s after up)")
+                except LabError as e:
+                    errors.append(str(e))
+            if errors:
+                raise LabError("\n".join(errors))
+        for name in started:  # each VM its own name (the image says gpufleet-lab)
+            ssh_run(name, f"hostname {name} && echo {name} > /etc/hostname && "
+                          f"sed -i 's/^127\\.0\\.1\\.1.*/127.0.1.1\\t{name}/' /etc/hosts")
+    except BaseException:
+        if started and not os.environ.get("GPUFLEET_LAB_KEEP_FAILED"):
+            log(f"up failed: stopping {', '.join(started)} (GPUFLEET_LAB_KEEP_FAILED=1 keeps them)")
+            stop_all(only=started, timeout=5)
+        raise
+    log(f"lab up: {len(vms)} VMs in {time.time() - t0:.0f} s; inventory {INVENTORY.relative_to(REPO)}")
+    print(INVENTORY)
+    return 0
+
+
+def stop_vm(name: str, pid: int, timeout: float) -> str:
+    """Graceful poweroff (ACPI via QMP, then `systemctl poweroff` over SSH), then QMP quit,
+    SIGTERM, SIGKILL. Returns how it ended."""
+    def gone(wait: float) -> bool:
+        end = time.time() + wait
+        while time.time() < end:
+            if not is_our_qemu(pid, name):
+                return True
+            time.sleep(0.3)
+        return not is_our_qemu(pid, name)
+
+    t0 = time.time()
+    how = None
+    if timeout > 0:
+        try:
+            qmp(name, "system_powerdown")
+        except (OSError, LabError, ValueError):
+            pass
+        if gone(min(15, timeout)):
+            how = "ACPI poweroff"
+        else:
+            try:
+                ssh_run(name, "systemctl poweroff --no-block", timeout=15)
+            except subprocess.TimeoutExpired:
+                pass
+            if gone(max(0, timeout - (time.time() - t0))):
+                how = "poweroff over SSH"
+    if how is None:
+        try:
+            qmp(name, "quit")
+        except (OSError, LabError, ValueError):
+            pass
+        if gone(5):
+            how = "QMP quit"
+    for sig, label in ((signal.SIGTERM, "SIGTERM"), (signal.SIGKILL, "SIGKILL")):
+        if how is not None:
+            break
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+        if gone(5):
+            how = label
+    if how is None:
+        raise LabError(f"{name}: QEMU pid {pid} survived SIGKILL")
+    return f"{how} in {time.time() - t0:.0f} s"
+
+
+def stop_all(only: list[str] | None = None, timeout: float = 60) -> list[str]:
+    """Stop every lab QEMU (pidfile or not) in parallel; remove their runtime files."""
+    targets: dict[int, str] = {st["pid"]: name for name, st in running_vms().items()}
+    targets.update({pid: name for pid, name in lab_qemu_pids().items() if pid not in targets})
+    if only is not None:
+        targets = {pid: name for pid, name in targets.items() if name in only}
+    errors = []
+    if targets:
+        with concurrent.futures.ThreadPoolExecutor(max_workers=len(targets)) as ex:
+            futs = {pid: ex.submit(stop_vm, name, pid, timeout) for pid, name in targets.items()}
+            for pid, fut in futs.items():
+                try:
+                    log(f"{targets[pid]}: stopped ({fut.result()})")
+                except LabError as e:
+                    errors.append(str(e))
+    for name in set(targets.values()) | {p.stem for p in LAB_DIR.glob("*.pid")}:
+        if only is not None and name not in only:
+            continue
+        if not is_our_qemu(read_pid(name), name):
+            p = paths(name)
+            for f in ("disk", "pid", "qmp", "state"):
+                p[f].unlink(missing_ok=True)
+    return errors
+
+
+def cmd_down(args) -> int:
+    t0 = time.time()
+    timeout = 0 if args.force else float(os.environ.get("GPUFLEET_LAB_DOWN_TIMEOUT", "60"))
+    errors = stop_all(timeout=timeout)
+    left = lab_qemu_pids()
+    if left:
+        errors.append("QEMU processes of the lab still running: "
+                      + ", ".join(f"{pid} ({name})" for pid, name in left.items()))
+    if not errors:
+        for f in (INVENTORY, SSH_CONFIG):
+            f.unlink(missing_ok=True)
+    if errors:
+        raise LabError("\n".join(errors))
+    log(f"lab down in {time.time() - t0:.0f} s; no lab QEMU process left")
+    return 0
+
+
+def cmd_status(_args) -> int:
+    try:
+        image = base_image()
+        print(f"image: {image} ({'built' if image.is_file() else 'NOT BUILT: tests/lab/lab build'})")
+    except LabError as e:
+        print(f"image: {e}")
+    print(f"accel: {accel()}  lab dir: {LAB_DIR}  inventory: "
+          f"{INVENTORY if INVENTORY.exists() else '(none)'}")
+    vms = running_vms()
+    if not vms:
+        print("no lab VM running")
+    for name, st in vms.items():
+        try:
+            ok = ssh_run(name, "uname -r", timeout=15)
+            sshs = f"ssh ok, kernel {ok.stdout.strip()}" if ok.returncode == 0 else "ssh NOT answering"
+        except subprocess.TimeoutExpired:
+            sshs = "ssh timed out"
+        up = time.time() - st.get("started", time.time())
+        print(f"{name}: pid {st['pid']}, 127.0.0.1:{st.get('port')}, {st.get('memory_mb')} MiB, "
+              f"up {up:.0f} s, {sshs}")
+    strays = {pid: n for pid, n in lab_qemu_pids().items() if n not in vms}
+    for pid, name in strays.items():
+        print(f"STRAY QEMU pid {pid} ({name}) without a pidfile: `tests/lab/lab down` stops it")
+    return 0
+
+
+def cmd_ssh(args) -> int:
+    if not SSH_CONFIG.exists():
+        raise LabError("no lab running (no ssh_config): tests/lab/lab up")
+    argv = ["ssh", "-F", str(SSH_CONFIG), args.name, *args.cmd]
+    os.execvp("ssh", argv)
+    return 127
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="tests/lab/lab", description=__doc__.split("\n")[0],
+                                 epilog=__doc__.split("\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("build", help="build the base image if missing").set_defaults(func=cmd_build)
+    p = sub.add_parser("up", help="start N VMs (default 3)")
+    p.add_argument("n", nargs="?", type=int, default=3)
+    p.set_defaults(func=cmd_up)
+    p = sub.add_parser("down", help="stop every lab VM")
+    p.add_argument("--force", action="store_true", help="no graceful poweroff: QMP quit, kill")
+    p.set_defaults(func=cmd_down)
+    sub.add_parser("status", help="show the lab").set_defaults(func=cmd_status)
+    p = sub.add_parser("ssh", help="ssh NAME [CMD...]")
+    p.add_argument("name")
+    p.add_argument("cmd", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_ssh)
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except LabError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,96 @@
+"""Shared helpers of the VM lab tests (tests/lab/lab drives the VMs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+LAB = HERE / "lab"
+BUILD_IMAGE = HERE / "build-image"
+LAB_DIR = REPO / ".lab"
+INVENTORY_DIR = REPO / "inventories" / "lab"
+N_VMS = 3
+NAMES = [f"lab{i}" for i in range(1, N_VMS + 1)]
+
+# Runs inside a VM: every PCI function with what the tests need, as JSON.
+GATHER = r"""
+import json, os
+root = "/sys/bus/pci/devices"
+out = {}
+for bdf in sorted(os.listdir(root)):
+    d = os.path.join(root, bdf)
+    rd = lambda f: open(os.path.join(d, f)).read().strip()
+    drv = os.path.join(d, "driver")
+    grp = os.path.join(d, "iommu_group")
+    msi = os.path.join(d, "msi_irqs")
+    out[bdf] = {
+        "class": rd("class"), "vendor": rd("vendor"), "device": rd("device"),
+        "path": os.path.realpath(d),
+        "driver": os.path.basename(os.readlink(drv)) if os.path.islink(drv) else None,
+        "iommu_group": os.path.basename(os.readlink(grp)) if os.path.islink(grp) else None,
+        "msi_irqs": sorted(int(i) for i in os.listdir(msi)) if os.path.isdir(msi) else [],
+    }
+print(json.dumps(out))
+"""
+
+
+def run(argv, timeout, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout,
+                          cwd=REPO, **kw)
+
+
+def lab_ssh(name: str, cmd: str, stdin: str | None = None, timeout: int = 60) -> str:
+    r = run([LAB, "ssh", name, cmd], timeout, input=stdin)
+    assert r.returncode == 0, f"{name}: `{cmd}` failed (rc {r.returncode}): {r.stderr}"
+    return r.stdout
+
+
+def lab_qemu_processes() -> list[str]:
+    """QEMU processes whose command line points into this checkout's .lab/ (read from /proc)."""
+    found = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            args = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if args and b"qemu" in os.path.basename(args[0]) and \
+                any(str(LAB_DIR).encode() + b"/" in a for a in args):
+            found.append(f"{d.name}: {b' '.join(args[:3]).decode(errors='replace')} ...")
+    return found
+
+
+def ansible_env() -> dict:
+    env = dict(os.environ)
+    venv_bin = REPO / ".venv" / "bin"
+    env["PATH"] = f"{venv_bin}:{env.get('PATH', '')}"
+    env["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
+    env["ANSIBLE_COLLECTIONS_PATH"] = str(REPO / ".collections")
+    env.setdefault("LC_ALL", "C.UTF-8")
+    return env
+
+
+class Lab:
+    """The running lab of this test session; down() runs once."""
+
+    def __init__(self):
+        self.down_result: subprocess.CompletedProcess | None = None
+
+    def down(self) -> subprocess.CompletedProcess:
+        if self.down_result is None:
+            self.down_result = run([LAB, "down"], timeout=240)
+        return self.down_result
+
+
+def gather_topology() -> dict:
+    """name -> {bdf: {...}} gathered inside every VM in parallel."""
+    with ThreadPoolExecutor(max_workers=N_VMS) as ex:
+        futs = {n: ex.submit(lab_ssh, n, "python3 -", GATHER) for n in NAMES}
+        return {n: json.loads(f.result()) for n, f in futs.items()}

@@ -1,0 +1,136 @@
+"""The audit in the lab VMs agrees with each VM's own `lspci -vv` and sysfs, for every hop of
+every GPU path, and flags what the lab's topology holds: links below capability (QEMU trains
+every link at 2.5GT/s x1 under root ports of 8-16GT/s) and the GPUs behind the switch sharing
+one IOMMU group. `lspci` text is parsed here as the independent oracle; the module itself
+decodes config space and never reads lspci.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.lab.labutil import ansible_env, lab_ssh, run
+
+pytestmark = pytest.mark.vmlab
+
+
+_DEV = re.compile(r"^([0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]) ")
+_SPEED = re.compile(r"Speed ([0-9.]+)GT/s|Speed unknown")
+_WIDTH = re.compile(r"Width x(\d+)")
+
+
+def parse_lspci_vv(text: str) -> dict[str, dict]:
+    """Per device: LnkCap/LnkSta speed+width, DevCap MPS, DevCtl MPS/MRRS, MSI-X count/enable."""
+    out: dict[str, dict] = {}
+    cur: dict | None = None
+    devctl = False
+    for line in text.splitlines():
+        m = _DEV.match(line)
+        if m:
+            cur = out.setdefault(m.group(1), {})
+            devctl = False
+            continue
+        if cur is None:
+            continue
+        s = line.strip()
+        if s.startswith(("LnkCap:", "LnkSta:")):
+            key = "link_cap" if s.startswith("LnkCap:") else "link_sta"
+            sp, wd = _SPEED.search(s), _WIDTH.search(s)
+            cur[key] = {"speed_gts": float(sp.group(1)) if sp and sp.group(1) else None,
+                        "width": int(wd.group(1)) if wd else None}
+        elif s.startswith("DevCap:"):
+            cur["mps_supported"] = int(re.search(r"MaxPayload (\d+) bytes", s).group(1))
+        elif s.startswith("DevCtl:"):
+            devctl = True
+        elif devctl and s.startswith("MaxPayload"):
+            m2 = re.match(r"MaxPayload (\d+) bytes, MaxReadReq (\d+) bytes", s)
+            cur["mps"], cur["mrrs"] = int(m2.group(1)), int(m2.group(2))
+            devctl = False
+        elif "MSI-X: Enable" in s:
+            m3 = re.search(r"MSI-X: Enable([+-]) Count=(\d+)", s)
+            cur["msix"] = {"enabled": m3.group(1) == "+", "table_size": int(m3.group(2))}
+    return out
+
+
+def test_lspci_parser_reads_a_real_capture() -> None:
+    sample = """0000:04:00.0 PCI bridge: Texas Instruments XIO3130 PCI Express Switch (Downstream) (rev 01)
+\tCapabilities: [90] Express (v2) Downstream Port (Slot+), MSI 00
+\t\tDevCap:\tMaxPayload 128 bytes, PhantFunc 0
+\t\tDevCtl:\tCorrErr+ NonFatalErr+ FatalErr+ UnsupReq+
+\t\t\tMaxPayload 128 bytes, MaxReadReq 512 bytes
+\t\tLnkCap:\tPort #0, Speed unknown, Width x0, ASPM L0s, Exit Latency L0s <64ns
+\t\tLnkSta:\tSpeed 2.5GT/s (overdriven), Width x1 (overdriven)
+\tCapabilities: [48] MSI-X: Enable+ Count=1 Masked-
+"""
+    dev = parse_lspci_vv(sample)["0000:04:00.0"]
+    assert dev == {"mps_supported": 128, "mps": 128, "mrrs": 512,
+                   "link_cap": {"speed_gts": None, "width": 0}, "link_sta": {"speed_gts": 2.5, "width": 1},
+                   "msix": {"enabled": True, "table_size": 1}}
+
+
+def _ssh(name: str, cmd: str) -> str:
+    return lab_ssh(name, cmd, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def audits(lab_vms: list[str], tmp_path_factory) -> dict[str, dict]:
+    """playbooks/audit.yml over the lab, for real; returns each host's JSON."""
+    report_dir = tmp_path_factory.mktemp("audit")
+    r = run(["ansible-playbook", "-i", "inventories/lab", "playbooks/audit.yml",
+             "-e", f"gpufleet_report_dir={report_dir}"], timeout=900, env=ansible_env())
+    assert r.returncode == 0, f"audit.yml failed:\n{r.stdout[-4000:]}\n{r.stderr[-2000:]}"
+    out = {}
+    for name in lab_vms:
+        with open(report_dir / f"{name}.json", encoding="utf-8") as fh:
+            out[name] = json.load(fh)
+    assert (report_dir / "fleet.md").read_text().count("| lab") >= len(lab_vms)
+    assert "<table>" in (report_dir / "fleet.html").read_text()
+    return out
+
+
+def test_audit_agrees_with_lspci_and_sysfs(lab_vms: list[str], audits: dict[str, dict]) -> None:
+    for name in lab_vms:
+        pcie = audits[name]["pcie"]
+        lspci = parse_lspci_vv(_ssh(name, "lspci -vv -D"))
+        gpus = {g["bdf"] for g in pcie["gpus"]}
+        assert gpus == {"0000:01:00.0", "0000:05:00.0", "0000:06:00.0"}, f"{name}: GPUs found {sorted(gpus)}"
+        hops = set(pcie["devices"])
+        # every hop of the three paths: rp1, rp3 + switch up/down ports, and the GPUs
+        assert {"0000:00:04.0", "0000:00:06.0", "0000:03:00.0", "0000:04:00.0", "0000:04:01.0"} <= hops
+        for bdf, dev in pcie["devices"].items():
+            ref = lspci[bdf]
+            cfg = dev["config"]["pcie"]
+            for key in ("link_cap", "link_sta"):
+                assert {"speed_gts": cfg[key]["speed_gts"], "width": cfg[key]["width"]} == ref[key], f"{name} {bdf} {key}"
+            assert (cfg["mps_supported"], cfg["mps"], cfg["mrrs"]) == (ref["mps_supported"], ref["mps"], ref["mrrs"]), \
+                f"{name} {bdf} MPS/MRRS"
+            msix = dev["config"]["msix"]
+            if "msix" in ref:
+                assert {"enabled": msix["enabled"], "table_size": msix["table_size"]} == ref["msix"], f"{name} {bdf} MSI-X"
+            else:
+                assert msix is None, f"{name} {bdf}: lspci shows no MSI-X"
+            sysfs = f"/sys/bus/pci/devices/{bdf}"
+            group = _ssh(name, f"basename $(readlink {sysfs}/iommu_group)").strip()
+            assert str(dev["iommu_group"]) == group, f"{name} {bdf} IOMMU group"
+            members = set(_ssh(name, f"ls /sys/kernel/iommu_groups/{group}/devices").split())
+            assert {m["bdf"] for m in dev["iommu_group_members"]} == members, f"{name} {bdf} group members"
+            irqs = set(_ssh(name, f"ls {sysfs}/msi_irqs 2>/dev/null || true").split())
+            assert {str(i["irq"]) for i in dev["irqs"]} == irqs, f"{name} {bdf} MSI vectors"
+
+
+def test_audit_flags_the_lab_topology(lab_vms: list[str], audits: dict[str, dict]) -> None:
+    for name in lab_vms:
+        pcie = audits[name]["pcie"]
+        codes: dict[str, set] = {}
+        for f in pcie["findings"]:
+            codes.setdefault(f["code"], set()).update(f.get("devices") or [f.get("device")])
+        assert "link_below_capability" in codes, f"{name}: no degraded link flagged: {sorted(codes)}"
+        # rp1 trained at 2.5GT/s x1 of 16GT/s x16
+        assert "0000:00:04.0" in codes["link_below_capability"] | codes.get("link_capped", set())
+        assert "iommu_group_shared" in codes, f"{name}: shared IOMMU group not flagged: {sorted(codes)}"
+        assert {"0000:05:00.0", "0000:06:00.0"} & codes["iommu_group_shared"]
+        pair = next(p for p in pcie["pairs"] if {p["a"], p["b"]} == {"0000:05:00.0", "0000:06:00.0"})
+        assert pair["level"] == "PIX", pair  # one switch between them, as nvidia-smi topo -m says
