@@ -42,7 +42,7 @@ print(json.dumps(out))
 
 def run(argv, timeout, **kw) -> subprocess.CompletedProcess:
     return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, **kw)
+                          cwd=REPO, check=False, **kw)
 
 
 def lab_ssh(name: str, cmd: str, stdin: str | None = None, timeout: int = 60) -> str:
