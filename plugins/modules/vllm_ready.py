@@ -1,0 +1,309 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: vllm_ready
+short_description: Prove that a vLLM (OpenAI-compatible) service serves
+version_added: 0.1.0
+description:
+  - Waits for C(/health) to answer 200, then checks that C(/v1/models) lists O(served_model_name), sends one real
+    completion and checks that tokens come back, and that C(/metrics) exports vLLM's metrics.
+  - While waiting it watches the systemd O(unit) and fails at once when the unit fails or restarts (a crash loop does
+    not wait out O(timeout)).
+  - Every failure message ends with the unit's last O(journal_lines) journal lines, so the cause (a missing library,
+    a bad flag, out of memory) shows in the Ansible output.
+  - Never changes the host.
+author:
+  - gpufleet.inference contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.inference.common.attributes_readonly
+options:
+  url:
+    description: Base URL of the service, as seen from the host.
+    type: str
+    default: http://127.0.0.1:8000
+  served_model_name:
+    description: The name C(/v1/models) must list; the completion is sent to it.
+    type: str
+    required: true
+  api_key:
+    description: The service's API key, sent as a Bearer token. Never logged.
+    type: str
+  unit:
+    description: The systemd unit, watched while waiting and read for the journal.
+    type: str
+  timeout:
+    description: Seconds to wait for C(/health).
+    type: int
+    default: 600
+  interval:
+    description: Seconds between C(/health) attempts.
+    type: float
+    default: 2.0
+  request_timeout:
+    description: Seconds for each HTTP request (the completion may be the first one through the engine).
+    type: int
+    default: 120
+  checks:
+    description: What to prove. V(health) is always done first.
+    type: list
+    elements: str
+    choices: [health, models, completion, metrics]
+    default: [health, models, completion, metrics]
+  prompt:
+    description: The completion's prompt.
+    type: str
+    default: "The capital of France is"
+  max_tokens:
+    description: Tokens to ask for.
+    type: int
+    default: 4
+  journal_lines:
+    description: Journal lines shown on failure.
+    type: int
+    default: 50
+"""
+
+EXAMPLES = r"""
+- name: Prove the service serves
+  gpufleet.inference.vllm_ready:
+    url: http://127.0.0.1:8000
+    served_model_name: deepseek-v3
+    api_key: "{{ vllm_service_api_key }}"
+    unit: vllm.service
+    timeout: 1800
+  register: ready
+
+- name: Readiness of a stand-in server that has no /metrics
+  gpufleet.inference.vllm_ready:
+    served_model_name: tiny
+    unit: vllm.service
+    checks: [health, models, completion]
+"""
+
+RETURN = r"""
+actions:
+  description: Always empty; the module changes nothing.
+  returned: always
+  type: list
+  elements: str
+  sample: []
+seconds_to_healthy:
+  description: Seconds until C(/health) answered 200.
+  returned: success
+  type: float
+  sample: 41.3
+models:
+  description: The ids C(/v1/models) lists.
+  returned: success
+  type: list
+  elements: str
+  sample: [tiny-llama]
+completion:
+  description: The completion's text, finish reason and token count.
+  returned: success
+  type: dict
+  sample: {text: " editor provisionally", finish_reason: length, completion_tokens: 4, seconds: 0.21}
+metrics:
+  description: How many C(vllm:) metric samples C(/metrics) exported, or null when not checked.
+  returned: success
+  type: int
+  sample: 212
+unit:
+  description: The unit's state when the checks passed.
+  returned: success
+  type: dict
+  sample: {ActiveState: active, SubState: running, MainPID: "4242", NRestarts: "0"}
+"""
+
+import json
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.urls import fetch_url
+
+
+class NotReady(Exception):
+    """The service did not prove itself; the message says which check and why."""
+
+
+def unit_state(run, systemctl: str | None, unit: str | None) -> dict:
+    if not systemctl or not unit:
+        return {}
+    rc, out, _err = run([systemctl, "show", "--property=ActiveState,SubState,MainPID,NRestarts,Result", unit])
+    if rc != 0:
+        return {}
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def unit_broken(first: dict, now: dict) -> str | None:
+    """Why the unit is not on its way up, or None."""
+    if not now:
+        return None
+    if now.get("ActiveState") == "failed":
+        return f"the unit failed ({now.get('Result', 'unknown result')})"
+    if now.get("ActiveState") == "inactive":
+        return "the unit is not running (inactive)"
+    if now.get("SubState") == "auto-restart":
+        return "the unit's process exited and systemd is restarting it"
+    if first and now.get("NRestarts", "0") != first.get("NRestarts", "0"):
+        return f"the unit restarted ({first.get('NRestarts')} -> {now.get('NRestarts')} restarts)"
+    if first and first.get("MainPID") not in (None, "0") and now.get("MainPID") not in (first.get("MainPID"), "0"):
+        return f"the unit's main process changed ({first.get('MainPID')} -> {now.get('MainPID')})"
+    return None
+
+
+class Prober:
+    """The HTTP checks. ``request(method, url, body, headers, timeout) -> (status, text, error)``."""
+
+    def __init__(self, request, base: str, api_key: str | None, timeout: int):
+        self.request = request
+        self.base = base.rstrip("/")
+        self.headers = {"Accept": "application/json"}
+        if api_key:
+            self.headers["Authorization"] = f"Bearer {api_key}"
+        self.timeout = timeout
+
+    def get(self, path: str):
+        return self.request("GET", self.base + path, None, self.headers, self.timeout)
+
+    def post(self, path: str, payload: dict):
+        headers = dict(self.headers, **{"Content-Type": "application/json"})
+        return self.request("POST", self.base + path, json.dumps(payload), headers, self.timeout)
+
+    def wait_healthy(self, deadline: float, interval: float, watch, sleep=time.sleep, clock=time.monotonic) -> float:
+        start = clock()
+        last = "no answer yet"
+        while True:
+            status, _text, err = self.get("/health")
+            if status == 200:
+                return round(clock() - start, 1)
+            last = f"HTTP {status}" if status and status > 0 else (err or "connection refused")
+            broken = watch()
+            if broken:
+                raise NotReady(f"{self.base}/health never answered 200 ({last}): {broken}")
+            if clock() >= deadline:
+                raise NotReady(f"{self.base}/health did not answer 200 within the timeout (last: {last})")
+            sleep(interval)
+
+    def models(self, name: str) -> list:
+        status, text, err = self.get("/v1/models")
+        if status == 401:
+            raise NotReady(f"{self.base}/v1/models answered 401: the API key was refused (is vllm_service_api_key the "
+                           "key the service runs with?)")
+        if status != 200:
+            raise NotReady(f"{self.base}/v1/models answered {status if status and status > 0 else err}")
+        try:
+            ids = [m["id"] for m in json.loads(text)["data"]]
+        except (ValueError, KeyError, TypeError):
+            raise NotReady(f"{self.base}/v1/models did not return an OpenAI model list: {text[:200]!r}") from None
+        if name not in ids:
+            raise NotReady(f"{self.base}/v1/models lists {ids}, not the served model name {name!r}")
+        return ids
+
+    def completion(self, name: str, prompt: str, max_tokens: int, clock=time.monotonic) -> dict:
+        start = clock()
+        status, text, err = self.post("/v1/completions", {"model": name, "prompt": prompt, "max_tokens": max_tokens,
+                                                          "temperature": 0})
+        if status != 200:
+            raise NotReady(f"the completion on {self.base}/v1/completions answered "
+                           f"{status if status and status > 0 else err}: {(text or '')[:300]}")
+        try:
+            data = json.loads(text)
+            choice = data["choices"][0]
+            tokens = int((data.get("usage") or {}).get("completion_tokens") or 0)
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise NotReady(f"the completion returned no choices: {text[:300]!r}") from None
+        if not isinstance(choice.get("text"), str) or tokens < 1:
+            raise NotReady(f"the completion returned no tokens: {text[:300]!r}")
+        return {"text": choice["text"], "finish_reason": choice.get("finish_reason"), "completion_tokens": tokens,
+                "seconds": round(clock() - start, 2)}
+
+    def metrics(self) -> int:
+        status, text, err = self.get("/metrics")
+        if status != 200:
+            raise NotReady(f"{self.base}/metrics answered {status if status and status > 0 else err}")
+        samples = [ln for ln in text.splitlines() if ln.startswith("vllm:")]
+        if not samples:
+            raise NotReady(f"{self.base}/metrics exports no vllm: metrics")
+        return len(samples)
+
+
+def prove(prober: Prober, params: dict, watch, sleep=time.sleep, clock=time.monotonic) -> dict:
+    checks = params["checks"]
+    out = {"seconds_to_healthy": prober.wait_healthy(clock() + params["timeout"], params["interval"], watch, sleep, clock),
+           "models": None, "completion": None, "metrics": None}
+    if "models" in checks:
+        out["models"] = prober.models(params["served_model_name"])
+    if "completion" in checks:
+        out["completion"] = prober.completion(params["served_model_name"], params["prompt"], params["max_tokens"], clock)
+    if "metrics" in checks:
+        out["metrics"] = prober.metrics()
+    return out
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            url=dict(type="str", default="http://127.0.0.1:8000"),
+            served_model_name=dict(type="str", required=True),
+            api_key=dict(type="str", no_log=True),
+            unit=dict(type="str"),
+            timeout=dict(type="int", default=600),
+            interval=dict(type="float", default=2.0),
+            request_timeout=dict(type="int", default=120),
+            checks=dict(type="list", elements="str", choices=["health", "models", "completion", "metrics"],
+                        default=["health", "models", "completion", "metrics"]),
+            prompt=dict(type="str", default="The capital of France is"),
+            max_tokens=dict(type="int", default=4, no_log=False),
+            journal_lines=dict(type="int", default=50),
+        ),
+        supports_check_mode=True,
+    )
+    module.run_command_environ_update = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C")
+    p = module.params
+    systemctl = module.get_bin_path("systemctl")
+    journalctl = module.get_bin_path("journalctl")
+
+    def request(method, url, body, headers, timeout):
+        resp, info = fetch_url(module, url, data=body, headers=headers, method=method, timeout=timeout,
+                               use_proxy=False, force=True)
+        status = info.get("status", -1)
+        try:
+            # an HTTP error's body was read into info['body'] already
+            raw = info["body"] if "body" in info else (resp.read() if resp else b"")
+        except (AttributeError, OSError):
+            raw = b""
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
+        return status, text, info.get("msg")
+
+    def journal() -> str:
+        if not journalctl or not p["unit"]:
+            return ""
+        rc, out, err = module.run_command([journalctl, "-u", p["unit"], "-n", str(p["journal_lines"]), "--no-pager",
+                                           "-o", "short-iso"])
+        return out if rc == 0 else f"(journalctl failed: {err.strip()})"
+
+    first = unit_state(module.run_command, systemctl, p["unit"])
+
+    def watch():
+        return unit_broken(first, unit_state(module.run_command, systemctl, p["unit"]))
+
+    prober = Prober(request, p["url"], p["api_key"], p["request_timeout"])
+    try:
+        result = prove(prober, p, watch)
+    except NotReady as err:
+        lines = journal()
+        tail = f"\nLast {p['journal_lines']} journal lines of {p['unit']}:\n{lines}" if lines else ""
+        module.fail_json(msg=f"{p['unit'] or p['url']} is not ready: {err}{tail}", actions=[],
+                         unit=unit_state(module.run_command, systemctl, p["unit"]))
+    module.exit_json(changed=False, actions=[], unit=unit_state(module.run_command, systemctl, p["unit"]), **result)
+
+
+if __name__ == "__main__":
+    main()
