@@ -13,9 +13,10 @@ Environment:
     GPUFLEET_LAB_CPUS       vCPUs per VM, default 2
     GPUFLEET_LAB_CPU        TCG CPU model, default max
     GPUFLEET_LAB_BASE_PORT  first SSH port tried on 127.0.0.1, default 2221
-    GPUFLEET_LAB_BOOT_TIMEOUT  seconds to wait for SSH, default 300
+    GPUFLEET_LAB_BOOT_TIMEOUT  seconds to wait for SSH, default 600
     GPUFLEET_LAB_DOWN_TIMEOUT  seconds a graceful poweroff may take, default 60
     GPUFLEET_LAB_IMAGE      use this base image instead of the one build-image makes
+    GPUFLEET_LAB_KEEP_FAILED=1  leave the VMs of a failed `up` running, to look at them
 
 Python 3 standard library only. Everything a VM leaves lives in <checkout>/.lab/ (gitignored):
 overlay disk, pidfile, QMP socket, serial log, state file.
@@ -71,7 +72,7 @@ TOPOLOGY = [
     "-device", "virtio-gpu-pci,id=gpu2,bus=sw0dn2",
     "-device", "pcie-root-port,id=rp4,bus=pcie.0,addr=0x7,chassis=5,slot=5,x-speed=8,x-width=4",
     "-netdev", "user,id=aux0,restrict=on,net=10.0.3.0/24",
-    "-device", "virtio-net-pci,id=nic1,netdev=aux0,bus=rp4",
+    "-device", "virtio-net-pci,id=nic1,netdev=aux0,bus=rp4,mac={mac1}",
 ]
 
 
@@ -190,7 +191,7 @@ def ssh_argv(name: str, *cmd: str, timeout: int = 10) -> list[str]:
 
 def ssh_run(name: str, cmd: str, timeout: int = 30) -> subprocess.CompletedProcess:
     return subprocess.run(ssh_argv(name, cmd), capture_output=True, text=True, timeout=timeout,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, check=False)
 
 
 # ---------------------------------------------------------------- QMP
@@ -297,7 +298,7 @@ def base_image() -> Path:
         if not p.is_file():
             raise LabError(f"GPUFLEET_LAB_IMAGE={forced}: no such file")
         return p
-    out = subprocess.run([str(BUILD_IMAGE), "--print-path"], capture_output=True, text=True)
+    out = subprocess.run([str(BUILD_IMAGE), "--print-path"], capture_output=True, text=True, check=False)
     if out.returncode != 0:
         raise LabError(f"build-image --print-path failed: {out.stderr.strip()}")
     return Path(out.stdout.strip().splitlines()[-1])
@@ -305,6 +306,12 @@ def base_image() -> Path:
 
 def cmd_build(_args) -> int:
     return subprocess.call([str(BUILD_IMAGE)])
+
+
+def mac(name: str, nic: int) -> str:
+    """A MAC address of its own per VM and NIC (QEMU would give every VM the same ones)."""
+    n = int(re.sub(r"\D", "", name) or 0)
+    return f"52:54:00:6c:{n % 256:02x}:{nic:02x}"
 
 
 def qemu_argv(name: str, port: int, mem: int, image: Path) -> list[str]:
@@ -321,9 +328,9 @@ def qemu_argv(name: str, port: int, mem: int, image: Path) -> list[str]:
         *machine, "-smp", cpus, "-m", f"{mem}M",
         "-nodefaults", "-no-user-config", "-display", "none", "-vga", "none",
         "-rtc", "base=utc",
-        *TOPOLOGY,
+        *(a.format(mac1=mac(name, 1)) for a in TOPOLOGY),
         "-netdev", f"user,id=ssh0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
-        "-device", "virtio-net-pci,id=nic0,netdev=ssh0,bus=pcie.0,addr=0x2",
+        "-device", f"virtio-net-pci,id=nic0,netdev=ssh0,bus=pcie.0,addr=0x2,mac={mac(name, 0)}",
         "-drive", f"if=none,id=disk0,file={p['disk']},format=qcow2,cache=unsafe,discard=unmap",
         "-device", "virtio-blk-pci,id=blk0,drive=disk0,bus=pcie.0,addr=0x3",
         "-serial", f"file:{p['serial']}",
@@ -345,7 +352,7 @@ def start_vm(name: str, image: Path, used_ports: set[int]) -> dict:
         while port in used_ports or not port_free(port):
             port += 1
         argv = qemu_argv(name, port, mem, image)
-        r = subprocess.run(argv, capture_output=True, text=True)
+        r = subprocess.run(argv, capture_output=True, text=True, check=False)
         if r.returncode == 0:
             used_ports.add(port)
             st = {"name": name, "port": port, "memory_mb": mem, "image": str(image),
@@ -399,7 +406,7 @@ def cmd_up(args) -> int:
             vms[name]["pid"] = read_pid(name)
             started.append(name)
         write_inventory(vms)
-        timeout = int(os.environ.get("GPUFLEET_LAB_BOOT_TIMEOUT", "300"))
+        timeout = int(os.environ.get("GPUFLEET_LAB_BOOT_TIMEOUT", "600"))
         deadline = time.time() + timeout
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(vms)) as ex:
             futs = {name: ex.submit(wait_ssh, name, deadline, t0) for name in vms}
@@ -549,7 +556,7 @@ def cmd_ssh(args) -> int:
 
 
 def main(argv: list[str]) -> int:
-    ap = argparse.ArgumentParser(prog="tests/lab/lab", description=__doc__.split("\n")[0],
+    ap = argparse.ArgumentParser(prog="tests/lab/lab", description=__doc__.split("\n", maxsplit=1)[0],
                                  epilog=__doc__.split("\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
