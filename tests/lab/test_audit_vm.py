@@ -122,14 +122,18 @@ def test_audit_agrees_with_lspci_and_sysfs(lab_vms: list[str], audits: dict[str,
 
 
 def test_audit_flags_the_lab_topology(lab_vms: list[str], audits: dict[str, dict]) -> None:
+    """QEMU's switch downstream ports advertise no link capability (LnkCap "Speed unknown, Width
+    x0"), so the links behind the switch are capped by the port above them: the audit must say so
+    for both GPU stand-ins, and flag that they share one IOMMU group. (rp1's LnkSta 2.5GT/s x1 under
+    LnkCap 16GT/s x16 is the most the endpoint itself can do, which the audit does not call a
+    degraded link.)"""
     for name in lab_vms:
         pcie = audits[name]["pcie"]
         codes: dict[str, set] = {}
         for f in pcie["findings"]:
             codes.setdefault(f["code"], set()).update(f.get("devices") or [f.get("device")])
-        assert "link_below_capability" in codes, f"{name}: no degraded link flagged: {sorted(codes)}"
-        # rp1 trained at 2.5GT/s x1 of 16GT/s x16
-        assert "0000:00:04.0" in codes["link_below_capability"] | codes.get("link_capped", set())
+        assert {"0000:05:00.0", "0000:06:00.0"} <= codes.get("link_capped", set()), \
+            f"{name}: capped links behind the switch not flagged: {sorted(codes)}"
         assert "iommu_group_shared" in codes, f"{name}: shared IOMMU group not flagged: {sorted(codes)}"
         assert {"0000:05:00.0", "0000:06:00.0"} & codes["iommu_group_shared"]
         pair = next(p for p in pcie["pairs"] if {p["a"], p["b"]} == {"0000:05:00.0", "0000:06:00.0"})
