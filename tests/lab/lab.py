@@ -63,7 +63,7 @@ TOPOLOGY = [
     "-device", "virtio-gpu-pci,id=gpu0,bus=rp1",
     "-device", "pcie-root-port,id=rp2,bus=pcie.0,addr=0x5,chassis=2,slot=2,x-speed=8,x-width=8",
     "-blockdev", "driver=null-co,node-name=nvme0blk,size=8589934592,read-zeroes=on",
-    "-device", "nvme,id=nvme0,bus=rp2,drive=nvme0blk,serial=GPUFLEETLAB0001",
+    "-device", "nvme,id=nvme0,bus=rp2,drive=nvme0blk,serial=GPUFLEETLAB{n:04d}",
     "-device", "pcie-root-port,id=rp3,bus=pcie.0,addr=0x6,chassis=3,slot=3,x-speed=16,x-width=16,disable-acs=on",
     "-device", "x3130-upstream,id=sw0up,bus=rp3",
     "-device", "xio3130-downstream,id=sw0dn1,bus=sw0up,chassis=4,slot=1",
@@ -314,7 +314,7 @@ def mac(name: str, nic: int) -> str:
     return f"52:54:00:6c:{n % 256:02x}:{nic:02x}"
 
 
-def qemu_argv(name: str, port: int, mem: int, image: Path) -> list[str]:
+def qemu_argv(name: str, port: int, mem: int) -> list[str]:
     p = paths(name)
     cpus = os.environ.get("GPUFLEET_LAB_CPUS", "2")
     if accel() == "kvm":
@@ -328,7 +328,7 @@ def qemu_argv(name: str, port: int, mem: int, image: Path) -> list[str]:
         *machine, "-smp", cpus, "-m", f"{mem}M",
         "-nodefaults", "-no-user-config", "-display", "none", "-vga", "none",
         "-rtc", "base=utc",
-        *(a.format(mac1=mac(name, 1)) for a in TOPOLOGY),
+        *(a.format(mac1=mac(name, 1), n=int(re.sub(r"\D", "", name) or 0)) for a in TOPOLOGY),
         "-netdev", f"user,id=ssh0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
         "-device", f"virtio-net-pci,id=nic0,netdev=ssh0,bus=pcie.0,addr=0x2,mac={mac(name, 0)}",
         "-drive", f"if=none,id=disk0,file={p['disk']},format=qcow2,cache=unsafe,discard=unmap",
@@ -351,7 +351,7 @@ def start_vm(name: str, image: Path, used_ports: set[int]) -> dict:
     for _attempt in range(20):
         while port in used_ports or not port_free(port):
             port += 1
-        argv = qemu_argv(name, port, mem, image)
+        argv = qemu_argv(name, port, mem)
         r = subprocess.run(argv, capture_output=True, text=True, check=False)
         if r.returncode == 0:
             used_ports.add(port)
@@ -425,6 +425,11 @@ def cmd_up(args) -> int:
         if started and not os.environ.get("GPUFLEET_LAB_KEEP_FAILED"):
             log(f"up failed: stopping {', '.join(started)} (GPUFLEET_LAB_KEEP_FAILED=1 keeps them)")
             stop_all(only=started, timeout=5)
+            if not running_vms():
+                for f in (INVENTORY, SSH_CONFIG):
+                    f.unlink(missing_ok=True)
+            else:
+                write_inventory(running_vms())
         raise
     log(f"lab up: {len(vms)} VMs in {time.time() - t0:.0f} s; inventory {INVENTORY.relative_to(REPO)}")
     print(INVENTORY)
