@@ -324,7 +324,8 @@ def parse_args(argv):
 
 
 def bench(args):
-    report = {"tool": None, "gpus": 0, "gpu_names": [], "gpus_from": None, "skipped": None, "error": None, "results": {},
+    report = {"tool": None, "gpus": 0, "gpu_names": [], "gpus_from": None, "skipped": None, "error": None, "no_tool": False,
+              "results": {},
               "bench": {"min_bytes": args.min_bytes, "max_bytes": args.max_bytes, "warmup": args.warmup,
                         "iters": args.iters, "timeout": args.timeout}}
     try:
@@ -350,12 +351,14 @@ def bench(args):
         report["tool"] = "nccl-tests"
     elif args.tool == "nccl-tests":
         report["error"] = "nccl-tests' all_reduce_perf not found (%s)" % (args.perf or "PATH, " + ", ".join(PERF_PLACES))
+        report["no_tool"] = True
         return report
     elif has_torch(args.python):
         report["tool"] = "torch"
     else:
         report["error"] = ("neither nccl-tests' all_reduce_perf (PATH, %s) nor PyTorch for %s was found; install one "
                            "or point the role at them" % (", ".join(PERF_PLACES), args.python))
+        report["no_tool"] = True
         return report
 
     for name in sorted(candidates):

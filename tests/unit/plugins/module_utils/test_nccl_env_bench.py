@@ -155,6 +155,14 @@ def test_no_gpu_and_no_tool(bench, fakebin):
     assert report["skipped"] == "A/B skipped: 0 GPU(s)" and report["gpus_from"] == "none"
 
 
+def test_gpus_but_no_tool_is_reported_as_such(bench, fakebin, tmp_path):
+    fake_smi(fakebin, 2)
+    nopython = executable(fakebin / "python-without-torch", "import sys\nsys.exit(1)\n")
+    report = bench.bench(args_for(bench, CANDS, python=nopython))
+    assert report["no_tool"] and report["tool"] is None and report["results"] == {}
+    assert report["error"].startswith("neither nccl-tests' all_reduce_perf")
+
+
 def test_nccl_tests_run_per_candidate_with_its_own_env(bench, fakebin, tmp_path, monkeypatch):
     monkeypatch.setenv("NCCL_P2P_DISABLE", "1")  # inherited: must not leak into p2p_on
     fake_smi(fakebin, 2)
@@ -198,7 +206,7 @@ def test_wrong_values_fail_the_candidate(bench, fakebin, tmp_path):
 def test_explicit_perf_path_missing(bench, fakebin, tmp_path):
     fake_smi(fakebin, 2)
     report = bench.bench(args_for(bench, CANDS, tool="nccl-tests", all_reduce_perf=str(tmp_path / "nope")))
-    assert report["tool"] is None and "all_reduce_perf not found" in report["error"]
+    assert report["tool"] is None and "all_reduce_perf not found" in report["error"] and report["no_tool"]
 
 
 def test_bad_candidates(bench, fakebin):

