@@ -449,6 +449,10 @@ def ab_decide(results: dict, prefer: str = "p2p_on", margin_pct: float = 5.0, mi
         decision.update(winner=other, reason=f"{other} is {100.0 * (ratio - 1):.1f}% faster than {prefer} "
                                              f"(geometric mean bus bandwidth over {len(sizes)} sizes; margin {margin_pct:g}%)")
     else:
-        decision.update(winner=prefer, reason=f"{prefer} kept: {other} is {100.0 * (ratio - 1):+.1f}% against it, "
-                                              f"within the {margin_pct:g}% margin or slower")
+        if ratio < 1.0:
+            how = f"{other} is {100.0 * (1 - ratio):.1f}% slower"
+        else:
+            how = f"{other} is only {100.0 * (ratio - 1):.1f}% faster, within the {margin_pct:g}% margin"
+        decision.update(winner=prefer, reason=f"{prefer} kept: {how} (geometric mean bus bandwidth over "
+                                              f"{len(sizes)} sizes)")
     return decision

@@ -31,6 +31,8 @@ P2P_CAPS = (("read", 0), ("write", 1), ("nvlink", 2), ("atomics", 3), ("pci", 4)
 P2P_STATUS = {0: "OK", 1: "CHIPSET_NOT_SUPPORTED", 2: "GPU_NOT_SUPPORTED", 3: "IOH_TOPOLOGY_NOT_SUPPORTED",
               4: "DISABLED_BY_REGKEY", 5: "NOT_SUPPORTED", 6: "UNKNOWN"}
 NVLINK_MAX_LINKS = 18
+# nvmlIntNvLinkDeviceType_t: what sits at the far end of an NVLink.
+NVLINK_REMOTE_TYPES = {0: "gpu", 1: "ibmnpu", 2: "switch", 0xFF: "unknown"}
 
 GPU_FIELDS = (
     ("link_gen_current", "nvmlDeviceGetCurrPcieLinkGeneration"),
@@ -94,9 +96,10 @@ def _collect(nv) -> dict[str, Any]:
         gpu.update(name=_text(name) if name is not None else None, uuid=_text(uuid) if uuid is not None else None)
         for field, fn in GPU_FIELDS:
             gpu[field] = _call(nv, gpu["unsupported"], field, fn, handle)
-        gpu["nvlink_peers"] = _nvlink_peers(nv, handle)
+        gpu["nvlink_peers"], gpu["nvlink_remote_types"] = _nvlink_peers(nv, handle)
         out["gpus"][bdf] = gpu
         handles.append((bdf, handle))
+    _settle_switch_links(out["gpus"])
     for i, (a, ha) in enumerate(handles):
         for b, hb in handles[i + 1:]:
             level = _call(nv, unsupported, "topology", "nvmlDeviceGetTopologyCommonAncestor", ha, hb)
@@ -104,15 +107,23 @@ def _collect(nv) -> dict[str, Any]:
             for cap, idx in P2P_CAPS:
                 status = _call(nv, unsupported, "p2p_" + cap, "nvmlDeviceGetP2PStatus", ha, hb, idx)
                 p2p[cap] = P2P_STATUS.get(status, status) if status is not None else None
+            direct = out["gpus"][a]["nvlink_peers"].get(b, 0)
+            switched = _switched_links(out["gpus"][a], out["gpus"][b], p2p)
             out["pairs"].append({"a": a, "b": b, "level": TOPOLOGY_LEVELS.get(level), "p2p": p2p,
-                                 "nvlinks": out["gpus"][a]["nvlink_peers"].get(b, 0)})
+                                 "nvlinks": direct + switched,
+                                 "nvlink_via": "nvswitch" if switched else ("direct" if direct else None)})
     out["unsupported"] = sorted(set(unsupported))
     return out
 
 
-def _nvlink_peers(nv, handle) -> dict[str, int]:
-    """{peer BDF: active NVLink count}; empty when the GPU has no NVLink."""
+def _nvlink_peers(nv, handle) -> tuple[dict[str, int], dict[str, str]]:
+    """({remote BDF: active NVLink count}, {remote BDF: remote type}); empty without NVLink.
+
+    The remote type (gpu, switch, ...) comes from nvmlDeviceGetNvLinkRemoteDeviceType where the
+    driver answers it; an NVSwitch may show a BDF the host cannot see (ffffffff:ff:ff.0 in VMs).
+    """
     peers: dict[str, int] = {}
+    types: dict[str, str] = {}
     for link in range(NVLINK_MAX_LINKS):
         try:
             if not nv.nvmlDeviceGetNvLinkState(handle, link):
@@ -120,9 +131,43 @@ def _nvlink_peers(nv, handle) -> dict[str, int]:
             peer = normalize_bdf(_text(nv.nvmlDeviceGetNvLinkRemotePciInfo(handle, link).busId))
         except Exception:  # pylint: disable=broad-except  # no such link / NVLink not supported
             break
-        if peer:
-            peers[peer] = peers.get(peer, 0) + 1
-    return peers
+        if not peer:
+            continue
+        peers[peer] = peers.get(peer, 0) + 1
+        try:
+            kind = NVLINK_REMOTE_TYPES.get(nv.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link), "unknown")
+        except Exception:  # pylint: disable=broad-except  # older driver or library: type not answered
+            kind = "unknown"
+        if types.get(peer) in (None, "unknown"):
+            types[peer] = kind
+    return peers, types
+
+
+def _settle_switch_links(gpus: dict[str, dict[str, Any]]) -> None:
+    """Split each GPU's NVLinks into direct GPU peers and links into an NVSwitch fabric.
+
+    A remote that NVML calls a switch, or one of unknown type that is not a GPU of this host,
+    counts as the fabric (``nvswitch_links``); ``nvlink_peers`` keeps only this host's GPUs.
+    """
+    for gpu in gpus.values():
+        direct: dict[str, int] = {}
+        fabric = 0
+        for peer, count in gpu["nvlink_peers"].items():
+            kind = gpu["nvlink_remote_types"].get(peer, "unknown")
+            if kind == "switch" or (kind == "unknown" and peer not in gpus):
+                fabric += count
+            elif peer in gpus:
+                direct[peer] = count
+        gpu["nvlink_peers"] = direct
+        gpu["nvswitch_links"] = fabric
+
+
+def _switched_links(a: dict[str, Any], b: dict[str, Any], p2p: dict[str, Any]) -> int:
+    """NVLinks between two GPUs through an NVSwitch fabric, as nvidia-smi counts them (NV<n>):
+    the smaller of their fabric link counts, where NVML says NVLink P2P between them works."""
+    if not a.get("nvswitch_links") or not b.get("nvswitch_links") or p2p.get("nvlink") != "OK":
+        return 0
+    return min(a["nvswitch_links"], b["nvswitch_links"])
 
 
 def merge(model: dict[str, Any], nvml: dict[str, Any]) -> dict[str, Any]:
@@ -140,6 +185,7 @@ def merge(model: dict[str, Any], nvml: dict[str, Any]) -> dict[str, Any]:
         pair["nvml_level"] = hit["level"]
         pair["p2p"] = hit["p2p"]
         pair["nvlinks"] = hit.get("nvlinks", 0)
+        pair["nvlink_via"] = hit.get("nvlink_via")
         if hit.get("nvlinks"):
             pair["level"], pair["level_source"] = f"NV{hit['nvlinks']}", "nvml"
         elif hit["level"]:

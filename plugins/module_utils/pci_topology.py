@@ -484,7 +484,7 @@ def build_model(fs: HostFS, targets: list[str], with_names: bool = True) -> dict
         pairs.append({"a": a["bdf"], "b": b["bdf"], "level": level, "level_source": "sysfs", "sysfs_level": level,
                       "nvml_level": None, "common_ancestor": common, "bridges_between": below,
                       "acs_redirect": acs if level in ("PIX", "PXB") else [],
-                      "numa_nodes": [a["numa_node"], b["numa_node"]], "p2p": None})
+                      "numa_nodes": [a["numa_node"], b["numa_node"]], "p2p": None, "nvlinks": 0, "nvlink_via": None})
     groups = walker.iommu_groups()
     cmdline = walker.cmdline()
     return {

@@ -283,6 +283,14 @@ pcie:
         p2p:
           description: NVML P2P status per capability (read, write, nvlink, atomics, pci), C(OK) or the reason; null without NVML.
           type: dict
+        nvlinks:
+          description:
+            - NVLinks between the two GPUs (0 without NVLink or NVML); through an NVSwitch fabric the smaller of the two
+              GPUs' fabric link counts, as C(nvidia-smi topo -m) counts them.
+          type: int
+        nvlink_via:
+          description: C(direct), C(nvswitch), or null when the pair has no NVLink.
+          type: str
       sample: [{a: "0000:03:00.0", b: "0000:04:00.0", level: PIX, level_source: sysfs, sysfs_level: PIX, nvml_level: null,
                 common_ancestor: "0000:01:00.0", bridges_between: ["0000:02:00.0", "0000:02:01.0"],
                 acs_redirect: ["0000:02:00.0", "0000:02:01.0"], numa_nodes: [0, 0], p2p: null}]
@@ -345,13 +353,16 @@ pcie:
       description:
         - NVML's view; C(available) false with C(error) saying why when it was not read.
         - C(gpus) is keyed by PCI address with C(link_gen_current), C(link_gen_max) (this system), C(link_gen_gpu_max),
-          C(link_width_current), C(link_width_max), C(pcie_replay_counter), C(numa_node), C(name), C(uuid), C(nvlink_peers);
+          C(link_width_current), C(link_width_max), C(pcie_replay_counter), C(numa_node), C(name), C(uuid),
+          C(nvlink_peers) (links to another GPU of this host, by its address), C(nvswitch_links) (links into an NVSwitch
+          fabric), C(nvlink_remote_types);
           C(unsupported) lists the calls the driver refused.
       type: dict
       sample: {available: true, error: null, driver_version: 580.159.04, unsupported: [],
                gpus: {"0000:00:06.0": {index: 0, name: NVIDIA H200, link_gen_current: 5, link_gen_max: 5, link_gen_gpu_max: 5,
                                        link_width_current: 16, link_width_max: 16, pcie_replay_counter: 0, numa_node: null,
-                                       unsupported: [numa_node], nvlink_peers: {}}}, pairs: []}
+                                       unsupported: [numa_node], nvlink_peers: {}, nvswitch_links: 18,
+                                       nvlink_remote_types: {"ffffffff:ff:ff.0": unknown}}}, pairs: []}
     bandwidth:
       description:
         - Copy bandwidth per GPU in GB/s (10^9 bytes per second), and as a percentage of what the path's link

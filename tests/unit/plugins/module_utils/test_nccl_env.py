@@ -284,3 +284,38 @@ def test_malformed_sizes_are_ignored():
     d = ne.ab_decide({"p2p_on": {"ok": True, "busbw_gbps": {"x": 1.0, "1024": "2.5"}},
                       "p2p_off": {"ok": True, "busbw_gbps": {"1024": None}}})
     assert d["winner"] == "p2p_on" and d["scores"] == {"p2p_on": 2.5}
+
+
+# ---- the A/B on a real multi-GPU host ------------------------------------------------------------
+def _fixture(name):
+    import json
+    import os
+    path = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "nccl", name)
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@pytest.mark.parametrize("host, slower", [("h200-x2", "89.0"), ("h200-x4", "90.9")])
+def test_real_h200_ab_keeps_p2p_and_says_how_much_slower_off_is(host, slower):
+    """The role's A/B as measured on 2x and 4x H200 over an NVSwitch fabric
+    (tests/tools/device_multi_gpu.sh): the decision recomputed from the recorded figures is the one
+    the host recorded, and the reason reads as a person would say it."""
+    record = _fixture(host + "-role-ab.json")
+    d = ne.ab_decide(record["results"], prefer=record["decision"]["prefer"], margin_pct=record["decision"]["margin_pct"])
+    assert d["winner"] == record["decision"]["winner"] == "p2p_on"
+    assert d["scores"] == record["decision"]["scores"]
+    assert d["sizes"] == [8 << 20 << i for i in range(7)]  # 8 MiB .. 512 MiB
+    assert d["reason"].startswith(f"p2p_on kept: p2p_off is {slower}% slower")
+
+
+@pytest.mark.parametrize("host", ["h200-x2", "h200-x4"])
+def test_real_h200_four_settings_rank_as_measured(host):
+    """NCCL defaults and pcie_safe both keep P2P on and land within a few percent of each other;
+    turning P2P off costs about 9-11x on these hosts, under either setting."""
+    four = _fixture(host + "-four-settings.json")["results"]
+    for base in ("nccl_defaults", "pcie_safe"):
+        on = four[base] if base == "nccl_defaults" else four["pcie_safe_p2p_on"]
+        d = ne.ab_decide({"p2p_on": on, "p2p_off": four[base + "_p2p_off"]})
+        assert d["winner"] == "p2p_on" and d["ratio"] < 0.15, (base, d)
+    d = ne.ab_decide({"p2p_on": four["nccl_defaults"], "p2p_off": four["pcie_safe_p2p_on"]})
+    assert 0.95 < d["ratio"] <= 1.0  # pcie_safe costs under 5% against the defaults here

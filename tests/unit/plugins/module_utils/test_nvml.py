@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """NVML reader and merge.
 
-No test machine has an NVIDIA GPU, so FakeNVML below stands in for the pynvml LIBRARY ONLY: it
+No test machine has an NVIDIA GPU, so FakeNVML (tests/unit/fakenvml.py) stands in for the pynvml LIBRARY ONLY: it
 answers the few calls nvml.collect() makes, with the value conventions of nvidia-ml-py (busId with
 an 8-digit domain, topology levels 0-50, P2P status codes). Everything else is real code. The
 real library is exercised where it can be: test_real_pynvml_without_a_driver_fails_cleanly.
@@ -15,82 +15,11 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import nvml
 
-
-class FakeNVML:
-    """FAKE pynvml (library stand-in, see the module docstring)."""
-
-    class NVMLError(Exception):
-        pass
-
-    class _Pci:
-        def __init__(self, bus_id):
-            self.busId = bus_id
-
-    def __init__(self, gpus, levels=None, p2p=None, nvlinks=None, unsupported=(), init_error=None):
-        self.gpus = gpus                      # [{"bus": "00000000:03:00.0", "name": ..., fields...}]
-        self.levels = levels or {}            # {(i, j): level}
-        self.p2p = p2p or {}                  # {(i, j, cap): status}
-        self.nvlinks = nvlinks or {}          # {i: [peer bus ids per active link]}
-        self.unsupported = set(unsupported)   # call names that raise NotSupported
-        self.init_error = init_error
-        self.shutdown = False
-
-    def _check(self, name):
-        if name in self.unsupported:
-            raise self.NVMLError("Not Supported")
-
-    def nvmlInit(self):
-        if self.init_error:
-            raise self.NVMLError(self.init_error)
-
-    def nvmlShutdown(self):
-        self.shutdown = True
-
-    def nvmlSystemGetDriverVersion(self):
-        return "580.159.04"
-
-    def nvmlDeviceGetCount(self):
-        return len(self.gpus)
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        return index
-
-    def nvmlDeviceGetPciInfo(self, h):
-        return self._Pci(self.gpus[h]["bus"].encode())
-
-    def __getattr__(self, name):
-        field = {"nvmlDeviceGetName": "name", "nvmlDeviceGetUUID": "uuid",
-                 "nvmlDeviceGetCurrPcieLinkGeneration": "gen", "nvmlDeviceGetMaxPcieLinkGeneration": "gen_max",
-                 "nvmlDeviceGetGpuMaxPcieLinkGeneration": "gen_max", "nvmlDeviceGetCurrPcieLinkWidth": "width",
-                 "nvmlDeviceGetMaxPcieLinkWidth": "width", "nvmlDeviceGetPcieReplayCounter": "replays",
-                 "nvmlDeviceGetNumaNodeId": "numa"}.get(name)
-        if field is None:
-            raise AttributeError(name)
-
-        def call(h):
-            self._check(name)
-            return self.gpus[h][field]
-        return call
-
-    def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
-        return self.levels[(a, b)]
-
-    def nvmlDeviceGetP2PStatus(self, a, b, cap):
-        return self.p2p.get((a, b, cap), 0)
-
-    def nvmlDeviceGetNvLinkState(self, h, link):
-        self._check("nvmlDeviceGetNvLinkState")
-        peers = self.nvlinks.get(h, [])
-        if link >= len(peers):
-            raise self.NVMLError("Invalid Argument")
-        return 1
-
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, h, link):
-        return self._Pci(self.nvlinks[h][link])
+from tests.unit.fakenvml import FakeNVML
 
 
 def gpu(bus, **kw):
-    return dict({"bus": bus, "name": "NVIDIA H100 PCIe", "uuid": "GPU-" + bus[-7:-5], "gen": 1, "gen_max": 5, "width": 16,
+    return dict({"bus": bus, "name": "NVIDIA H100 PCIe", "uuid": "GPU-" + bus[-7:-5], "gen": 1, "gen_max": 5, "width": 16, "width_max": 16,
                  "replays": 0, "numa": 0}, **kw)
 
 
@@ -163,3 +92,35 @@ def test_merge_nvlink_level():
     data = {"pairs": [{"a": "0000:03:00.0", "b": "0000:97:00.0", "level": "SYS", "p2p": {}, "nvlinks": 12}]}
     pair = nvml.merge(_model_pairs(), data)["pairs"][1]
     assert pair["level"] == "NV12" and pair["nvml_level"] == "SYS"
+
+
+def test_nvlink_through_an_nvswitch_fabric_counts_like_nvidia_smi():
+    """HGX-style: each GPU's links end on NVSwitches (remote type 2), not on the peer GPU."""
+    fake = FakeNVML([gpu("00000000:18:00.0"), gpu("00000000:2a:00.0"), gpu("00000000:3a:00.0")],
+                    levels={(0, 1): 50, (0, 2): 50, (1, 2): 50},
+                    nvlinks={0: ["00000000:05:00.0"] * 18, 1: ["00000000:06:00.0"] * 18, 2: ["00000000:05:00.0"] * 12},
+                    remote_types={0: [2] * 18, 1: [2] * 18, 2: [2] * 12})
+    got = nvml.collect(fake)
+    assert got["gpus"]["0000:18:00.0"]["nvswitch_links"] == 18 and got["gpus"]["0000:18:00.0"]["nvlink_peers"] == {}
+    pairs = {(p["a"], p["b"]): p for p in got["pairs"]}
+    assert pairs[("0000:18:00.0", "0000:2a:00.0")]["nvlinks"] == 18
+    assert pairs[("0000:18:00.0", "0000:2a:00.0")]["nvlink_via"] == "nvswitch"
+    assert pairs[("0000:18:00.0", "0000:3a:00.0")]["nvlinks"] == 12  # the weaker side bounds the pair
+
+
+def test_nvswitch_links_need_working_nvlink_p2p():
+    """Both GPUs on the fabric but NVML says NVLink P2P between them does not work: no NV level."""
+    fake = FakeNVML([gpu("00000000:18:00.0"), gpu("00000000:2a:00.0")], levels={(0, 1): 30},
+                    p2p={(0, 1, 2): 5}, nvlinks={0: ["00000000:05:00.0"] * 4, 1: ["00000000:05:00.0"] * 4},
+                    remote_types={0: [2] * 4, 1: [2] * 4})
+    pair = nvml.collect(fake)["pairs"][0]
+    assert pair["nvlinks"] == 0 and pair["nvlink_via"] is None and pair["level"] == "PHB"
+
+
+def test_direct_gpu_links_stay_direct_when_the_type_is_answered():
+    fake = FakeNVML([gpu("00000000:03:00.0"), gpu("00000000:04:00.0")], levels={(0, 1): 30},
+                    nvlinks={0: ["00000000:04:00.0"] * 4, 1: ["00000000:03:00.0"] * 4},
+                    remote_types={0: [0] * 4, 1: [0] * 4})
+    got = nvml.collect(fake)
+    assert got["gpus"]["0000:03:00.0"]["nvswitch_links"] == 0
+    assert got["pairs"][0]["nvlinks"] == 4 and got["pairs"][0]["nvlink_via"] == "direct"
