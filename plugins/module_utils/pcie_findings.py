@@ -93,14 +93,40 @@ def find_links(model: dict) -> list[dict[str, Any]]:
                     "Reseat the card or riser, check the slot's bifurcation and speed settings in the BIOS and the "
                     "AER counters for signal errors; a width below capability does not recover without a retrain or reboot.",
                     [d for d in (link["partner"], dev) if d]))
-            if pcap and ((cap["speed_gts"] or 0) > (pcap["speed_gts"] or 0) or cap["width"] > pcap["width"]):
+            if not pcap:
+                continue
+            if not pcap.get("speed_gts") or not pcap.get("width"):
+                # Speed unknown / Width x0 (seen on QEMU's XIO3130 downstream ports): no capability to judge by
+                out.append(_finding(
+                    "link_cap_unknown", "info", link["partner"],
+                    f"{link['partner']}, the port above {dev}, reports no link capability "
+                    f"(LnkCap {_link_text(pcap.get('speed_gts'), pcap.get('width'))}); the link to {dev} runs at "
+                    f"{_link_text(sta['speed_gts'], sta['width'])} and is judged by {dev}'s own capability only.",
+                    "Nothing to fix on the host; a firmware or emulator that reports a real LnkCap lets the audit "
+                    "check this link fully.", [link["partner"], dev]))
+                continue
+            if (cap["speed_gts"] or 0) > pcap["speed_gts"] or cap["width"] > pcap["width"]:
                 out.append(_finding(
                     "link_capped", "warning", dev,
                     f"{dev} can do {_link_text(cap['speed_gts'], cap['width'])} but the port above it ({link['partner']}) "
-                    f"allows only {_link_text(pcap.get('speed_gts'), pcap.get('width'))}.",
+                    f"allows only {_link_text(pcap['speed_gts'], pcap['width'])}.",
                     "Move the card to a slot whose port matches its capability, or check the slot's speed and "
                     "bifurcation settings in the BIOS.", [link["partner"], dev]))
+            elif (pcap["speed_gts"] > (cap["speed_gts"] or 0) or pcap["width"] > cap["width"]) and \
+                    not (slow_speed or slow_width):
+                out.append(_finding(
+                    "link_limited_by_device", "info", dev,
+                    f"{link['partner']} can do {_link_text(pcap['speed_gts'], pcap['width'])} but {dev} only "
+                    f"{_link_text(cap['speed_gts'], cap['width'])}, so the link runs at {_link_text(sta['speed_gts'], sta['width'])} "
+                    f"(the port's LnkSta is below its LnkCap; {_now_bw(sta):g} of {link_bandwidth_gbps(pcap['speed_gts'], pcap['width']) or 0:g} "
+                    "GB/s per direction the slot offers).",
+                    "Nothing is degraded: the device is the limit. Put a device of this class in a slot that matches it, "
+                    "and keep the wide slots for the GPUs.", [link["partner"], dev]))
     return out
+
+
+def _now_bw(sta: dict) -> float:
+    return link_bandwidth_gbps(sta["speed_gts"], sta["width"]) or 0
 
 
 def find_mps(model: dict) -> list[dict[str, Any]]:

@@ -122,19 +122,22 @@ def test_audit_agrees_with_lspci_and_sysfs(lab_vms: list[str], audits: dict[str,
 
 
 def test_audit_flags_the_lab_topology(lab_vms: list[str], audits: dict[str, dict]) -> None:
-    """QEMU's switch downstream ports advertise no link capability (LnkCap "Speed unknown, Width
-    x0"), so the links behind the switch are capped by the port above them: the audit must say so
-    for both GPU stand-ins, and flag that they share one IOMMU group. (rp1's LnkSta 2.5GT/s x1 under
-    LnkCap 16GT/s x16 is the most the endpoint itself can do, which the audit does not call a
-    degraded link.)"""
+    """The lab's links below capability: rp1 and rp3 (LnkCap 16GT/s x16) run at 2.5GT/s x1, their
+    LnkSta below their LnkCap, because the device below each can do no more: flagged as
+    device-limited (info), not as degraded. QEMU's switch downstream ports report no link
+    capability at all (LnkCap "Speed unknown, Width x0"): said as such, never as a link capped at
+    nothing. And the two GPU stand-ins behind the switch share one IOMMU group."""
     for name in lab_vms:
         pcie = audits[name]["pcie"]
         codes: dict[str, set] = {}
         for f in pcie["findings"]:
             codes.setdefault(f["code"], set()).update(f.get("devices") or [f.get("device")])
-        assert {"0000:05:00.0", "0000:06:00.0"} <= codes.get("link_capped", set()), \
-            f"{name}: capped links behind the switch not flagged: {sorted(codes)}"
+        limited = {tuple(f["devices"]) for f in pcie["findings"] if f["code"] == "link_limited_by_device"}
+        assert {("0000:00:04.0", "0000:01:00.0"), ("0000:00:06.0", "0000:03:00.0")} <= limited, \
+            f"{name}: root ports running below their capability not flagged: {sorted(codes)}"
+        assert {"0000:04:00.0", "0000:04:01.0"} <= codes.get("link_cap_unknown", set()), sorted(codes)
+        assert "link_capped" not in codes, f"{name}: a port without LnkCap taken for a cap: {codes['link_capped']}"
         assert "iommu_group_shared" in codes, f"{name}: shared IOMMU group not flagged: {sorted(codes)}"
-        assert {"0000:05:00.0", "0000:06:00.0"} & codes["iommu_group_shared"]
+        assert {"0000:05:00.0", "0000:06:00.0"} <= codes["iommu_group_shared"]
         pair = next(p for p in pcie["pairs"] if {p["a"], p["b"]} == {"0000:05:00.0", "0000:06:00.0"})
         assert pair["level"] == "PIX", pair  # one switch between them, as nvidia-smi topo -m says

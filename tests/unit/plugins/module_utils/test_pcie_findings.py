@@ -142,13 +142,39 @@ def test_link_trained_at_the_slower_partner_is_not_degraded_but_capped(tmp_path)
     assert "can do 32 GT/s (Gen5) x16 but the port above it (0000:00:01.0) allows only 16 GT/s (Gen4) x8" in f["message"]
 
 
-def test_slow_endpoint_below_fast_port_is_fine(tmp_path):
-    """The QEMU lab shape: root port 16 GT/s x16, endpoint 2.5 GT/s x1, link 2.5 x1."""
+def test_slow_endpoint_below_fast_port_is_not_degraded_but_said(tmp_path):
+    """The QEMU lab shape: root port 16 GT/s x16, endpoint 2.5 GT/s x1, link 2.5 x1. The port's
+    LnkSta is below its LnkCap because the device is the limit: info, not a degraded link."""
     host = FakeHost(tmp_path)
     hb = host.host_bridge()
     host.add("0000:00:01.0", hb, kind="root_port", link_cap=(16.0, 16), link_sta=(2.5, 1))
     host.add("0000:01:00.0", "0000:00:01.0", class_code="0x010802", link_cap=(2.5, 1))
-    assert [c for c in codes(findings(tmp_path, ["0000:01:00.0"])) if c.startswith("link")] == []
+    found = findings(tmp_path, ["0000:01:00.0"])
+    assert [c for c in codes(found) if c.startswith("link")] == ["link_limited_by_device"]
+    f = one(found, "link_limited_by_device")
+    assert f["severity"] == "info" and f["devices"] == ["0000:00:01.0", "0000:01:00.0"]
+    assert "0000:00:01.0 can do 16 GT/s (Gen4) x16 but 0000:01:00.0 only 2.5 GT/s (Gen1) x1" in f["message"]
+
+
+def test_degraded_link_is_not_also_called_device_limited(tmp_path):
+    host = FakeHost(tmp_path)
+    hb = host.host_bridge()
+    host.add("0000:00:01.0", hb, kind="root_port", link_cap=(32.0, 16))
+    host.gpu("0000:01:00.0", "0000:00:01.0", link_cap=(16.0, 16), link_sta=(16.0, 8))
+    found = [c for c in codes(findings(tmp_path, ["0000:01:00.0"])) if c.startswith("link")]
+    assert found == ["link_below_capability"]
+
+
+def test_port_without_link_capability_is_unknown_not_capped(tmp_path):
+    """QEMU's XIO3130 downstream ports report LnkCap "Speed unknown, Width x0" (the lab VM's real
+    capture): nothing to judge by, which the audit says (info) instead of calling the links behind
+    them capped at nothing. The root ports above a slower device are said to be device-limited."""
+    root = load_capture("lab-vm-q35", tmp_path / "lab")
+    found = findings(root, ["0000:01:00.0", "0000:05:00.0", "0000:06:00.0"])
+    assert "link_capped" not in codes(found) and "link_below_capability" not in codes(found)
+    assert {f["device"] for f in found if f["code"] == "link_cap_unknown"} == {"0000:04:00.0", "0000:04:01.0"}
+    limited = {tuple(f["devices"]) for f in found if f["code"] == "link_limited_by_device"}
+    assert limited == {("0000:00:04.0", "0000:01:00.0"), ("0000:00:06.0", "0000:03:00.0")}
 
 
 def test_switch_internal_links_are_not_judged(tmp_path):
