@@ -1,5 +1,8 @@
 """The VM lab is booted once per test session (3 VMs) and shared by every vmlab test module;
-the teardown test (marker lab_teardown) runs last and checks that no QEMU process is left."""
+the teardown test (marker lab_teardown) runs last and checks that no QEMU process is left.
+
+Modules run in MODULE_ORDER: the read-only checks first, on the lab as it booted; then the tuning
+(site.yml converges the lab, with a reboot); then the kernel upgrade, which changes kernels."""
 
 from __future__ import annotations
 
@@ -15,8 +18,21 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "lab_teardown: runs after every other VM lab test")
 
 
+MODULE_ORDER = ("test_lab", "test_audit_vm", "test_site_vm", "test_kernel_upgrade_vm")
+
+
+def _order(item) -> tuple:
+    if item.get_closest_marker("lab_teardown") is not None:
+        return (2, 0)
+    module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
+    if "/tests/lab/" not in str(item.fspath).replace("\\", "/"):
+        return (0, 0)
+    return (1, MODULE_ORDER.index(module) if module in MODULE_ORDER else len(MODULE_ORDER))
+
+
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: item.get_closest_marker("lab_teardown") is not None)
+    # stable sort: within a module, tests keep their file order
+    items.sort(key=_order)
 
 
 @pytest.fixture(scope="session")
@@ -28,6 +44,8 @@ def lab():
     if lab_qemu_processes():
         pytest.fail("a lab is already running in this checkout; `tests/lab/lab down` first "
                     "(the test session owns its lab and tears it down)")
+    # lab3 reserves a 1 GiB huge page (inventories/lab/host_vars/lab3.yml): give it room
+    os.environ.setdefault("GPUFLEET_LAB_MEMORY_LAB3", "4G")
     b = run([BUILD_IMAGE], timeout=1800)
     assert b.returncode == 0, f"build-image failed:\n{b.stderr[-3000:]}"
     handle = Lab()
