@@ -100,3 +100,21 @@ def test_docs_links_resolve() -> None:
             if not os.path.exists(path):
                 broken.append(f"{os.path.relpath(page, REPO)}: {target}")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_readme_starts_with_the_two_commands() -> None:
+    """The first code block of README.md is the two-command block, unchanged."""
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    first = re.search(r"```[a-z]*\n(.*?)```", text, re.S)
+    assert first, "README.md has no code block"
+    commands = [line.split("#", 1)[0].strip() for line in first.group(1).splitlines()]
+    assert commands == ["scripts/run-site", "scripts/run-tests"], first.group(0)
+
+
+def test_readme_table_names_every_module_and_role() -> None:
+    with open(os.path.join(REPO, "README.md"), encoding="utf-8") as fh:
+        table = "\n".join(line for line in fh if line.startswith("| "))
+    missing = [f"module {m}" for m in MODULES if f"`{m}`" not in table]
+    missing += [f"role {r}" for r in ROLES if f"`{r}`" not in table]
+    assert not missing, "README.md's table of roles and modules lacks: " + ", ".join(missing)
