@@ -1,5 +1,6 @@
 """inventories/example: it parses, every variable it sets belongs to a role of this collection (with the documented
-type and choices), the hardware profiles are complete, and no example allows a reboot."""
+type and choices, checked here and by Ansible's own argument validation), the hardware profiles are complete, and no
+example allows a reboot."""
 
 from __future__ import annotations
 
@@ -67,9 +68,12 @@ def all_settings() -> dict[str, dict]:
     return {**_vars_files(), **_hosts_yml_vars(hosts)}
 
 
+BINDIR = os.path.dirname(sys.executable)
+
+
 @pytest.fixture(scope="module")
-def inventory(tmp_path_factory) -> dict:
-    """ansible-inventory --list over a copy of the tracked files (a local, encrypted vault.yml stays out)."""
+def inventory_copy(tmp_path_factory) -> str:
+    """A copy of the tracked files: a local (encrypted) vault.yml stays out."""
     copy = tmp_path_factory.mktemp("inv") / "example"
     listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z", "inventories/example"], cwd=REPO,
                             stdout=subprocess.PIPE, check=True, text=True).stdout
@@ -77,8 +81,13 @@ def inventory(tmp_path_factory) -> dict:
         target = copy / os.path.relpath(rel, "inventories/example")
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(os.path.join(REPO, rel), target)
-    bindir = os.path.dirname(sys.executable)
-    proc = run([os.path.join(bindir, "ansible-inventory"), "-i", str(copy), "--list"],
+    return str(copy)
+
+
+@pytest.fixture(scope="module")
+def inventory(inventory_copy: str) -> dict:
+    """ansible-inventory --list, with unparsed files and warnings as failures."""
+    proc = run([os.path.join(BINDIR, "ansible-inventory"), "-i", inventory_copy, "--list"],
                env={"ANSIBLE_NOCOLOR": "1", "ANSIBLE_INVENTORY_UNPARSED_WARNING": "True",
                     "ANSIBLE_INVENTORY_ANY_UNPARSED_IS_FAILED": "True"})
     assert_ok(proc, "ansible-inventory -i inventories/example --list")
@@ -181,3 +190,32 @@ def test_kernel_pin_and_vault_are_examples_only() -> None:
         example = yaml.safe_load(fh)
     # the placeholder must fail vllm_service's key check, so an unedited copy can never serve
     assert not re.fullmatch(r"[A-Za-z0-9._~+/=-]{16,}", example["vault_vllm_api_key"])
+
+
+def test_roles_accept_the_values(inventory_copy: str, tmp_path) -> None:
+    """Ansible's own argument validation (ansible.builtin.validate_argument_spec, what each role runs first) over every
+    GPU host's resolved variables, role by role: types, choices and required options, after templating."""
+    tasks = []
+    for path in sorted(glob.glob(os.path.join(REPO, "roles", "*", "meta", "argument_specs.yml"))):
+        role = path.split(os.sep)[-3]
+        with open(path, encoding="utf-8") as fh:
+            spec = yaml.safe_load(fh)["argument_specs"]["main"]["options"]
+        tasks.append({
+            "name": f"Validate the {role} role's variables",
+            "ansible.builtin.validate_argument_spec": {
+                "argument_spec": spec,
+                "provided_arguments": "{{ dict(__names | zip(__names | map('extract', hostvars[inventory_hostname]))) }}",
+            },
+            "vars": {"__names": "{{ %r | select('in', hostvars[inventory_hostname]) | list }}" % sorted(spec)},
+        })
+    play = tmp_path / "validate.yml"
+    play.write_text(yaml.safe_dump([{"name": "Validate the example inventory against the roles' argument specs",
+                                     "hosts": "gpu_hosts", "connection": "local", "gather_facts": False,
+                                     "tasks": tasks}], sort_keys=False))
+    proc = run([os.path.join(BINDIR, "ansible-playbook"), "-i", inventory_copy, str(play),
+                # a well-formed stand-in for the vault's key (the real one is encrypted and not in the repository)
+                "-e", "vault_vllm_api_key=exampleexampleexampleexample0123"],
+               cwd=str(tmp_path), env={"ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
+                                       "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default"}, timeout=600)
+    assert_ok(proc, "validate_argument_spec over inventories/example", lines=60)
+    assert "failed=0" in proc.stdout and "unreachable=0" in proc.stdout
