@@ -18,7 +18,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "lab_teardown: runs after every other VM lab test")
 
 
-MODULE_ORDER = ("test_lab", "test_audit_vm", "test_site_vm", "test_kernel_upgrade_vm")
+MODULE_ORDER = ("test_lab", "test_audit_vm", "test_tuning_vm", "test_site_vm", "test_kernel_upgrade_vm")
 
 
 def _order(item) -> tuple:
