@@ -179,7 +179,7 @@ def test_no_example_allows_a_reboot() -> None:
 def test_kernel_pin_and_vault_are_examples_only() -> None:
     with open(os.path.join(INVENTORY, "group_vars", "all", "main.yml"), encoding="utf-8") as fh:
         text = fh.read()
-    assert re.search(r"^# kernel_upgrade_target_version: ", text, re.M), "the kernel pin example is missing"
+    assert re.search(r"^# kernel_upgrade_target: ", text, re.M), "the kernel pin example is missing"
     settings = all_settings()
     for where, variables in settings.items():
         for name in ("vllm_service_api_key", "inference_benchmark_api_key"):

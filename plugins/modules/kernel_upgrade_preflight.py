@@ -1,0 +1,419 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kernel_upgrade_preflight
+short_description: Decide whether a host may take a new kernel through a one-shot GRUB boot
+version_added: 0.1.0
+description:
+  - Reads what a safe kernel switch depends on and returns one check per condition, each with C(ok), the C(reason) and, when
+    it fails, the C(fix). Nothing is installed or booted; the role C(gpufleet.inference.kernel_upgrade) acts on the answer.
+  - C(grub_default) - C(GRUB_DEFAULT=saved) as grub-mkconfig ends up with it (C(/etc/default/grub), then
+    C(/etc/default/grub.d/*.cfg) in order, last assignment wins), and C(GRUB_SAVEDEFAULT) not true. C(grub-reboot) and
+    C(grub-set-default) need the saved default. With O(fix_grub_default=true) the module writes
+    C(/etc/default/grub.d/98-gpufleet-kernel-upgrade.cfg) and runs C(update-grub) (behind check mode).
+  - C(grubenv) - C(/boot/grub/grubenv) is a valid 1024-byte environment block, writable, and not on LVM, MD RAID, btrfs or
+    ZFS, where GRUB cannot clear the one-shot entry at boot.
+  - C(boot_space) - free space in the file system holding C(/boot) against the running kernel's files there times 1.3 plus
+    16 MiB (or O(boot_space_mb)).
+  - C(old_kernel) - the running kernel stays installed (C(/boot/vmlinuz-<v>), C(/lib/modules/<v>)), a GRUB entry boots it,
+    and installing the target would not remove its package (from C(apt-get install -s)).
+  - C(target) - the target kernel is installed already, or its package is installable (C(apt-get install -s)).
+  - C(driver) - where a GPU driver module (O(driver_modules), C(nvidia) by default) is used, a module file for the target
+    kernel exists under C(/lib/modules/<target>/) (O(phase=installed)), or DKMS will build one (O(phase=preflight)).
+  - Returns the GRUB entries, which entry boots the running and the target kernel (the C(submenu>entry) id form), the saved
+    default and the pending one-shot entry, the installed kernels and the held packages.
+author:
+  - gpufleet.inference contributors (@gpufleet)
+requirements:
+  - Debian or Ubuntu with GRUB 2 (C(grub-pc) or C(grub-efi)), C(apt-get) and C(apt-mark).
+extends_documentation_fragment:
+  - gpufleet.inference.common
+  - gpufleet.inference.common.attributes
+options:
+  target:
+    description: The kernel release to move to, as C(uname -r) prints it (for example C(6.1.0-56-cloud-amd64)).
+    type: str
+    required: true
+  package:
+    description: The package that installs O(target); default C(linux-image-<target>).
+    type: str
+  package_version:
+    description: An exact package version to install (C(apt-get install PACKAGE=VERSION)); empty for the candidate.
+    type: str
+    default: ""
+  phase:
+    description:
+      - V(preflight) before anything is installed; V(installed) after the install, before the reboot (the target must now be
+        installed, with its GRUB entry and its driver module).
+    type: str
+    choices: [preflight, installed]
+    default: preflight
+  fix_grub_default:
+    description: Write the drop-in that sets C(GRUB_DEFAULT=saved) and run C(update-grub) when the check fails (an opt-in).
+    type: bool
+    default: false
+  boot_space_mb:
+    description: MiB the new kernel needs in C(/boot); V(0) estimates it from the running kernel's files.
+    type: int
+    default: 0
+  driver:
+    description:
+      - V(auto) checks the driver when one of O(driver_modules) is loaded now (C(/sys/module/<name>)); V(required) always;
+        V(none) never.
+    type: str
+    choices: [auto, required, none]
+    default: auto
+  driver_modules:
+    description: Names of the GPU driver's kernel modules.
+    type: list
+    elements: str
+    default: [nvidia]
+notes:
+  - EL (grubby, dnf versionlock) is not supported yet; the module fails there with that message.
+seealso:
+  - module: gpufleet.inference.kernel_boot_entry
+"""
+
+EXAMPLES = r"""
+- name: May this host take 6.1.0-56-cloud-amd64?
+  gpufleet.inference.kernel_upgrade_preflight:
+    target: 6.1.0-56-cloud-amd64
+  register: preflight
+
+- name: Stop on a failed check (the message lists each reason and its fix)
+  ansible.builtin.fail:
+    msg: "{{ preflight.msg }}"
+  when: not preflight.ok
+
+- name: After the install, before the reboot
+  gpufleet.inference.kernel_upgrade_preflight:
+    target: 6.1.0-56-cloud-amd64
+    phase: installed
+    driver: required
+"""
+
+RETURN = r"""
+ok:
+  description: Every check passed.
+  returned: success
+  type: bool
+  sample: false
+msg:
+  description: The verdict in words; on failure every failed check with its reason and fix.
+  returned: success
+  type: str
+  sample: "preflight failed, the host stays on its kernel: target: linux-image-6.1.0-99-cloud-amd64 cannot be installed: ..."
+checks:
+  description: One per condition, in order; C(name), C(ok), C(reason), C(fix) (empty when ok).
+  returned: success
+  type: list
+  elements: dict
+  sample: [{name: grub_default, ok: true, reason: "GRUB_DEFAULT=saved (set in /etc/default/grub), ...", fix: ""}]
+failed_checks:
+  description: Names of the failed checks.
+  returned: success
+  type: list
+  elements: str
+  sample: [target]
+running:
+  description: The running kernel release.
+  returned: success
+  type: str
+  sample: 6.1.0-50-cloud-amd64
+target:
+  description: The target release.
+  returned: success
+  type: str
+  sample: 6.1.0-56-cloud-amd64
+package:
+  description: The package that installs the target.
+  returned: success
+  type: str
+  sample: linux-image-6.1.0-56-cloud-amd64
+running_package:
+  description: The package of the running kernel.
+  returned: success
+  type: str
+  sample: linux-image-6.1.0-50-cloud-amd64
+target_installed:
+  description: The target kernel is installed.
+  returned: success
+  type: bool
+  sample: false
+installed:
+  description: Installed kernel releases, oldest first.
+  returned: success
+  type: list
+  elements: str
+  sample: [6.1.0-50-cloud-amd64]
+running_entry:
+  description: The GRUB entry (C(submenu>entry) id) that boots the running kernel.
+  returned: success
+  type: str
+  sample: gnulinux-advanced-4a1c>gnulinux-6.1.0-50-cloud-amd64-advanced-4a1c
+target_entry:
+  description: The GRUB entry that boots the target, null until it is installed.
+  returned: success
+  type: str
+  sample: null
+default_version:
+  description: The kernel the saved default boots (null when it names no entry).
+  returned: success
+  type: str
+  sample: 6.1.0-50-cloud-amd64
+saved_entry:
+  description: C(saved_entry) of grubenv.
+  returned: success
+  type: str
+  sample: gnulinux-advanced-4a1c>gnulinux-6.1.0-50-cloud-amd64-advanced-4a1c
+next_entry:
+  description: C(next_entry) of grubenv (a pending one-shot boot), or null.
+  returned: success
+  type: str
+  sample: null
+held:
+  description: Packages on hold (C(apt-mark showhold)).
+  returned: success
+  type: list
+  elements: str
+  sample: [linux-image-6.1.0-50-cloud-amd64]
+driver_required:
+  description: Whether the driver check applied.
+  returned: success
+  type: bool
+  sample: false
+entries:
+  description: The GRUB menu entries (title, id, path, version, recovery).
+  returned: success
+  type: list
+  elements: dict
+actions:
+  description: What was done or would be done (only with O(fix_grub_default)).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{action: write_dropin, path: /etc/default/grub.d/98-gpufleet-kernel-upgrade.cfg}, {action: update_grub, argv: [/usr/sbin/update-grub]}]
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import (
+    GRUB_CFG, GRUB_DEFAULTS, GRUB_DROPIN_DIR, GRUBENV, SAVED_DROPIN, SAVED_DROPIN_TEXT, KernelUpgradeError, boot_space_needed,
+    check_boot_space, check_driver, check_grub_default, check_grubenv, check_old_kernel, check_target, decide, driver_files,
+    driver_required, dropin_order, entry_for, grub_settings, installed_kernels, mount_for, parse_apt_simulation, parse_grub_cfg,
+    parse_grubenv, resolve_saved, validate_version, BOOT_FILES,
+)
+
+C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
+SBIN_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+MAX_WALK = 20000
+
+
+class Host:
+    """Reads of the host (through HostFS) and its commands (through chroot when root is not /)."""
+
+    def __init__(self, module: AnsibleModule, fs: HostFS):
+        self.module = module
+        self.fs = fs
+
+    def find(self, name: str) -> str | None:
+        if self.fs.root == "/":
+            return self.module.get_bin_path(name)
+        return next((f"{d}/{name}" for d in SBIN_DIRS if self.fs.exists(f"{d}/{name}")), None)
+
+    def argv(self, argv: list[str]) -> list[str]:
+        if self.fs.root == "/":
+            return argv
+        return [self.module.get_bin_path("chroot", required=True), self.fs.root] + argv
+
+    def run(self, argv: list[str]) -> tuple[int, str, str]:
+        return self.module.run_command(self.argv(argv))
+
+    def running(self) -> str:
+        text = self.fs.read_optional("/proc/sys/kernel/osrelease")
+        if not text:
+            self.module.fail_json(msg=f"Cannot read /proc/sys/kernel/osrelease under root {self.fs.root}: the running kernel is "
+                                      "unknown. Run the module on a Linux host with /proc mounted.")
+        return text.strip()
+
+    def grub_files(self) -> list[tuple[str, str | None]]:
+        files = [(GRUB_DEFAULTS, self.fs.read_optional(GRUB_DEFAULTS))]
+        for name in dropin_order(self.fs.listdir(GRUB_DROPIN_DIR)):
+            files.append((f"{GRUB_DROPIN_DIR}/{name}", self.fs.read_optional(f"{GRUB_DROPIN_DIR}/{name}")))
+        return files
+
+    def grubenv(self) -> bytes | None:
+        return self.fs.read_bytes(GRUBENV) if self.fs.exists(GRUBENV) else None
+
+    def writable(self, host_path: str) -> bool:
+        return os.access(self.fs.path(host_path), os.W_OK)
+
+    def boot_free(self) -> int:
+        st = os.statvfs(self.fs.path("/boot"))
+        return st.f_bavail * st.f_frsize
+
+    def boot_sizes(self, version: str) -> dict[str, int]:
+        out = {}
+        for pattern in BOOT_FILES:
+            name = pattern.format(v=version)
+            path = self.fs.path(f"/boot/{name}")
+            if os.path.isfile(path):
+                out[name] = os.path.getsize(path)
+        return out
+
+    def module_files(self, version: str) -> list[str]:
+        base = self.fs.path(f"/lib/modules/{version}")
+        out: list[str] = []
+        for dirpath, _dirs, names in os.walk(base):
+            for name in names:
+                out.append(os.path.relpath(os.path.join(dirpath, name), base))
+                if len(out) > MAX_WALK * 10:
+                    return out
+        return out
+
+    def dkms_modules(self) -> list[str]:
+        return self.fs.listdir("/var/lib/dkms")
+
+    def loaded_modules(self) -> list[str]:
+        return self.fs.listdir("/sys/module")
+
+
+def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
+    p = module.params
+    try:
+        target = validate_version(p["target"], "target")
+    except KernelUpgradeError as err:
+        module.fail_json(msg=str(err))
+    package = p["package"] or f"linux-image-{target}"
+    running = host.running()
+    running_package = f"linux-image-{running}"
+
+    if host.find("grubby") and not host.find("update-grub"):
+        module.fail_json(msg="This host boots through grubby (EL): the kernel_upgrade flow supports Debian and Ubuntu with GRUB 2 "
+                             "(update-grub, grub-reboot) only for now. Upgrade EL hosts by hand (grubby --set-default).")
+    if not host.fs.exists(GRUB_CFG):
+        module.fail_json(msg=f"{GRUB_CFG} does not exist under root {host.fs.root}: this host does not boot through GRUB 2 "
+                             "(systemd-boot, a unified kernel image or a cloud provider's direct kernel boot?). The one-shot "
+                             "boot this flow relies on needs GRUB; upgrade the kernel another way.")
+
+    actions: list[dict] = []
+    settings = grub_settings(host.grub_files())
+    dropin_present = host.fs.exists(SAVED_DROPIN)
+    grub_check = check_grub_default(settings, p["fix_grub_default"], dropin_present)
+    if not grub_check["ok"] and grub_check.get("fixable"):
+        update = host.find("update-grub") or host.find("grub-mkconfig")
+        if not update:
+            module.fail_json(msg="GRUB_DEFAULT must be set to saved but neither update-grub nor grub-mkconfig is installed: "
+                                 "install grub2-common.")
+        argv = [update] if update.endswith("update-grub") else [update, "-o", GRUB_CFG]
+        actions = [{"action": "write_dropin", "path": SAVED_DROPIN}, {"action": "update_grub", "argv": host.argv(argv)}]
+        if not module.check_mode:
+            host.fs.write_atomic(SAVED_DROPIN, SAVED_DROPIN_TEXT, 0o644)
+            rc, out, err = host.run(argv)
+            if rc != 0:
+                host.fs.remove(SAVED_DROPIN)
+                module.fail_json(msg=f"'{' '.join(argv)}' exited {rc}: {(err or out).strip()[-600:]}. {SAVED_DROPIN} was removed "
+                                     "again; fix the GRUB configuration and run again.", rc=rc, stderr=err)
+            settings = grub_settings(host.grub_files())
+            grub_check = check_grub_default(settings, False, True)
+        else:
+            grub_check = dict(grub_check, ok=True, fix="",
+                              reason=f"would write {SAVED_DROPIN} (GRUB_DEFAULT=saved) and run update-grub: {grub_check['reason']}")
+    grub_check.pop("fixable", None)
+
+    env = parse_grubenv(host.grubenv())
+    mount = mount_for("/boot/grub", host.fs.read_optional("/proc/mounts"))
+    env_check = check_grubenv(env, host.writable(GRUBENV) if env["size"] is not None else False, mount)
+
+    entries = parse_grub_cfg(host.fs.read_optional(GRUB_CFG))
+    installed = installed_kernels(host.fs.listdir("/boot"), host.fs.listdir("/lib/modules"))
+    target_installed = target in installed
+
+    sim = None
+    if not target_installed or p["phase"] == "preflight":
+        apt_get = host.find("apt-get")
+        if apt_get:
+            spec = f"{package}={p['package_version']}" if p["package_version"] else package
+            rc, out, err = host.run([apt_get, "install", "-s", "--no-install-recommends", spec])
+            sim = parse_apt_simulation(rc, out, err)
+    held: list[str] = []
+    apt_mark = host.find("apt-mark")
+    if apt_mark:
+        rc, out, _err = host.run([apt_mark, "showhold"])
+        if rc == 0:
+            held = sorted(line.strip() for line in out.splitlines() if line.strip())
+
+    boot_mount = mount_for("/boot", host.fs.read_optional("/proc/mounts"))
+    needed = boot_space_needed(host.boot_sizes(running), running, p["boot_space_mb"] * 1024 * 1024)
+    names = p["driver_modules"]
+    required = driver_required(p["driver"], host.loaded_modules(), names)
+    found = driver_files(host.module_files(target), names) if required else []
+
+    checks = [grub_check, env_check,
+              check_boot_space(host.boot_free(), needed, target_installed, boot_mount["point"] if boot_mount else "/boot"),
+              check_old_kernel(running, installed, entries, sim["removes"] if sim else [], [running_package]),
+              check_target(target, package, installed, sim),
+              check_driver(required, names, target, found, p["phase"], host.dkms_modules())]
+    if p["phase"] == "installed":
+        if not target_installed:
+            checks.append({"name": "installed", "ok": False, "reason": f"{target} is not installed after the install step",
+                           "fix": f"Look at the install's output (apt-get install {package}) on the host."})
+        elif entry_for(entries, target) is None:
+            checks.append({"name": "installed", "ok": False, "reason": f"no GRUB entry boots {target} in {GRUB_CFG}",
+                           "fix": "Run update-grub and check its output; the kernel's postinst hook should have done it."})
+        else:
+            checks.append({"name": "installed", "ok": True, "reason": f"{target} is installed with a GRUB entry", "fix": ""})
+    verdict = decide(checks)
+    saved = env["vars"].get("saved_entry")
+    default_entry = resolve_saved(entries, saved)
+    running_entry = entry_for(entries, running)
+    target_entry = entry_for(entries, target)
+    return dict(
+        verdict, checks=checks, running=running, target=target, package=package, running_package=running_package,
+        target_installed=target_installed, installed=installed, held=held, driver_required=required,
+        running_entry=running_entry["path"] if running_entry else None,
+        target_entry=target_entry["path"] if target_entry else None,
+        default_version=default_entry["version"] if default_entry else None,
+        saved_entry=saved, next_entry=env["vars"].get("next_entry") or None,
+        entries=[{k: e[k] for k in ("title", "id", "path", "version", "recovery")} for e in entries],
+        actions=actions, changed=bool(actions))
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            target=dict(type="str", required=True),
+            package=dict(type="str"),
+            package_version=dict(type="str", default=""),
+            phase=dict(type="str", choices=["preflight", "installed"], default="preflight"),
+            fix_grub_default=dict(type="bool", default=False),
+            boot_space_mb=dict(type="int", default=0),
+            driver=dict(type="str", choices=["auto", "required", "none"], default="auto"),
+            driver_modules=dict(type="list", elements="str", default=["nvidia"]),
+            root=dict(type="path", default="/"),
+        ),
+        supports_check_mode=True,
+    )
+    module.run_command_environ_update = C_LOCALE
+    fs = HostFS(module.params["root"])
+    try:
+        result = gather_and_decide(module, Host(module, fs))
+    except HostFSError as err:
+        module.fail_json(msg=f"Reading the boot configuration under root {fs.root} failed: {err}. Run the module as root "
+                             "(become: true).")
+    if module._diff and result["actions"]:
+        result["diff"] = {"before": "", "after": SAVED_DROPIN_TEXT, "before_header": SAVED_DROPIN, "after_header": SAVED_DROPIN}
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
