@@ -22,13 +22,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from tests.lab.labutil import play_recap as recap  # noqa: E402  (the same PLAY RECAP parser as the lab tests)
 IMAGE = "localhost/gpufleet-debian-systemd:bookworm"
 PREFIX = "gpufleet-scale-"
 
@@ -63,15 +66,6 @@ def inventory(path: str, names: list[str]) -> None:
         "audit_class_prefix": "02"}}}}}
     with open(path, "w", encoding="utf-8") as fh:
         json.dump(doc, fh)
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    out = {}
-    for line in output.split("PLAY RECAP", 1)[-1].splitlines():
-        m = re.match(r"^(\S+)\s+:\s+(.*)$", line.strip())
-        if m:
-            out[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
-    return out
 
 
 def site(inv: str, forks: int, report_dir: str) -> tuple[float, dict]:

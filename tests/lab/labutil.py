@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -94,3 +95,13 @@ def gather_topology() -> dict:
     with ThreadPoolExecutor(max_workers=N_VMS) as ex:
         futs = {n: ex.submit(lab_ssh, n, "python3 -", GATHER) for n in NAMES}
         return {n: json.loads(f.result()) for n, f in futs.items()}
+
+
+def play_recap(output: str) -> dict[str, dict[str, int]]:
+    """An ansible-playbook run's PLAY RECAP as {host: {ok, changed, unreachable, failed, ...}}."""
+    out = {}
+    for line in output.split("PLAY RECAP", 1)[-1].splitlines():
+        m = re.match(r"^(\S+)\s+:\s+(.*)$", line.strip())
+        if m:
+            out[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+    return out

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from tests.lab.labutil import NAMES, ansible_env, lab_ssh, run
+from tests.lab.labutil import NAMES, ansible_env, lab_ssh, play_recap as recap, run
 
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
 
@@ -46,16 +46,6 @@ def playbook(*args, timeout=3600) -> tuple[int, str, float]:
     start = time.monotonic()
     r = run(["ansible-playbook", "-i", "inventories/lab", "site.yml", *args], timeout=timeout, env=ansible_env())
     return r.returncode, r.stdout + r.stderr, time.monotonic() - start
-
-
-def recap(output: str) -> dict[str, dict[str, int]]:
-    """PLAY RECAP -> {host: {ok, changed, unreachable, failed, ...}}."""
-    out = {}
-    for line in output.split("PLAY RECAP", 1)[-1].splitlines():
-        m = re.match(r"^(\S+)\s+:\s+(.*)$", line.strip())
-        if m:
-            out[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
-    return out
 
 
 def snapshot() -> dict[str, str]:
