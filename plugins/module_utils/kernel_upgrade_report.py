@@ -111,7 +111,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                          final=_fmt(r.get("final_kernel")), default=_fmt(r.get("default_kernel")),
                          bm=_fmt(r.get("baseline_median")), bn=r.get("baseline_runs", 0), cm=_fmt(r.get("candidate_median")),
                          cn=r.get("candidate_runs", 0), ratio=_fmt(r.get("ratio"), 3), p=_fmt(r.get("p_value"), 4),
-                         locked=", ".join(r.get("locked") or []) or "-", total=_fmt((r.get("timings") or {}).get("total_s"))))
+                         locked=", ".join(r.get("locked") or []) or "-",
+                         total=_fmt((r.get("timings") or {}).get("total_s"))))
     lines += ["", "## Why", ""]
     for r in rows:
         extra = f" Server after the rollback: {r['server_after_rollback']}." if r.get("server_after_rollback") else ""

@@ -81,7 +81,7 @@ def site(inv: str, forks: int, report_dir: str) -> tuple[float, dict]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 5, 10, 20])
     parser.add_argument("--forks", type=int, default=20)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON too")

@@ -123,7 +123,7 @@ def test_irq_affinity_is_numa_local_and_spread(converged):
 def expand(cpulist: str) -> list[str]:
     out = []
     for part in cpulist.split(","):
-        lo, _, hi = part.partition("-")
+        lo, _sep, hi = part.partition("-")
         out += [str(c) for c in range(int(lo), int(hi or lo) + 1)]
     return out
 
@@ -154,9 +154,9 @@ def test_irq_pinning_comes_back_after_rebind(converged):
 
 def test_removing_the_kernel_argument_works_through_a_reboot(converged):
     boots_before = boots("lab1")
-    rc, out, _ = playbook("--limit", "lab1", "--tags", "pcie_link,reboot", "-e", "pcie_link_state=absent")
+    rc, out, _took = playbook("--limit", "lab1", "--tags", "pcie_link,reboot", "-e", "pcie_link_state=absent")
     assert rc == 0, out[-6000:]
     assert boots("lab1") == boots_before + 1
     assert "pcie_aspm.policy=performance" not in lab_ssh("lab1", "cat /proc/cmdline").split()
-    rc, out, _ = playbook("--limit", "lab1", "--tags", "pcie_link,reboot", "-e", "pcie_link_state=absent")
+    rc, out, _took = playbook("--limit", "lab1", "--tags", "pcie_link,reboot", "-e", "pcie_link_state=absent")
     assert rc == 0 and recap(out)["lab1"]["changed"] == 0, out[-4000:]

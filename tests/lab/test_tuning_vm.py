@@ -136,7 +136,7 @@ def test_irq_affinity_pins_reads_back_and_leaves_managed_vectors(lab):
 def expand(cpulist: str) -> list[int]:
     out = []
     for part in cpulist.split(","):
-        lo, _, hi = part.partition("-")
+        lo, _sep, hi = part.partition("-")
         out += list(range(int(lo), int(hi or lo) + 1))
     return out
 
