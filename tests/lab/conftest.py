@@ -1,5 +1,6 @@
 """The VM lab is booted once per test session (3 VMs) and shared by every vmlab test module;
-the teardown test (marker lab_teardown) runs last and checks that no QEMU process is left."""
+tests that change the VMs' kernels (marker lab_kernel) run after all others, and the teardown test
+(marker lab_teardown) runs last and checks that no QEMU process is left."""
 
 from __future__ import annotations
 
@@ -13,10 +14,14 @@ from tests.lab.labutil import BUILD_IMAGE, LAB, N_VMS, NAMES, Lab, gather_topolo
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "lab_teardown: runs after every other VM lab test")
+    config.addinivalue_line("markers", "lab_kernel: changes the VMs' kernels; runs after the other VM lab tests, "
+                                       "before the teardown")
 
 
 def pytest_collection_modifyitems(session, config, items):
-    items.sort(key=lambda item: item.get_closest_marker("lab_teardown") is not None)
+    # stable sort: the kernel-changing tests after every other one, the teardown test last
+    items.sort(key=lambda item: (item.get_closest_marker("lab_teardown") is not None,
+                                 item.get_closest_marker("lab_kernel") is not None))
 
 
 @pytest.fixture(scope="session")
