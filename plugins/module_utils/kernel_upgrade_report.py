@@ -56,6 +56,7 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
         "candidate_runs": len(cand),
         "ratio": gate.get("ratio"),
         "p_value": gate.get("p_value"),
+        "p_value_pass": gate.get("p_value_pass"),
         "decided_by": gate.get("decided_by"),
         "reason": record.get("reason") or "",
         "timings": record.get("timings") or {},
@@ -77,8 +78,8 @@ def fleet_report(records: Iterable[dict[str, Any]], hosts: Iterable[str], run_id
         if host in by_host:
             rows.append(host_row(by_host[host]))
         else:
-            rows.append({"host": host, "decision": "not reached", "reason": "the rollout stopped before this host's wave"
-                         if by_host else "no record", "locked": [], "timings": {}})
+            rows.append({"host": host, "decision": "not reached", "locked": [], "timings": {},
+                         "reason": "no record of this run: its wave has not run yet, or the rollout stopped before it"})
     counts: dict[str, int] = {}
     for row in rows:
         counts[row["decision"]] = counts.get(row["decision"], 0) + 1
@@ -102,15 +103,16 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines.append("Outcome: " + ", ".join(f"{counts[k]} {k}" for k in ORDER if k in counts) +
                  (f"; failed: {', '.join(report['failed'])}" if report.get("failed") else "; no host failed") + ".")
     lines += ["", "| host | decision | old -> target | runs now | default | baseline tok/s (median, runs) | "
-                  "candidate tok/s (median, runs) | ratio | p | locked | total s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "candidate tok/s (median, runs) | ratio | p (drop) | p (pass) | decided by | locked | total s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append("| {host} | **{decision}** | {old} -> {target} | {final} | {default} | {bm} ({bn}) | {cm} ({cn}) | "
-                     "{ratio} | {p} | {locked} | {total} |".format(
+                     "{ratio} | {p} | {pp} | {by} | {locked} | {total} |".format(
                          host=r["host"], decision=r["decision"], old=_fmt(r.get("old")), target=_fmt(r.get("target")),
                          final=_fmt(r.get("final_kernel")), default=_fmt(r.get("default_kernel")),
                          bm=_fmt(r.get("baseline_median")), bn=r.get("baseline_runs", 0), cm=_fmt(r.get("candidate_median")),
                          cn=r.get("candidate_runs", 0), ratio=_fmt(r.get("ratio"), 3), p=_fmt(r.get("p_value"), 4),
+                         pp=_fmt(r.get("p_value_pass"), 4), by=_fmt(r.get("decided_by")),
                          locked=", ".join(r.get("locked") or []) or "-",
                          total=_fmt((r.get("timings") or {}).get("total_s"))))
     lines += ["", "## Why", ""]

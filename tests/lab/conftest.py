@@ -1,8 +1,9 @@
 """The VM lab is booted once per test session (3 VMs) and shared by every vmlab test module;
 the teardown test (marker lab_teardown) runs last and checks that no QEMU process is left.
 
-Modules run in MODULE_ORDER: the read-only checks first, on the lab as it booted; then the tuning
-(site.yml converges the lab, with a reboot); then the kernel upgrade, which changes kernels."""
+Modules run in MODULE_ORDER: the read-only checks first, on the lab as it booted; then the module
+level tuning proofs; then the site.yml scenario (with a reboot); then the tests that change the VMs'
+kernels (marker lab_kernel, test_kernel_upgrade_vm) after all others, before the teardown."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from tests.lab.labutil import BUILD_IMAGE, LAB, N_VMS, NAMES, Lab, gather_topolo
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "lab_teardown: runs after every other VM lab test")
+    config.addinivalue_line("markers", "lab_kernel: changes the VMs' kernels; runs after the other VM lab tests, "
+                                       "before the teardown")
 
 
 MODULE_ORDER = ("test_lab", "test_audit_vm", "test_tuning_vm", "test_site_vm", "test_kernel_upgrade_vm")
@@ -23,6 +26,8 @@ MODULE_ORDER = ("test_lab", "test_audit_vm", "test_tuning_vm", "test_site_vm", "
 
 def _order(item) -> tuple:
     if item.get_closest_marker("lab_teardown") is not None:
+        return (3, 0)
+    if item.get_closest_marker("lab_kernel") is not None:
         return (2, 0)
     module = item.module.__name__.rsplit(".", 1)[-1] if item.module else ""
     if "/tests/lab/" not in str(item.fspath).replace("\\", "/"):

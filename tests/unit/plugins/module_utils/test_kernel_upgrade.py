@@ -319,7 +319,7 @@ def record(host, decision, base, cand, ratio=None, run_id="r1"):
             "decision": decision, "reason": f"{decision} because", "final_kernel": NEW if decision == "pass" else OLD,
             "default_kernel": NEW if decision == "pass" else OLD, "locked": [f"linux-image-{NEW if decision == 'pass' else OLD}"],
             "baseline": {"samples": base}, "candidate": {"samples": cand},
-            "gate": {"decision": decision, "ratio": ratio, "p_value": 0.004}, "timings": {"total_s": 600.0},
+            "gate": {"decision": decision, "ratio": ratio, "p_value": 0.004, "p_value_pass": 1.0, "decided_by": "test"}, "timings": {"total_s": 600.0},
             "server_after_rollback": "serving" if decision == "regression" else None}
 
 
@@ -334,9 +334,9 @@ def test_fleet_report_rows_counts_and_markdown():
     assert rep["hosts"][0]["baseline_median"] == 100.0 and rep["hosts"][2]["candidate_median"] == 41.0
     md = kr.render_markdown(rep)
     assert "Outcome: 1 regression, 1 pass, 1 not reached; failed: lab3." in md
-    assert f"| lab3 | **regression** | {OLD} -> {NEW} | {OLD} | {OLD} | 100.0 (5) | 41.0 (5) | 0.410 | 0.0040 |" in md
+    assert f"| lab3 | **regression** | {OLD} -> {NEW} | {OLD} | {OLD} | 100.0 (5) | 41.0 (5) | 0.410 | 0.0040 | 1.0000 | test |" in md
     assert "- **lab3** (regression): regression because Server after the rollback: serving." in md
-    assert "| lab2 | **not reached** |" in md
+    assert "| lab2 | **not reached** |" in md and "its wave has not run yet" in md
 
 
 def test_gate_summary_keeps_what_the_record_needs():
