@@ -111,7 +111,8 @@ def render_markdown(report: dict[str, Any]) -> str:
                          host=r["host"], decision=r["decision"], old=_fmt(r.get("old")), target=_fmt(r.get("target")),
                          final=_fmt(r.get("final_kernel")), default=_fmt(r.get("default_kernel")),
                          bm=_fmt(r.get("baseline_median")), bn=r.get("baseline_runs", 0), cm=_fmt(r.get("candidate_median")),
-                         cn=r.get("candidate_runs", 0), ratio=_fmt(r.get("ratio"), 3), p=_fmt(r.get("p_value"), 4), pp=_fmt(r.get("p_value_pass"), 4), by=_fmt(r.get("decided_by")),
+                         cn=r.get("candidate_runs", 0), ratio=_fmt(r.get("ratio"), 3), p=_fmt(r.get("p_value"), 4),
+                         pp=_fmt(r.get("p_value_pass"), 4), by=_fmt(r.get("decided_by")),
                          locked=", ".join(r.get("locked") or []) or "-", total=_fmt((r.get("timings") or {}).get("total_s"))))
     lines += ["", "## Why", ""]
     for r in rows:
