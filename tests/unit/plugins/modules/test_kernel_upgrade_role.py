@@ -60,7 +60,7 @@ def test_the_fix_dropin_is_named_in_the_docs():
 def test_playbook_canary_ladder_and_fail_fast():
     with open(os.path.join(REPO, "playbooks", "kernel_upgrade.yml"), encoding="utf-8") as fh:
         plays = yaml.safe_load(fh)
-    rollout = plays[1]
+    rollout = plays[0]
     assert rollout["serial"] == "{{ kernel_upgrade_serial | default([1, '10%', '25%']) }}"
     assert rollout["max_fail_percentage"] == "{{ kernel_upgrade_max_fail_percentage | default(0) }}"
     assert rollout["become"] is True
