@@ -80,12 +80,12 @@ def find_links(model: dict) -> list[dict[str, Any]]:
                 continue
             where = f"link {link['partner']} -> {dev}" if link["partner"] else f"link of {dev}"
             slow_speed, slow_width = sta["speed_gts"] < exp_speed, sta["width"] < exp_width
+            now = link_bandwidth_gbps(sta["speed_gts"], sta["width"]) or 0
             if slow_speed or slow_width:
                 is_gpu = devices[dev].get("role") == "target" and devices[dev].get("vendor_id") == NVIDIA
                 note = (" NVIDIA GPUs drop the link speed when idle, so re-check under load (nvidia-smi -q -d PCIE) before acting."
                         if is_gpu and not slow_width else "")
                 lost = link_bandwidth_gbps(exp_speed, exp_width) or 0
-                now = link_bandwidth_gbps(sta["speed_gts"], sta["width"]) or 0
                 out.append(_finding(
                     "link_below_capability", "critical" if slow_width else "warning", dev,
                     f"{where} runs at {_link_text(sta['speed_gts'], sta['width'])}; both ends can do "
@@ -118,15 +118,11 @@ def find_links(model: dict) -> list[dict[str, Any]]:
                     "link_limited_by_device", "info", dev,
                     f"{link['partner']} can do {_link_text(pcap['speed_gts'], pcap['width'])} but {dev} only "
                     f"{_link_text(cap['speed_gts'], cap['width'])}, so the link runs at {_link_text(sta['speed_gts'], sta['width'])} "
-                    f"(the port's LnkSta is below its LnkCap; {_now_bw(sta):g} of {link_bandwidth_gbps(pcap['speed_gts'], pcap['width']) or 0:g} "
+                    f"(the port's LnkSta is below its LnkCap; {now:g} of {link_bandwidth_gbps(pcap['speed_gts'], pcap['width']) or 0:g} "
                     "GB/s per direction the slot offers).",
                     "Nothing is degraded: the device is the limit. Put a device of this class in a slot that matches it, "
                     "and keep the wide slots for the GPUs.", [link["partner"], dev]))
     return out
-
-
-def _now_bw(sta: dict) -> float:
-    return link_bandwidth_gbps(sta["speed_gts"], sta["width"]) or 0
 
 
 def find_mps(model: dict) -> list[dict[str, Any]]:
