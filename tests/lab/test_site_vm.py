@@ -23,6 +23,8 @@ import time
 
 import pytest
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import parse_cpulist
+
 from tests.lab.labutil import NAMES, ansible_env, lab_ssh, play_recap as recap, run
 
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
@@ -116,16 +118,8 @@ def test_irq_affinity_is_numa_local_and_spread(converged):
         got = {i: lab_ssh(name, f"cat /proc/irq/{i}/smp_affinity_list").strip() for i in irqs}
         # one CPU per vector, inside the device's local CPUs, round robin over them
         assert all(re.fullmatch(r"\d+", v) for v in got.values()), got
-        assert len(set(got.values())) == min(len(irqs), len(expand(cpus))), (cpus, got)
-        assert set(got.values()) <= set(expand(cpus)), (cpus, got)
-
-
-def expand(cpulist: str) -> list[str]:
-    out = []
-    for part in cpulist.split(","):
-        lo, _sep, hi = part.partition("-")
-        out += [str(c) for c in range(int(lo), int(hi or lo) + 1)]
-    return out
+        assert len(set(got.values())) == min(len(irqs), len(parse_cpulist(cpus))), (cpus, got)
+        assert set(got.values()) <= {str(c) for c in parse_cpulist(cpus)}, (cpus, got)
 
 
 def test_second_run_changes_nothing(converged):

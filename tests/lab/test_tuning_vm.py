@@ -24,6 +24,8 @@ import re
 
 import pytest
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import parse_cpulist
+
 from tests.lab.labutil import ansible_env, lab_ssh, run
 
 pytestmark = pytest.mark.vmlab
@@ -123,7 +125,7 @@ def test_irq_affinity_pins_reads_back_and_leaves_managed_vectors(lab):
         live = lab_ssh("lab3", f"cat /proc/irq/{irq['irq']}/smp_affinity_list").strip()
         assert live == irq["after"] == irq["wanted"], irq
         assert re.fullmatch(r"\d+", live) and irq["remote_before"] is False
-    assert len({i["after"] for i in nic}) == min(len(nic), len(expand(local)))
+    assert len({i["after"] for i in nic}) == min(len(nic), len(parse_cpulist(local)))
     nvme = [i for i in res["irqs"] if i["bdf"] == "0000:02:00.0"]
     assert any(i["managed"] for i in nvme), nvme
     assert all(i["status"] != "failed" for i in nvme), nvme
@@ -131,14 +133,6 @@ def test_irq_affinity_pins_reads_back_and_leaves_managed_vectors(lab):
     assert again["changed"] is False, [i for i in again["irqs"] if i["status"] != "ok"]
     bad = module("lab3", "gpufleet.inference.irq_affinity", {"devices": ["0000:07:00.0"], "cpus": "0-63"})
     assert bad.get("failed") and bad.get("changed") is False and "63" in bad["msg"], bad
-
-
-def expand(cpulist: str) -> list[int]:
-    out = []
-    for part in cpulist.split(","):
-        lo, _sep, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 def test_hugepages_2m_at_runtime_and_the_guard(lab):
