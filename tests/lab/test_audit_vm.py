@@ -91,6 +91,21 @@ def audits(lab_vms: list[str], tmp_path_factory) -> dict[str, dict]:
     return out
 
 
+def assert_config_matches_lspci(where: str, dev: dict, ref: dict) -> None:
+    """One audited function's decoded config space against its parse_lspci_vv() entry: link
+    capability and status, MaxPayload supported and set, MaxReadReq, MSI-X."""
+    cfg = dev["config"]["pcie"]
+    for key in ("link_cap", "link_sta"):
+        assert {"speed_gts": cfg[key]["speed_gts"], "width": cfg[key]["width"]} == ref[key], f"{where} {key}"
+    assert (cfg["mps_supported"], cfg["mps"], cfg["mrrs"]) == (ref["mps_supported"], ref["mps"], ref["mrrs"]), \
+        f"{where} MPS/MRRS"
+    msix = dev["config"]["msix"]
+    if "msix" in ref:
+        assert {"enabled": msix["enabled"], "table_size": msix["table_size"]} == ref["msix"], f"{where} MSI-X"
+    else:
+        assert msix is None, f"{where}: lspci shows no MSI-X"
+
+
 def test_audit_agrees_with_lspci_and_sysfs(lab_vms: list[str], audits: dict[str, dict]) -> None:
     for name in lab_vms:
         pcie = audits[name]["pcie"]
@@ -101,17 +116,7 @@ def test_audit_agrees_with_lspci_and_sysfs(lab_vms: list[str], audits: dict[str,
         # every hop of the three paths: rp1, rp3 + switch up/down ports, and the GPUs
         assert {"0000:00:04.0", "0000:00:06.0", "0000:03:00.0", "0000:04:00.0", "0000:04:01.0"} <= hops
         for bdf, dev in pcie["devices"].items():
-            ref = lspci[bdf]
-            cfg = dev["config"]["pcie"]
-            for key in ("link_cap", "link_sta"):
-                assert {"speed_gts": cfg[key]["speed_gts"], "width": cfg[key]["width"]} == ref[key], f"{name} {bdf} {key}"
-            assert (cfg["mps_supported"], cfg["mps"], cfg["mrrs"]) == (ref["mps_supported"], ref["mps"], ref["mrrs"]), \
-                f"{name} {bdf} MPS/MRRS"
-            msix = dev["config"]["msix"]
-            if "msix" in ref:
-                assert {"enabled": msix["enabled"], "table_size": msix["table_size"]} == ref["msix"], f"{name} {bdf} MSI-X"
-            else:
-                assert msix is None, f"{name} {bdf}: lspci shows no MSI-X"
+            assert_config_matches_lspci(f"{name} {bdf}", dev, lspci[bdf])
             sysfs = f"/sys/bus/pci/devices/{bdf}"
             group = _ssh(name, f"basename $(readlink {sysfs}/iommu_group)").strip()
             assert str(dev["iommu_group"]) == group, f"{name} {bdf} IOMMU group"

@@ -10,7 +10,7 @@ import os
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 
-from tests.lab.test_audit_vm import parse_lspci_vv
+from tests.lab.test_audit_vm import assert_config_matches_lspci, parse_lspci_vv
 from tests.unit.fakesysfs import load_capture
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "pci", "lab-vm-q35")
@@ -35,16 +35,7 @@ def test_every_hop_agrees_with_lspci(tmp_path):
     hops = set(facts["devices"])
     assert {"0000:00:04.0", "0000:00:06.0", "0000:03:00.0", "0000:04:00.0", "0000:04:01.0"} <= hops
     for bdf, dev in facts["devices"].items():
-        ref = lspci[bdf]
-        cfg = dev["config"]["pcie"]
-        for key in ("link_cap", "link_sta"):
-            assert {"speed_gts": cfg[key]["speed_gts"], "width": cfg[key]["width"]} == ref[key], (bdf, key)
-        assert (cfg["mps_supported"], cfg["mps"], cfg["mrrs"]) == (ref["mps_supported"], ref["mps"], ref["mrrs"]), bdf
-        msix = dev["config"]["msix"]
-        if "msix" in ref:
-            assert {"enabled": msix["enabled"], "table_size": msix["table_size"]} == ref["msix"], bdf
-        else:
-            assert msix is None, bdf
+        assert_config_matches_lspci(bdf, dev, lspci[bdf])
 
 
 def test_paths_groups_and_pairs(tmp_path):
