@@ -163,7 +163,7 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError, finish
 from ansible_collections.gpufleet.inference.plugins.module_utils.hugepages import (
     NAMES, HugepagesError, booted_with, boot_args, desired, guard, persistence, plan, read_layout,
 )
@@ -331,17 +331,8 @@ def main():
         supports_check_mode=True,
     )
     root = module.params["root"]
-    try:
-        result = execute(module.params, HostFS(root), module.check_mode, warn=module.warn)
-    except HugepagesError as err:
-        module.fail_json(msg=str(err), changed=False)
-    except HostFSError as err:
-        module.fail_json(msg=f"hugepages under root {root} failed: {err}. The module reads and writes sysfs: run it as root "
-                             "(become: true) on the host itself, not in a container.")
-    diff = result.pop("diff")
-    if module._diff and diff:
-        result["diff"] = diff
-    module.exit_json(**result)
+    finish(module, "hugepages", "reads and writes sysfs",
+           lambda: execute(module.params, HostFS(root), module.check_mode, warn=module.warn), HugepagesError)
 
 
 if __name__ == "__main__":

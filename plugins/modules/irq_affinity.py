@@ -249,7 +249,7 @@ import json
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError, finish
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq_affinity import (
     CONFIG_FILE, DEFAULTS, MANAGED_CACHE, PINNED_FILE, POLICY_SCRIPT, IrqError, apply, irqbalance_config_text,
     irqbalance_state, load_json, managed_cache_after, merge_config, parse_pinned, plan, render_pinned,
@@ -389,17 +389,8 @@ def main():
         supports_check_mode=True,
     )
     root = module.params["root"]
-    try:
-        result = execute(module.params, HostFS(root), module.check_mode, warn=module.warn)
-    except IrqError as err:
-        module.fail_json(msg=str(err), changed=False)
-    except HostFSError as err:
-        module.fail_json(msg=f"irq_affinity under root {root} failed: {err}. The module reads sysfs and writes /proc/irq: run it "
-                             "as root (become: true) on the host itself, not in a container.")
-    diff = result.pop("diff")
-    if module._diff and diff:
-        result["diff"] = diff
-    module.exit_json(**result)
+    finish(module, "irq_affinity", "reads sysfs and writes /proc/irq",
+           lambda: execute(module.params, HostFS(root), module.check_mode, warn=module.warn), IrqError)
 
 
 if __name__ == "__main__":

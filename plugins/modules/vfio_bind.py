@@ -230,7 +230,7 @@ import json
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError, finish
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PCI_DEVICES, PciWalker, normalize_bdf
 from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import (
     DRIVERS_PROBE, MODPROBE_CONF, PCI_DRIVERS, STATE_FILE, UDEV_RULES, VFIO, BindWatcher, VfioError, check_groups,
@@ -529,17 +529,8 @@ def main():
             raise VfioError(f"'{' '.join(argv)}' failed with rc {rc}: {(err or out).strip()}. Install the module for the running "
                             f"kernel (uname -r), or build {name} into it.")
 
-    try:
-        result = execute(params, HostFS(root), module.check_mode, modprobe, warn=module.warn)
-    except VfioError as err:
-        module.fail_json(msg=str(err), changed=False)
-    except HostFSError as err:
-        module.fail_json(msg=f"vfio_bind under root {root} failed: {err}. The module reads and writes sysfs: run it as root "
-                             "(become: true) on the host itself, not in a container.")
-    diff = result.pop("diff")
-    if module._diff and diff:
-        result["diff"] = diff
-    module.exit_json(**result)
+    finish(module, "vfio_bind", "reads and writes sysfs",
+           lambda: execute(params, HostFS(root), module.check_mode, modprobe, warn=module.warn), VfioError)
 
 
 if __name__ == "__main__":
