@@ -321,7 +321,8 @@ def find_config(model: dict) -> list[dict[str, Any]]:
                 "config_short", "warning", bdf,
                 f"Only {cfg['size']} bytes of the config space of {bdf} are readable"
                 + (": the capability list is cut off." if not cfg["capabilities_complete"] else ": the extended capabilities (ACS, AER) are hidden."),
-                "Run the module as root (become: true): sysfs gives other users only the first 64 bytes.", [bdf]))
+                "Run the module as root (become: true) with CAP_SYS_ADMIN: sysfs gives the first 64 bytes only to "
+                "other users and to root without it (an unprivileged container: audit the host itself).", [bdf]))
     return out
 
 
