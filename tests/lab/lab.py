@@ -328,13 +328,18 @@ def running_containers() -> dict[str, dict]:
     """name -> {container, state}, for each container host of this checkout's lab."""
     if not shutil.which("podman"):
         return {}
-    r = podman("ps", "-a", "--filter", f"label={CONTAINER_LABEL}={LAB_DIR}",
-               "--format", "{{.Names}} {{.State}}", check=False)
+    # JSON: podman 4.3's {{.State}} template gives "Up 5 minutes ago", its JSON "running"
+    r = podman("ps", "-a", "--filter", f"label={CONTAINER_LABEL}={LAB_DIR}", "--format", "json", check=False)
+    try:
+        listed = json.loads(r.stdout or "[]")
+    except ValueError:
+        raise LabError(f"podman ps gave no JSON: {r.stdout[:200]!r} {r.stderr.strip()[-300:]}") from None
     found = {}
-    for line in r.stdout.splitlines():
-        cname, _, state = line.partition(" ")
+    for c in listed:
+        names = c.get("Names") or []
+        cname = names[0] if isinstance(names, list) and names else str(names)
         if cname.startswith("gpufleet-labc"):
-            found[cname[len("gpufleet-"):]] = {"container": cname, "state": state}
+            found[cname[len("gpufleet-"):]] = {"container": cname, "state": str(c.get("State", "")).lower()}
     return dict(sorted(found.items(), key=lambda kv: int(re.sub(r"\D", "", kv[0]) or 0)))
 
 
