@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
-from tests.lab.labutil import BUILD_IMAGE, LAB, N_VMS, NAMES, Lab, gather_topology, lab_containers,
-    lab_qemu_processes, run
+from tests.lab.labutil import (BUILD_IMAGE, LAB, N_VMS, NAMES, Lab, gather_topology, lab_containers,
+                               lab_qemu_processes, run)
 
 
 def pytest_configure(config):
