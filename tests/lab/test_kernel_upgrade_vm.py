@@ -220,16 +220,20 @@ def test_bad_inputs_fail_clearly_and_leave_hosts_alone(servers, work):
         assert lab_ssh(name, f"uname -r; test -e /boot/vmlinuz-{NEW} && echo installed || echo absent").split() == [OLD, "absent"]
 
 
-def test_a_failing_canary_stops_the_rollout(servers, settings_file, work):
+def test_a_failing_canary_stops_the_rollout(servers, work):
     """The default ladder with max_fail_percentage 0: the canary (lab1) fails (its benchmark
     endpoint is down), so the rollout stops after wave 1; lab2 and lab3 are never touched and get
     no record."""
+    # The settings as inventory group vars, not extra vars: extra vars would beat lab1's own URL.
     inventory = work / "canary_fails.yml"
-    inventory.write_text(json.dumps({"lab_vms": {"hosts": {"lab1": {"inference_benchmark_url": "http://127.0.0.1:8999"}}}}))
+    group = {k: v for k, v in SETTINGS.items() if k != "kernel_upgrade_serial"}
+    inventory.write_text(json.dumps({"lab_vms": {
+        "hosts": {"lab1": {"inference_benchmark_url": "http://127.0.0.1:8999"}, "lab2": {}, "lab3": {}},
+        "vars": group}}))
     before = boot_ids()
     report = work / "canary_fails"
     r = run([REPO / ".venv" / "bin" / "ansible-playbook", "-i", INVENTORY_DIR, "-i", inventory,
-             REPO / "playbooks" / "kernel_upgrade.yml", "-e", f"@{settings_file}",
+             REPO / "playbooks" / "kernel_upgrade.yml", "-e", '{"kernel_upgrade_serial": [1, 2]}',
              "-e", f"kernel_upgrade_fleet_report_dir={report}"], timeout=1800, env=ansible_env())
     (work / "canary_fails.log").write_text(r.stdout)
     assert r.returncode != 0
