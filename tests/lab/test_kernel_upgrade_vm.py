@@ -182,30 +182,39 @@ def boot_ids() -> dict:
     return {n: lab_ssh(n, "cat /proc/sys/kernel/random/boot_id").strip() for n in ("lab1", "lab2", "lab3")}
 
 
+def rollout_with_host_vars(work: Path, name: str, host_vars: dict, waves: dict):
+    """playbooks/kernel_upgrade.yml with SETTINGS as inventory group vars, so that a host's own vars
+    in `host_vars` win over them (as extra vars they would not), and `waves` (serial,
+    max_fail_percentage) as extra vars (play keywords). The log lands in work/<name>.log and the
+    fleet report in work/<name>/; returns the run and the report directory."""
+    inventory = work / f"{name}.yml"
+    group = {k: v for k, v in SETTINGS.items() if k != "kernel_upgrade_serial"}
+    inventory.write_text(json.dumps({"lab_vms": {"hosts": host_vars, "vars": group}}))
+    report = work / name
+    r = run([REPO / ".venv" / "bin" / "ansible-playbook", "-i", INVENTORY_DIR, "-i", inventory,
+             REPO / "playbooks" / "kernel_upgrade.yml", "-e", json.dumps(waves),
+             "-e", f"kernel_upgrade_fleet_report_dir={report}"], timeout=1800, env=ansible_env())
+    (work / f"{name}.log").write_text(r.stdout)
+    return r, report
+
+
 def test_bad_inputs_fail_clearly_and_leave_hosts_alone(servers, work):
     """One wave over the three VMs, each with one bad input: lab1's benchmark endpoint is down, lab2's
     target kernel does not exist, lab3's GRUB has no saved default. Each fails with its reason; none
     is touched (same boot, old kernel, nothing installed)."""
-    inventory = work / "bad_inputs.yml"
-    group = {k: v for k, v in SETTINGS.items() if k != "kernel_upgrade_serial"}
-    inventory.write_text(json.dumps({"lab_vms": {
-        "hosts": {"lab1": {"inference_benchmark_url": "http://127.0.0.1:8999"},
-                  "lab2": {"kernel_upgrade_target": "6.1.0-99-cloud-amd64"},
-                  "lab3": {}},
-        "vars": group}}))
     lab_ssh("lab3", "printf 'GRUB_DEFAULT=0\\n' > /etc/default/grub.d/60-lab-test.cfg")
     before = boot_ids()
-    report = work / "bad_inputs"
     t0 = time.time()
     try:
-        r = run([REPO / ".venv" / "bin" / "ansible-playbook", "-i", INVENTORY_DIR, "-i", inventory,
-                 REPO / "playbooks" / "kernel_upgrade.yml", "-e", '{"kernel_upgrade_serial": [3], '
-                 '"kernel_upgrade_max_fail_percentage": 100}', "-e", f"kernel_upgrade_fleet_report_dir={report}"],
-                timeout=1800, env=ansible_env())
+        r, report = rollout_with_host_vars(
+            work, "bad_inputs",
+            {"lab1": {"inference_benchmark_url": "http://127.0.0.1:8999"},
+             "lab2": {"kernel_upgrade_target": "6.1.0-99-cloud-amd64"},
+             "lab3": {}},
+            {"kernel_upgrade_serial": [3], "kernel_upgrade_max_fail_percentage": 100})
     finally:
         lab_ssh("lab3", "rm -f /etc/default/grub.d/60-lab-test.cfg")
     print(f"bad inputs run: {time.time() - t0:.0f} s")
-    (work / "bad_inputs.log").write_text(r.stdout)
     assert r.returncode != 0
     recs = records(report)
     assert recs["lab1"]["decision"] == "error", recs["lab1"]
@@ -224,18 +233,11 @@ def test_a_failing_canary_stops_the_rollout(servers, work):
     """The default ladder with max_fail_percentage 0: the canary (lab1) fails (its benchmark
     endpoint is down), so the rollout stops after wave 1; lab2 and lab3 are never touched and get
     no record."""
-    # The settings as inventory group vars, not extra vars: extra vars would beat lab1's own URL.
-    inventory = work / "canary_fails.yml"
-    group = {k: v for k, v in SETTINGS.items() if k != "kernel_upgrade_serial"}
-    inventory.write_text(json.dumps({"lab_vms": {
-        "hosts": {"lab1": {"inference_benchmark_url": "http://127.0.0.1:8999"}, "lab2": {}, "lab3": {}},
-        "vars": group}}))
     before = boot_ids()
-    report = work / "canary_fails"
-    r = run([REPO / ".venv" / "bin" / "ansible-playbook", "-i", INVENTORY_DIR, "-i", inventory,
-             REPO / "playbooks" / "kernel_upgrade.yml", "-e", '{"kernel_upgrade_serial": [1, 2]}',
-             "-e", f"kernel_upgrade_fleet_report_dir={report}"], timeout=1800, env=ansible_env())
-    (work / "canary_fails.log").write_text(r.stdout)
+    r, report = rollout_with_host_vars(
+        work, "canary_fails",
+        {"lab1": {"inference_benchmark_url": "http://127.0.0.1:8999"}, "lab2": {}, "lab3": {}},
+        {"kernel_upgrade_serial": [1, 2]})
     assert r.returncode != 0
     recs = records(report)
     assert set(recs) == {"lab1"}, (sorted(recs), r.stdout[-4000:])

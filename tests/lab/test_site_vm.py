@@ -1,10 +1,11 @@
 """site.yml on the VM lab, for real (issues 4, 5 and 8).
 
 The 3 VMs boot as the lab built them; a systemd container host (labc1) joins them in the same
-inventory and serves the real vLLM (CPU build, tiny generated model) through the same roles. `site.yml --check --diff` first changes nothing (config
-space, GRUB files, kernel arguments, drivers, IRQ affinity, huge pages, units compared before and
-after). Then site.yml converges them: audit, pcie_link (ASPM policy on the command line; QEMU's
-read-only MPS/MRRS reported, not changed), vfio on lab3 (the two GPU stand-ins behind the switch,
+inventory and serves the real vLLM (CPU build, tiny generated model) through the same roles.
+`site.yml --check --diff` first changes nothing (config space, GRUB files, kernel arguments,
+drivers, IRQ affinity, huge pages, units compared before and after). Then site.yml converges
+them: audit, pcie_link (ASPM policy on the command line; QEMU's read-only MPS/MRRS reported, not
+changed), vfio on lab3 (the two GPU stand-ins behind the switch,
 one IOMMU group), NUMA-local IRQ affinity (nic1; the NVMe's kernel-managed vectors left alone),
 2 MiB pages at runtime and one 1 GiB page on lab3 through the command line, ONE reboot per host
 for all of it, nccl_env, the vllm_service unit running the lab stand-in server, a short benchmark
