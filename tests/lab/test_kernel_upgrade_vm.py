@@ -39,15 +39,21 @@ NEW = "6.1.0-56-cloud-amd64"
 HOG = "gpufleet-lab-regression.service"
 
 # The benchmark: small, and the same on both sides. Runs of 32 requests x 16 tokens at 4 in flight
-# take 1-3 s under TCG. The threshold is 0.80 rather than the default 0.95: the lab shares two host
-# cores between up to six emulated VMs, so the host's load can change between a VM's baseline and
-# its candidate ten minutes later; the induced regression takes well over half the throughput.
+# take 1-3 s under TCG. The threshold is 0.40 rather than the default 0.95, because the speed of
+# emulated CPUs on this 2-core machine drifts by minutes, whatever the kernel: on a quiet machine
+# (2026-11-29, one VM, nothing else running) the stand-in gave 246-461 tok/s on one kernel within
+# ten minutes; in one rollout lab1's baseline was 493 and its candidate 290 (0.587), while by hand
+# 6.1.0-50 and 6.1.0-56 then both gave about 300 (docs/lab_inference_server.md). The induced
+# regression leaves about a tenth of the throughput (0.10 measured), so 0.40 keeps a wide margin
+# on both sides. The 5% gate itself is proven where the noise allows it: the simulation
+# (tests/benchmarks/bench_throughput_gate.py) and the real vLLM in the vllm_service Molecule
+# scenario, at the default 0.95.
 SETTINGS = {
     "kernel_upgrade_target": NEW,
     "kernel_upgrade_reboot_ok": True,
     "kernel_upgrade_serial": [1, 2],
     "kernel_upgrade_reboot_timeout": 1500,
-    "kernel_upgrade_gate_threshold": 0.80,
+    "kernel_upgrade_gate_threshold": 0.40,
     "kernel_upgrade_vllm_timeout": 300,
     "inference_benchmark_url": "http://127.0.0.1:8000",
     "inference_benchmark_model": "lab",
@@ -295,7 +301,7 @@ def test_rollout_two_pass_one_regresses_and_rolls_back(rollout):
         assert serving(name)
     rec = recs["lab3"]
     assert rec["decision"] == "regression", (rec["reason"], out[-6000:])
-    assert rec["gate"]["ratio"] < 0.8 and rec["gate"]["p_value"] <= 0.01
+    assert rec["gate"]["ratio"] < 0.4 and rec["gate"]["p_value"] <= 0.01
     assert rec["final_kernel"] == OLD and rec["default_kernel"] == OLD
     assert rec["server_after_rollback"] == "serving"
     assert lab_ssh("lab3", "uname -r").strip() == OLD

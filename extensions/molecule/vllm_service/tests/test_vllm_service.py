@@ -141,3 +141,41 @@ def test_metrics(host):
     # the completions above were counted
     gen = [line for line in res["body"].splitlines() if line.startswith("vllm:generation_tokens_total")]
     assert gen and float(gen[0].rsplit(" ", 1)[1]) >= 6
+
+
+# The side effect's gate.yml: the benchmark client and the throughput gate against this server.
+VERDICTS = "/var/lib/gpufleet/benchmarks/gate-verdicts.json"
+
+
+def verdicts(host):
+    return json.loads(host.file(VERDICTS).content_string)
+
+
+def test_gate_passes_the_unchanged_server_and_catches_the_cpu_hog(host):
+    data = verdicts(host)
+    assert len(data["baseline"]) == 5 and min(data["baseline"]) > 0
+    unchanged, slowed = data["cases"]["unchanged"], data["cases"]["slowed"]
+    assert unchanged["decision"] == "pass", unchanged["reason"]
+    assert unchanged["ratio"] >= 0.95 and len(unchanged["samples"]) >= 5
+    assert slowed["decision"] == "regression", slowed["reason"]
+    assert slowed["ratio"] < 0.95 and slowed["p_value"] <= 0.01 and slowed["decided_by"] == "test"
+    # the hog is gone once the gate has judged
+    assert not host.service("gpufleet-molecule-hog").is_running
+
+
+def test_stored_results_carry_the_kernel_the_case_and_every_run(host):
+    data = verdicts(host)
+    kernel = host.check_output("uname -r")
+    assert len(data["files"]) >= 3
+    runs = {"baseline": 0, "unchanged": 0, "slowed": 0}
+    for path in data["files"]:
+        result = json.loads(host.file(path).content_string)
+        assert result["kernel"] == kernel and result["server"]["model"] == "tiny-llama"
+        assert result["config"]["api_key_set"] is True and "api_key" not in result["config"]
+        assert result["label"] == result["tuning"]["gate_case"]
+        run_list = result["levels"][0]["runs"]
+        assert all(r["errors"] == 0 and r["output_throughput"] > 0 for r in run_list)
+        runs[result["label"]] += len(run_list)
+        # every request made its 64 tokens (ignore_eos honoured)
+        assert result["short_outputs"] == 0
+    assert runs["baseline"] == 5 and runs["unchanged"] >= 5 and runs["slowed"] >= 5
