@@ -44,7 +44,7 @@ HOG = "gpufleet-lab-regression.service"
 # (2026-11-29, one VM, nothing else running) the stand-in gave 246-461 tok/s on one kernel within
 # ten minutes; in one rollout lab1's baseline was 493 and its candidate 290 (0.587), while by hand
 # 6.1.0-50 and 6.1.0-56 then both gave about 300 (docs/lab_inference_server.md). The induced
-# regression leaves about a tenth of the throughput (0.10 measured), so 0.40 keeps a wide margin
+# regression leaves about a tenth of the throughput (0.10-0.12 measured), so 0.40 keeps a margin
 # on both sides. The 5% gate itself is proven where the noise allows it: the simulation
 # (tests/benchmarks/bench_throughput_gate.py) and the real vLLM in the vllm_service Molecule
 # scenario, at the default 0.95.
