@@ -22,6 +22,9 @@ KiB of SHA-256 (the weights every step reads) plus ``--work`` KiB per running se
 compute), and a new sequence's first step also costs ``--prefill-work`` KiB per prompt token.
 The hashing runs in one engine thread (hashlib releases the GIL), the HTTP side in asyncio. Tokens
 are pseudo-words chosen by the hash chain, so output is deterministic for a given prompt.
+``--cold-steps N --cold-factor F`` make a server that warms up, as vLLM does while it meets batch
+shapes for the first time: the first engine step costs F times its work, falling linearly to the
+normal cost at step N (tests of the benchmark's settle runs use it).
 
 Run (the API key, if any, comes from the environment, never from argv):
 
@@ -106,6 +109,8 @@ class Engine:
         self.max_num_seqs = args.max_num_seqs
         self.vocab_size = args.vocab_size
         self.eos_after = args.eos_after
+        self.cold_steps = args.cold_steps
+        self.cold_factor = args.cold_factor
         size = max(self.work, self.step_work, self.prefill_work, 4096)
         block = bytearray()
         seed = b"gpufleet-lab-weights"
@@ -137,15 +142,21 @@ class Engine:
             nbytes -= take
         return h.digest()
 
-    def _step(self, states: list[bytes], prefill_tokens: list[int]) -> list[bytes]:
+    def cost_factor(self, step: int) -> float:
+        """How many times its normal work engine step ``step`` (0-based) costs: F at 0, falling to 1 at --cold-steps."""
+        if step >= self.cold_steps:
+            return 1.0
+        return 1.0 + (self.cold_factor - 1.0) * (1.0 - step / self.cold_steps)
+
+    def _step(self, states: list[bytes], prefill_tokens: list[int], factor: float = 1.0) -> list[bytes]:
         """One engine step in the engine thread: new hash state (token) per running sequence."""
         if self.step_work:
-            self._hash(b"step", self.step_work)
+            self._hash(b"step", int(self.step_work * factor))
         out = []
         for state, prompt_len in zip(states, prefill_tokens):
             if prompt_len:
                 state = self._hash(state, prompt_len * self.prefill_work)
-            out.append(self._hash(state, self.work))
+            out.append(self._hash(state, int(self.work * factor)))
         return out
 
     def calibrate(self) -> tuple[float, float]:
@@ -175,7 +186,8 @@ class Engine:
             batch = list(self.running)
             prefill = [0 if s.prefilled else s.prompt_len for s in batch]
             t0 = time.perf_counter()
-            states = await loop.run_in_executor(self.executor, self._step, [s.state for s in batch], prefill)
+            states = await loop.run_in_executor(self.executor, self._step, [s.state for s in batch], prefill,
+                                                self.cost_factor(self.stats["steps"]))
             self.stats["step_seconds"] += time.perf_counter() - t0
             self.stats["steps"] += 1
             for seq, state, prompt_len in zip(batch, states, prefill):
@@ -491,6 +503,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="tokens per streamed chunk after the first token (default 1)")
     parser.add_argument("--eos-after", type=int, default=0,
                         help="without ignore_eos, stop a sequence after this many tokens (default 0: only on the EOS token)")
+    parser.add_argument("--cold-steps", type=int, default=0,
+                        help="engine steps over which a cold start's extra cost falls away (default 0: no cold start)")
+    parser.add_argument("--cold-factor", type=float, default=1.0,
+                        help="how many times its work the first engine step costs (default 1)")
     parser.add_argument("--api-key", help=argparse.SUPPRESS)
     args, unknown = parser.parse_known_args(argv)
     return args, unknown
@@ -507,9 +523,11 @@ def check_args(args: argparse.Namespace) -> str | None:
     for name in ("max_num_seqs", "max_model_len", "vocab_size", "stream_interval"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
-    for name in ("work", "step_work", "prefill_work"):
+    for name in ("work", "step_work", "prefill_work", "cold_steps"):
         if getattr(args, name) < 0:
             return f"--{name.replace('_', '-')} must not be negative"
+    if args.cold_factor < 1:
+        return "--cold-factor must be at least 1 (a cold server is slower, not faster)"
     if not 0 <= args.port <= 65535:
         return "--port must be 0-65535"
     return None

@@ -15,6 +15,12 @@ Layers, each testable on its own:
 * I/O: HttpConnection and ConnectionPool speak raw HTTP/1.1 with keep-alive over asyncio streams
   (TLS through ssl for https URLs); benchmark() drives the closed-loop concurrency sweep.
 
+Warm-up, per level: ``warmup`` requests, then (``settle_runs`` > 0) whole runs of ``requests``
+requests that are not counted either, until two in a row agree within ``settle_tolerance``
+(steady()): a server that was just started, as after the reboot into a new kernel, is slower
+until it has seen every batch shape, and runs taken while it warms up would rise one after the
+other. The measured runs' own trend (Mann-Kendall) is reported per level and warned about.
+
 Definitions (docs/benchmark.md has the long form):
 
 * TTFT: from writing the request to the first streamed chunk that carries a token.
@@ -43,6 +49,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 from urllib.parse import urlsplit
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import drift_warning, trend
 
 CLIENT_NAME = "gpufleet.inference_client"
 CLIENT_VERSION = "1"
@@ -464,13 +472,23 @@ def spread(values: Sequence[float], digits: int = 3) -> dict[str, Any]:
             "max": ordered[-1], "cv": cv, "values": list(values)}
 
 
-def level_summary(concurrency: int, runs: Sequence[dict], records: Sequence[RequestRecord]) -> dict[str, Any]:
-    """A concurrency level: throughputs across its runs, latencies over all its measured requests."""
+def steady(previous: float, current: float, tolerance: float) -> bool:
+    """Two warm-up runs agree: they differ by at most ``tolerance`` of the larger one (and made tokens at all)."""
+    top = max(previous, current)
+    return top > 0 and abs(current - previous) <= tolerance * top
+
+
+def level_summary(concurrency: int, runs: Sequence[dict], records: Sequence[RequestRecord],
+                  settle: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A concurrency level: throughputs across its runs and their trend, latencies over all its measured requests."""
     metrics = [request_metrics(r) for r in records]
     ok = [m for m in metrics if m.ok]
+    throughputs = [r["output_throughput"] for r in runs]
     return {
         "concurrency": concurrency, "repetitions": len(runs),
-        "output_throughput": spread([r["output_throughput"] for r in runs]),
+        "settle": settle or {"max_runs": 0, "runs": [], "settled": None, "tolerance": None},
+        "trend": trend(throughputs),
+        "output_throughput": spread(throughputs),
         "request_throughput": spread([r["request_throughput"] for r in runs], 4),
         "ttft_ms": describe([m.ttft for m in ok if m.ttft is not None], 1000.0),
         "tpot_ms": describe([m.tpot for m in ok if m.tpot is not None], 1000.0),
@@ -807,6 +825,9 @@ class BenchmarkConfig:
     per_chunk_usage: bool = True
     validate_certs: bool = True
     ca_path: str | None = None
+    # Unmeasured warm-up runs until two in a row agree (0: off, the library's default; the module's is 3).
+    settle_runs: int = 0
+    settle_tolerance: float = 0.05
 
     def public(self) -> dict[str, Any]:
         """The settings as stored with results (the API key is never stored)."""
@@ -815,7 +836,8 @@ class BenchmarkConfig:
                 "concurrency": list(self.concurrency), "requests": self.requests, "warmup": self.warmup,
                 "repetitions": self.repetitions, "seed": self.seed, "ignore_eos": self.ignore_eos,
                 "timeout": self.timeout, "prompt_mode": self.prompt_mode, "token_id_range": list(self.token_id_range),
-                "per_chunk_usage": self.per_chunk_usage}
+                "per_chunk_usage": self.per_chunk_usage, "settle_runs": self.settle_runs,
+                "settle_tolerance": self.settle_tolerance}
 
 
 def check_config(cfg: BenchmarkConfig) -> Endpoint:
@@ -831,6 +853,13 @@ def check_config(cfg: BenchmarkConfig) -> Endpoint:
     positive("requests", cfg.requests)
     positive("warmup", cfg.warmup, 0)
     positive("repetitions", cfg.repetitions)
+    positive("settle_runs", cfg.settle_runs, 0)
+    if cfg.settle_runs == 1:
+        raise ValueError("settle_runs must be 0 (off) or at least 2: the server counts as settled when two warm-up runs "
+                         "in a row agree, so one run can never show it; 3 is a good start")
+    tol = cfg.settle_tolerance
+    if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0.0 < tol < 1.0:
+        raise ValueError(f"settle_tolerance must be a fraction between 0 and 1 (0.05 = two runs within 5%), got {tol!r}")
     if isinstance(cfg.seed, bool) or not isinstance(cfg.seed, int):
         raise ValueError(f"seed must be an integer, got {cfg.seed!r}")
     if not cfg.concurrency:
@@ -987,8 +1016,27 @@ async def measured_run(pool: ConnectionPool, bodies: Sequence[bytes], headers: d
     return summary, records
 
 
+async def settle(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers: dict[str, str],
+                 level: int) -> dict[str, Any]:
+    """Unmeasured runs of ``requests`` requests until two in a row are steady(), at most ``settle_runs``."""
+    runs: list[float] = []
+    errors = 0
+    settled = False
+    for i in range(cfg.settle_runs):
+        bodies = [_body(cfg, model, f"c{level}/settle{i}/{j}") for j in range(cfg.requests)]
+        summary, _records = await measured_run(pool, bodies, headers, level, cfg.timeout,
+                                               cfg.output_tokens if cfg.ignore_eos else None)
+        runs.append(summary["output_throughput"])
+        errors += summary["errors"]
+        if len(runs) >= 2 and steady(runs[-2], runs[-1], cfg.settle_tolerance):
+            settled = True
+            break
+    return {"max_runs": cfg.settle_runs, "runs": runs, "settled": settled, "tolerance": cfg.settle_tolerance,
+            "errors": errors}
+
+
 async def benchmark(cfg: BenchmarkConfig, progress=None) -> dict[str, Any]:
-    """The sweep: discover, preflight, then for each level warm-up requests and ``repetitions`` measured runs."""
+    """The sweep: discover, preflight, then for each level warm-up requests, settle runs and ``repetitions`` measured runs."""
     endpoint = check_config(cfg)
     pool = ConnectionPool(endpoint, make_ssl_context(cfg, endpoint))
     started = time.time()
@@ -1002,6 +1050,7 @@ async def benchmark(cfg: BenchmarkConfig, progress=None) -> dict[str, Any]:
             if cfg.warmup:
                 warm = [_body(cfg, model, f"c{level}/warmup/{i}") for i in range(cfg.warmup)]
                 await run_batch(pool, warm, headers, level, cfg.timeout)
+            settled = await settle(pool, cfg, model, headers, level) if cfg.settle_runs else None
             runs = []
             all_records: list[RequestRecord] = []
             for rep in range(cfg.repetitions):
@@ -1013,7 +1062,7 @@ async def benchmark(cfg: BenchmarkConfig, progress=None) -> dict[str, Any]:
                 all_records.extend(records)
                 if progress:
                     progress(summary)
-            levels.append(level_summary(level, runs, all_records))
+            levels.append(level_summary(level, runs, all_records, settled))
     finally:
         pool.close()
     finished = time.time()
@@ -1047,8 +1096,8 @@ def _iso(ts: float) -> str:
 
 
 def plan(cfg: BenchmarkConfig) -> dict[str, Any]:
-    """What a sweep will send, for check mode and logs."""
-    per_level = cfg.warmup + cfg.requests * cfg.repetitions
+    """What a sweep will send, for check mode and logs (settle runs counted at their most)."""
+    per_level = cfg.warmup + cfg.requests * (cfg.settle_runs + cfg.repetitions)
     return {"levels": list(cfg.concurrency), "requests_per_level": per_level,
             "requests_total": 1 + per_level * len(cfg.concurrency),
             "output_tokens_total": cfg.output_tokens * per_level * len(cfg.concurrency)}
@@ -1070,7 +1119,7 @@ def config_from_params(params: dict[str, Any]) -> BenchmarkConfig:
     """A checked BenchmarkConfig from the module's parameters; ValueError naming the bad one."""
     keys = ("url", "model", "api_key", "prompt_tokens", "output_tokens", "concurrency", "requests", "warmup",
             "repetitions", "seed", "ignore_eos", "timeout", "prompt_mode", "token_id_range", "per_chunk_usage",
-            "validate_certs", "ca_path")
+            "validate_certs", "ca_path", "settle_runs", "settle_tolerance")
     cfg = BenchmarkConfig(**{k: params[k] for k in keys if k in params and params[k] is not None})
     cfg.concurrency = list(cfg.concurrency)
     cfg.token_id_range = list(cfg.token_id_range)
@@ -1093,14 +1142,16 @@ def results_document(result: dict[str, Any], label: str, host: str, kernel: str,
 
 
 def compact_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """One line per level: median output tok/s and its CV, median latencies, errors."""
+    """One line per level: median output tok/s and its CV, median latencies, errors, warm-up and drift."""
     out = []
     for lv in result.get("levels", []):
         out.append({"concurrency": lv["concurrency"], "output_throughput": lv["output_throughput"]["median"],
                     "output_throughput_cv": lv["output_throughput"]["cv"],
                     "request_throughput": lv["request_throughput"]["median"], "ttft_p50_ms": lv["ttft_ms"]["p50"],
                     "ttft_p99_ms": lv["ttft_ms"]["p99"], "tpot_p50_ms": lv["tpot_ms"]["p50"],
-                    "itl_p50_ms": lv["itl_ms"]["p50"], "itl_p99_ms": lv["itl_ms"]["p99"], "errors": lv["errors"]})
+                    "itl_p50_ms": lv["itl_ms"]["p50"], "itl_p99_ms": lv["itl_ms"]["p99"], "errors": lv["errors"],
+                    "settle_runs": len(lv["settle"]["runs"]), "settled": lv["settle"]["settled"],
+                    "drift": round(lv["trend"]["change"], 4)})
     return out
 
 
@@ -1115,6 +1166,16 @@ def result_warnings(result: dict[str, Any], cfg: BenchmarkConfig, noisy_cv: floa
         warnings.append("The server sends no per-chunk usage (stream_options.continuous_usage_stats): ITL is estimated "
                         "by spreading each gap over the mean tokens per chunk (itl_exact is false).")
     for lv in result.get("levels", []):
+        st = lv.get("settle") or {}
+        if st.get("settled") is False:
+            figures = ", ".join(f"{v:.1f}" for v in st["runs"])
+            warnings.append(f"At concurrency {lv['concurrency']} the server did not settle: {len(st['runs'])} warm-up runs of "
+                            f"{cfg.requests} requests gave {figures} tok/s, never two in a row within "
+                            f"{st['tolerance']:.0%}. It is still warming up or the host is noisy: raise settle_runs or "
+                            "requests, or quiet the host, before a gate trusts these runs.")
+        drift = drift_warning(f"At concurrency {lv['concurrency']} the measured", lv["trend"], min_change=noisy_cv)
+        if drift:
+            warnings.append(drift)
         cv = lv["output_throughput"]["cv"]
         if cv is not None and cv > noisy_cv:
             warnings.append(f"At concurrency {lv['concurrency']} the output tok/s varies by {cv:.1%} (CV) between runs: "

@@ -199,6 +199,96 @@ def min_p_value(m: int, n: int) -> float:
     return 1.0 / math.comb(m + n, m)
 
 
+# ---- trend across runs (Mann-Kendall) -------------------------------------------------------------
+# A gate compares runs as if they were alike. A server still warming up (kernels compiled for new
+# batch shapes, caches filling: a cold start after the reboot into a new kernel) gives runs that rise
+# one after another; a host that slows down over time (thermal throttling, a job starting) gives runs
+# that fall. Mann-Kendall's S counts, over all pairs of runs, later-higher minus later-lower.
+EXACT_TREND_MAX = 50
+
+
+@lru_cache(maxsize=64)
+def inversion_distribution(n: int) -> tuple[int, ...]:
+    """Permutations of n distinct values with k inversions, k = 0..n(n-1)/2 (the Mahonian numbers).
+
+    The coefficients of the q-factorial prod_{i=1..n} (1 + q + ... + q^(i-1)), built with exact
+    integers; they sum to n!.
+    """
+    if n < 0:
+        raise GateError("a sample size must not be negative")
+    dist = [1]
+    for i in range(2, n + 1):
+        grown = [0] * (len(dist) + i - 1)
+        running = 0
+        for k in range(len(grown)):
+            if k < len(dist):
+                running += dist[k]
+            if 0 <= k - i < len(dist):
+                running -= dist[k - i]
+            grown[k] = running
+        dist = grown
+    return tuple(dist)
+
+
+def theil_sen_slope(values: Sequence[float]) -> float:
+    """Median of the pairwise slopes (x_j - x_i) / (j - i): the change per run, robust to one odd run."""
+    slopes = [(values[j] - values[i]) / (j - i) for i in range(len(values)) for j in range(i + 1, len(values))]
+    return median(slopes) if slopes else 0.0
+
+
+def trend(values: Sequence[float]) -> dict[str, Any]:
+    """Do the runs, in the order they were taken, rise or fall steadily?
+
+    Returns ``s`` (Mann-Kendall S), ``tau`` (S over the number of pairs), ``p_rising`` and
+    ``p_falling`` (one-sided p-values; exact from the inversion distribution without ties up to 50
+    runs, else the normal approximation with tie and continuity correction), ``change`` (the
+    Theil-Sen slope over the runs as a fraction of their median: +0.12 = 12% higher at the end) and
+    ``method``. Fewer than 3 runs give p-values of 1.
+    """
+    vals = [float(v) for v in values]
+    n = len(vals)
+    pairs = n * (n - 1) // 2
+    s = 0
+    for i in range(n):
+        for j in range(i + 1, n):
+            s += (vals[j] > vals[i]) - (vals[j] < vals[i])
+    mid = median(vals) if vals else 0.0
+    change = theil_sen_slope(vals) * (n - 1) / mid if n > 1 and mid > 0 else 0.0
+    out: dict[str, Any] = {"n": n, "s": s, "tau": (s / pairs) if pairs else None, "p_rising": 1.0,
+                           "p_falling": 1.0, "change": change, "method": None}
+    if n < 3:
+        return out
+    has_ties = len(set(vals)) < n
+    if not has_ties and n <= EXACT_TREND_MAX:
+        dist = inversion_distribution(n)
+        total = math.factorial(n)
+        inversions = (pairs - s) // 2  # S = pairs - 2 * inversions
+        out.update(p_rising=sum(dist[:inversions + 1]) / total, p_falling=sum(dist[inversions:]) / total,
+                   method="exact")
+        return out
+    tie_term = sum(c * (c - 1) * (2 * c + 5) for _v, c, _r in _tie_groups(vals))
+    var = (n * (n - 1) * (2 * n + 5) - tie_term) / 18.0
+    if var <= 0:
+        out["method"] = "normal"
+        return out
+    out.update(p_rising=min(1.0, _normal_cdf(-(s - 1) / math.sqrt(var))),
+               p_falling=min(1.0, _normal_cdf((s + 1) / math.sqrt(var))), method="normal")
+    return out
+
+
+def drift_warning(side: str, tr: dict[str, Any], min_change: float, alpha: float = 0.05) -> str | None:
+    """A sentence when ``side``'s runs rose or fell steadily (p <= alpha) by at least ``min_change``, else None."""
+    if tr["p_rising"] <= alpha and tr["change"] >= min_change:
+        return (f"{side} runs rose steadily, one after another (Mann-Kendall p={tr['p_rising']:.4f}, "
+                f"{tr['change']:+.1%} over {tr['n']} runs): the server was still warming up, so its runs are not "
+                "alike; warm it up longer before measuring (inference_benchmark settle_runs or warmup)")
+    if tr["p_falling"] <= alpha and tr["change"] <= -min_change:
+        return (f"{side} runs fell steadily, one after another (Mann-Kendall p={tr['p_falling']:.4f}, "
+                f"{tr['change']:+.1%} over {tr['n']} runs): something slowed the server down while it was measured "
+                "(thermal throttling, another job, memory pressure); find it before trusting these runs")
+    return None
+
+
 # ---- bootstrap ------------------------------------------------------------------------------------
 def bootstrap_ratio_ci(baseline: Sequence[float], candidate: Sequence[float], level: float = 0.95,
                        resamples: int = 2000, seed: int = 0) -> list[float] | None:
@@ -305,6 +395,13 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
                 f"{side} run-to-run CV is {cv:.1%} (over {noisy_cv:.0%}): the runs are too short or the host is busy, "
                 f"and a gate at {threshold:.0%} needs noise well below the {1 - threshold:.0%} it must see; "
                 "lengthen the runs (more requests) or quiet the host")
+    # Runs that drift by half the margin the gate looks for bias it: a rising candidate (a cold
+    # server) towards a false rollback, a rising baseline towards a missed regression.
+    for side, runs in (("baseline", base), ("candidate", cand)):
+        result[side]["trend"] = trend(runs)
+        warning = drift_warning(side, result[side]["trend"], min_change=(1.0 - threshold) / 2.0)
+        if warning:
+            result["warnings"].append(warning)
     counts = f"{len(base)} vs {len(cand)} runs"
     where = (f"candidate median {_fmt(c_med)} {unit} is {ratio:.1%} of the baseline's {_fmt(b_med)} "
              f"(threshold {threshold:.0%})")

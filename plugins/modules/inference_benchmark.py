@@ -83,6 +83,20 @@ options:
     description: Measured runs per concurrency level. The throughput gate needs at least 5 per side by default.
     type: int
     default: 5
+  settle_runs:
+    description:
+      - After the O(warmup) requests, at most this many whole runs of O(requests) requests that are not counted, until
+        two in a row agree within O(settle_tolerance). A server that was just started (the reboot into a new kernel) is
+        slower until it has seen every batch shape, and runs measured then rise one after the other and make a
+        throughput gate see a regression that is not there.
+      - The result holds each level's warm-up runs (C(settle)); a level that never settled is warned about. V(0) turns
+        this off; V(1) is refused (one run cannot be compared).
+    type: int
+    default: 3
+  settle_tolerance:
+    description: Largest difference between two warm-up runs in a row, as a fraction of the larger, that counts as settled.
+    type: float
+    default: 0.05
   seed:
     description:
       - Seed of the prompts. The same seed gives the same prompts on every host, so baseline and candidate runs see the
@@ -153,6 +167,8 @@ notes:
   - Output tokens/s of a run is the output tokens of its successful requests over the window from the first request
     written to the last one finished. Each run's figure is one sample for the throughput gate.
   - The client measures its own CPU use per run (C(client_cpu_pct)) and warns when it nears a whole core.
+  - Each level also reports the trend of its measured runs in the order they were taken (C(trend), Mann-Kendall with the
+    Theil-Sen change), and warns when they rose or fell steadily by 5% or more.
 seealso:
   - module: gpufleet.inference.throughput_gate
   - name: docs/benchmark.md
@@ -222,10 +238,12 @@ kernel:
   type: str
   sample: 6.1.0-50-cloud-amd64
 plan:
-  description: Levels and the number of requests and output tokens the sweep sends (with the preflight request).
+  description:
+    - Levels and the number of requests and output tokens the sweep sends at most (with the preflight request and every
+      settle run; a level that settles early sends fewer).
   returned: always
   type: dict
-  sample: {levels: [8, 32], requests_per_level: 672, requests_total: 1345, output_tokens_total: 172032}
+  sample: {levels: [8, 32], requests_per_level: 1056, requests_total: 2113, output_tokens_total: 270336}
 server:
   description: What the server said about itself, and the preflight request's result.
   returned: always
@@ -243,12 +261,16 @@ samples:
   type: dict
   sample: {"8": [2210.4, 2198.7, 2231.0, 2205.9, 2219.3], "32": [6650.2, 6702.8, 6588.1, 6671.4, 6640.0]}
 summary:
-  description: One line per level with the median output and request throughput, the output CV, latency medians and errors.
+  description:
+    - One line per level with the median output and request throughput, the output CV, latency medians and errors, the
+      warm-up runs it took to settle (C(settle_runs), C(settled)) and the measured runs' drift (C(drift), the Theil-Sen
+      change over the runs as a fraction of their median).
   returned: when benchmarked
   type: list
   elements: dict
   sample: [{concurrency: 8, output_throughput: 2210.4, output_throughput_cv: 0.0054, request_throughput: 17.27,
-            ttft_p50_ms: 41.2, ttft_p99_ms: 88.0, tpot_p50_ms: 3.3, itl_p50_ms: 3.2, itl_p99_ms: 9.8, errors: 0}]
+            ttft_p50_ms: 41.2, ttft_p99_ms: 88.0, tpot_p50_ms: 3.3, itl_p50_ms: 3.2, itl_p99_ms: 9.8, errors: 0,
+            settle_runs: 2, settled: true, drift: 0.0031}]
 benchmark:
   description:
     - The whole result, as stored in RV(results_file). C(levels) holds per level C(output_throughput) and
@@ -256,7 +278,9 @@ benchmark:
       C(itl_ms) and C(e2el_ms) over all measured requests (C(count), C(mean), C(std), C(min), C(p50), C(p90), C(p99),
       C(max)), and C(runs), each with the same latency statistics, C(duration_s), C(output_tokens), C(prompt_tokens),
       C(output_throughput), C(request_throughput), C(total_token_throughput), C(errors), C(error_reasons),
-      C(short_outputs), C(tokens_per_chunk), C(itl_exact), C(tokens_source) and C(client_cpu_pct).
+      C(short_outputs), C(tokens_per_chunk), C(itl_exact), C(tokens_source) and C(client_cpu_pct). Each level also has
+      C(settle) (C(max_runs), C(runs) with each warm-up run's output tokens/s, C(settled), C(tolerance), C(errors)) and
+      C(trend) of its measured runs (C(n), C(s), C(tau), C(p_rising), C(p_falling), C(change), C(method)).
   returned: when benchmarked
   type: dict
   contains:
@@ -331,6 +355,8 @@ ARGUMENT_SPEC = dict(
     requests=dict(type="int", default=128),
     warmup=dict(type="int", default=32),
     repetitions=dict(type="int", default=5),
+    settle_runs=dict(type="int", default=3),
+    settle_tolerance=dict(type="float", default=0.05),
     seed=dict(type="int", default=0),
     ignore_eos=dict(type="bool", default=True),
     prompt_mode=dict(type="str", choices=["token_ids", "text"], default="token_ids"),

@@ -175,7 +175,12 @@ gate:
       description: Baseline runs missing to reach O(min_runs).
       type: int
     baseline:
-      description: C(n), C(median), C(mean), C(min), C(max) and C(cv) (coefficient of variation) of the baseline runs.
+      description:
+        - C(n), C(median), C(mean), C(min), C(max) and C(cv) (coefficient of variation) of the baseline runs.
+        - Once both sides have O(min_runs), C(trend) too, the runs in the order taken (Mann-Kendall): C(s), C(tau),
+          C(p_rising), C(p_falling), C(change) (Theil-Sen slope over the runs as a fraction of their median) and
+          C(method). A steady rise or fall by half the margin (1 - O(threshold)) / 2 or more, with p <= 0.05, adds a
+          warning: a server still warming up, or slowing down, gives runs that are not alike.
       type: dict
     candidate:
       description: The same for the candidate runs.
@@ -188,7 +193,9 @@ gate:
       description: Confidence level of C(ci).
       type: float
     warnings:
-      description: Cautions, such as a run-to-run CV too high for the threshold (also emitted as task warnings).
+      description:
+        - Cautions, such as a run-to-run CV too high for the threshold or runs that drift steadily (also emitted as task
+          warnings).
       type: list
       elements: str
     reason:

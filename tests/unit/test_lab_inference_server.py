@@ -252,7 +252,9 @@ def test_api_key_from_environment(model_dir):
 def test_refuses_api_key_on_argv_and_missing_model(tmp_path, model_dir):
     for argv, fragment in ((["--model", str(model_dir), "--api-key", "x"], "VLLM_API_KEY"),
                            (["--model", str(tmp_path / "absent")], "does not exist"),
-                           ([], "--model is required")):
+                           ([], "--model is required"),
+                           (["--model", str(model_dir), "--cold-factor", "0.5"], "--cold-factor must be at least 1"),
+                           (["--model", str(model_dir), "--cold-steps", "-1"], "--cold-steps must not be negative")):
         proc = subprocess.run([sys.executable, SERVER, *argv], capture_output=True, text=True, timeout=30, check=False)
         assert proc.returncode == 2
         assert fragment in proc.stderr
@@ -329,3 +331,17 @@ def test_cpu_hog_on_its_core_lowers_throughput(model_dir):
                 hog.wait(timeout=10)
     assert idle > 0
     assert busy < 0.8 * idle, f"throughput with a hog on CPU {cpu}: {busy:.0f} tok/s vs {idle:.0f} without"
+
+
+def test_cold_start_cost_falls_linearly_to_normal(model_dir):
+    """--cold-factor F --cold-steps N: step 0 costs F times its work, step N/2 half way, step N and later 1."""
+    sys.path.insert(0, os.path.dirname(SERVER))
+    try:
+        import lab_inference_server as lis
+    finally:
+        sys.path.pop(0)
+    args, _unknown = lis.parse_args(["--model", str(model_dir), "--cold-factor", "5", "--cold-steps", "10"])
+    engine = lis.Engine(args)
+    assert [engine.cost_factor(i) for i in (0, 5, 10, 11)] == [5.0, 3.0, 1.0, 1.0]
+    warm, _rest = lis.parse_args(["--model", str(model_dir)])
+    assert lis.Engine(warm).cost_factor(0) == 1.0

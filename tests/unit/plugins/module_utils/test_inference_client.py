@@ -258,6 +258,11 @@ def test_level_summary_spread():
     assert lv["output_throughput"]["median"] == 100.0 and lv["output_throughput"]["values"] == [100.0, 104.0, 96.0]
     assert lv["output_throughput"]["cv"] == round(4.0 / 100.0, 5)
     assert lv["requests"] == 30 and lv["repetitions"] == 3 and lv["ttft_ms"]["count"] == 0
+    # the runs in the order taken: up, then down below the first (S = +1 - 1 - 1)
+    assert lv["trend"]["s"] == -1 and lv["trend"]["method"] == "exact"
+    assert lv["settle"] == {"max_runs": 0, "runs": [], "settled": None, "tolerance": None}
+    settle = {"max_runs": 3, "runs": [80.0, 99.0, 101.0], "settled": True, "tolerance": 0.05, "errors": 0}
+    assert ic.level_summary(8, runs, [], settle)["settle"] is settle
 
 
 # ---- settings -------------------------------------------------------------------------------------
@@ -294,6 +299,10 @@ def test_parse_endpoint_errors(url, fragment):
     ({"prompt_mode": "chat"}, "prompt_mode"),
     ({"token_id_range": [5, 5]}, "token_id_range"),
     ({"seed": "x"}, "seed"),
+    ({"settle_runs": -1}, "settle_runs must be an integer of at least 0"),
+    ({"settle_runs": 1}, "0 \\(off\\) or at least 2"),
+    ({"settle_tolerance": 0}, "settle_tolerance must be a fraction"),
+    ({"settle_tolerance": 1.5}, "settle_tolerance must be a fraction"),
 ])
 def test_check_config_errors(change, fragment):
     cfg = ic.BenchmarkConfig(url="http://127.0.0.1:8000")
@@ -313,6 +322,18 @@ def test_config_from_params_and_public_view_hides_the_key():
     public = cfg.public()
     assert "api_key" not in public and public["api_key_set"] is True and "s3cr3t" not in json.dumps(public)
     assert ic.plan(cfg) == {"levels": [1, 2], "requests_per_level": 8, "requests_total": 17, "output_tokens_total": 64}
+    assert public["settle_runs"] == 0 and public["settle_tolerance"] == 0.05
+    settled = ic.config_from_params(dict(params, settle_runs=3, settle_tolerance=0.1))
+    # at most 3 settle runs of 4 requests per level before the 2 measured runs
+    assert ic.plan(settled)["requests_per_level"] == 4 * (3 + 2)
+    assert settled.public()["settle_runs"] == 3 and settled.public()["settle_tolerance"] == 0.1
+
+
+def test_steady():
+    assert ic.steady(100.0, 104.0, 0.05) and ic.steady(104.0, 100.0, 0.05)
+    assert ic.steady(100.0, 105.0, 0.05)  # a difference of 5 is within 5% of the larger run, 105
+    assert not ic.steady(100.0, 106.0, 0.05) and not ic.steady(120.0, 100.0, 0.05)
+    assert not ic.steady(0.0, 0.0, 0.05)  # no tokens is no steady state
 
 
 def test_labels_and_file_names():
@@ -325,10 +346,12 @@ def test_labels_and_file_names():
     assert ic.results_filename("b", "6.1+x/y", "2026-01-02T03:04:05Z") == "b-6.1_x_y-20260102T030405Z.json"
 
 
-def fake_result(cv=0.01, errors=0, short=0, cpu=20.0, per_chunk=True):
+def fake_result(cv=0.01, errors=0, short=0, cpu=20.0, per_chunk=True, settle=None, runs=(100.0, 101.0, 99.0)):
     run = {"requests": 10, "errors": errors, "short_outputs": short, "client_cpu_pct": cpu,
            "error_reasons": {"HTTP 500 Internal Server Error: boom": errors} if errors else {}}
     level = {"concurrency": 8, "runs": [run], "errors": errors, "requests": 10,
+             "settle": settle or {"max_runs": 3, "runs": [97.0, 100.0], "settled": True, "tolerance": 0.05},
+             "trend": ic.trend(list(runs)),
              "output_throughput": {"median": 100.0, "cv": cv}, "request_throughput": {"median": 1.0},
              "ttft_ms": {"p50": 5.0, "p99": 9.0}, "tpot_ms": {"p50": 2.0}, "itl_ms": {"p50": 2.0, "p99": 4.0}}
     return {"levels": [level], "requests": 10, "errors": errors, "short_outputs": short,
@@ -340,7 +363,8 @@ def test_results_document_summary_warnings_failure():
     assert (doc["label"], doc["host"], doc["kernel"], doc["tuning"]) == ("base", "gpu1", "6.1", {"mps": 256})
     assert ic.compact_summary(fake_result()) == [{
         "concurrency": 8, "output_throughput": 100.0, "output_throughput_cv": 0.01, "request_throughput": 1.0,
-        "ttft_p50_ms": 5.0, "ttft_p99_ms": 9.0, "tpot_p50_ms": 2.0, "itl_p50_ms": 2.0, "itl_p99_ms": 4.0, "errors": 0}]
+        "ttft_p50_ms": 5.0, "ttft_p99_ms": 9.0, "tpot_p50_ms": 2.0, "itl_p50_ms": 2.0, "itl_p99_ms": 4.0, "errors": 0,
+        "settle_runs": 2, "settled": True, "drift": -0.01}]
     cfg = ic.BenchmarkConfig(url="http://h:1", output_tokens=64)
     assert ic.result_warnings(fake_result(), cfg) == []
     warnings = ic.result_warnings(fake_result(cv=0.08, short=3, cpu=97.0, per_chunk=False), cfg)
@@ -349,6 +373,12 @@ def test_results_document_summary_warnings_failure():
     assert "ITL is estimated" in warnings[1]
     assert "varies by 8.0% (CV)" in warnings[2]
     assert "97% of a CPU core" in warnings[3]
+    unsettled = {"max_runs": 3, "runs": [50.0, 70.0, 90.0], "settled": False, "tolerance": 0.05}
+    warnings = ic.result_warnings(fake_result(settle=unsettled, runs=(90.0, 95.0, 99.0, 104.0, 110.0)), cfg)
+    assert len(warnings) == 2
+    assert warnings[0].startswith("At concurrency 8 the server did not settle: 3 warm-up runs of 128 requests gave "
+                                  "50.0, 70.0, 90.0 tok/s, never two in a row within 5%")
+    assert warnings[1].startswith("At concurrency 8 the measured runs rose steadily")
     assert ic.error_failure(fake_result(), 0.0) is None
     message = ic.error_failure(fake_result(errors=2), 0.1)
     assert message.startswith("2 of 10 benchmark requests to http://h:1 failed (20.0%, max_error_rate 10.0%)")

@@ -453,3 +453,49 @@ def test_short_outputs_when_the_server_stops_early(model_dir):
     result = run(scenario())
     assert result["short_outputs"] == 3 and result["levels"][0]["runs"][0]["output_tokens"] == 6
     assert "requests ended before max_tokens" in ic.result_warnings(result, ic.BenchmarkConfig(url="http://x:1"))[0]
+
+
+# ---- warm-up: a server that starts cold ------------------------------------------------------------
+# The lab server's --cold-factor 20 --cold-steps N: the first engine step costs 20 times its work, falling
+# linearly to the normal cost at step N, as a freshly started vLLM is slow until it has met its batch
+# shapes. 4 requests x 8 tokens at 2 in flight take about 16 engine steps per run.
+COLD = ("--work", "64", "--step-work", "256", "--cold-factor", "20")
+
+
+def test_settle_runs_wait_for_a_cold_server(model_dir):
+    with LabServer(model_dir, *COLD, "--cold-steps", "48") as lab:
+        cfg = ic.BenchmarkConfig(url=lab.url, prompt_tokens=8, output_tokens=8, concurrency=[2], requests=4, warmup=0,
+                                 repetitions=2, settle_runs=12, settle_tolerance=0.25, timeout=60)
+        result = run(ic.benchmark(cfg))
+        generated = lab.metric("vllm:generation_tokens_total")
+    st = result["levels"][0]["settle"]
+    print("settle runs (tok/s):", st["runs"])
+    assert st["settled"] is True and st["max_runs"] == 12 and st["errors"] == 0
+    # it took more than the two runs a warm server needs, and the first was far slower than the last
+    assert 3 <= len(st["runs"]) < 12 and st["runs"][0] < 0.6 * st["runs"][-1]
+    assert ic.steady(st["runs"][-2], st["runs"][-1], 0.25)
+    assert not any(ic.steady(a, b, 0.25) for a, b in zip(st["runs"], st["runs"][1:-1]))
+    # every settle run went to the server and none was counted: preflight 4 + settle + 2 measured runs
+    assert generated == 4 + 32 * len(st["runs"]) + 2 * 32
+    assert result["requests"] == 8 and ic.compact_summary(result)[0]["settle_runs"] == len(st["runs"])
+    assert not [w for w in ic.result_warnings(result, cfg) if "did not settle" in w]
+
+
+def test_measured_runs_of_a_cold_server_are_flagged_as_rising(model_dir):
+    with LabServer(model_dir, *COLD, "--cold-steps", "120") as lab:
+        cfg = ic.BenchmarkConfig(url=lab.url, prompt_tokens=8, output_tokens=8, concurrency=[2], requests=4, warmup=0,
+                                 repetitions=5, timeout=60)
+        result = run(ic.benchmark(cfg))
+    lv = result["levels"][0]
+    assert lv["settle"]["settled"] is None and lv["trend"]["p_rising"] <= 0.05 and lv["trend"]["change"] > 0.3
+    assert [w for w in ic.result_warnings(result, cfg) if "measured runs rose steadily" in w]
+
+
+def test_a_server_that_never_settles_is_warned_about(model_dir):
+    with LabServer(model_dir, *COLD, "--cold-steps", "400") as lab:
+        cfg = ic.BenchmarkConfig(url=lab.url, prompt_tokens=8, output_tokens=8, concurrency=[2], requests=4, warmup=0,
+                                 repetitions=1, settle_runs=2, settle_tolerance=0.01, timeout=60)
+        result = run(ic.benchmark(cfg))
+    st = result["levels"][0]["settle"]
+    assert st["settled"] is False and len(st["runs"]) == 2
+    assert [w for w in ic.result_warnings(result, cfg) if "did not settle: 2 warm-up runs of 4 requests" in w]

@@ -245,3 +245,83 @@ def test_error_rates_at_two_percent_noise():
     detections = sum(gated(0.08) == "regression" for _i in range(trials))
     assert false_rollbacks <= 1
     assert detections >= trials - 4
+
+
+# ---- trend across runs (Mann-Kendall) -------------------------------------------------------------
+def inversions(perm) -> int:
+    return sum(1 for i in range(len(perm)) for j in range(i + 1, len(perm)) if perm[i] > perm[j])
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_inversion_distribution_matches_enumeration(n):
+    counts = [0] * (n * (n - 1) // 2 + 1)
+    for perm in itertools.permutations(range(n)):
+        counts[inversions(perm)] += 1
+    assert list(tg.inversion_distribution(n)) == counts
+    assert sum(counts) == math.factorial(n)
+
+
+@pytest.mark.parametrize("runs", [
+    [1.0, 2.0, 3.0, 4.0, 5.0], [5.0, 4.0, 3.0, 2.0, 1.0], [3.0, 1.0, 4.0, 1.5, 5.0, 9.0, 2.0],
+    [10.0, 12.0, 11.0, 13.0, 9.0, 14.0],
+])
+def test_trend_p_values_match_enumeration(runs):
+    """p_rising = P(S >= observed), p_falling = P(S <= observed) over every order of the same runs."""
+    observed = tg.trend(runs)
+    every = [tg.trend(list(p))["s"] for p in itertools.permutations(runs)]
+    assert observed["method"] == "exact"
+    assert observed["p_rising"] == pytest.approx(sum(s >= observed["s"] for s in every) / len(every))
+    assert observed["p_falling"] == pytest.approx(sum(s <= observed["s"] for s in every) / len(every))
+
+
+def test_trend_of_five_runs_hand_computed():
+    rising = tg.trend([662.0, 760.0, 845.0, 930.0, 990.0])  # the vLLM baseline that was still warming up
+    assert (rising["s"], rising["tau"]) == (10, 1.0)
+    assert rising["p_rising"] == pytest.approx(1 / 120) and rising["p_falling"] == 1.0
+    # Theil-Sen slope: median of the ten pairwise slopes is 85 tok/s per run; 4 steps over a median of 845
+    assert tg.theil_sen_slope([662.0, 760.0, 845.0, 930.0, 990.0]) == 85.0
+    assert rising["change"] == pytest.approx(4 * 85.0 / 845.0)
+    one_swap = tg.trend([100.0, 102.0, 101.0, 103.0, 104.0])  # one inversion of ten pairs: S = 8, 5 orders of 120
+    assert one_swap["s"] == 8 and one_swap["p_rising"] == pytest.approx(5 / 120)
+    assert tg.trend([5.0, 6.0]) == {"n": 2, "s": 1, "tau": 1.0, "p_rising": 1.0, "p_falling": 1.0,
+                                    "change": pytest.approx(1 / 5.5), "method": None}
+
+
+def test_trend_normal_approximation_for_ties_and_long_series():
+    tied = tg.trend([100.0, 100.0, 101.0, 101.0, 102.0, 102.0])
+    assert tied["method"] == "normal" and tied["p_rising"] < 0.05 and tied["p_falling"] > 0.95
+    flat = tg.trend([100.0] * 6)
+    assert flat["s"] == 0 and flat["p_rising"] == 1.0 and flat["change"] == 0.0
+    rng = random.Random(3)
+    climbing = [1000.0 + rng.gauss(0, 10) + i for i in range(60)]
+    long = tg.trend(climbing)
+    assert long["method"] == "normal" and long["p_rising"] < 1e-6 and long["p_falling"] > 0.999
+    assert tg.trend(climbing[::-1])["p_falling"] == pytest.approx(long["p_rising"])
+    # the approximation against the exact answer at n = 12 (both available there)
+    runs = [1000.0 + rng.gauss(0, 10) + 3 * i for i in range(12)]
+    exact = tg.trend(runs)["p_rising"]
+    saved = tg.EXACT_TREND_MAX
+    try:
+        tg.EXACT_TREND_MAX = 0
+        assert tg.trend(runs)["p_rising"] == pytest.approx(exact, abs=0.01)
+    finally:
+        tg.EXACT_TREND_MAX = saved
+
+
+def test_drift_warnings():
+    up = tg.trend([662.0, 760.0, 845.0, 930.0, 990.0])
+    assert "rose steadily" in tg.drift_warning("baseline", up, 0.025) and "settle_runs" in tg.drift_warning("baseline", up, 0.025)
+    assert tg.drift_warning("baseline", up, 0.5) is None  # a rise smaller than asked for
+    down = tg.trend([990.0, 930.0, 845.0, 760.0, 662.0])
+    assert "fell steadily" in tg.drift_warning("candidate", down, 0.025)
+    assert tg.drift_warning("candidate", tg.trend(BASE), 0.025) is None
+
+
+def test_decide_reports_trends_and_warns_about_a_cold_candidate():
+    cold = [930.0, 960.0, 985.0, 1001.0, 1010.0]  # a server just rebooted, warming up run by run
+    g = tg.decide(BASE, cold)
+    assert g["candidate"]["trend"]["s"] == 10 and g["candidate"]["trend"]["p_rising"] == pytest.approx(1 / 120)
+    assert g["baseline"]["trend"]["p_rising"] > 0.05
+    assert [w for w in g["warnings"] if "candidate runs rose steadily" in w]
+    assert not [w for w in g["warnings"] if w.startswith("baseline runs")]
+    assert tg.decide(BASE, BASE)["warnings"] == []

@@ -76,7 +76,12 @@ def test_benchmark_stores_results_with_kernel_and_tuning(lab, tmp_path, capsys):
     assert sorted(result["samples"]) == ["1", "2"] and all(len(v) == 2 for v in result["samples"].values())
     assert [s["concurrency"] for s in result["summary"]] == [1, 2]
     assert all(s["errors"] == 0 and s["output_throughput"] > 0 for s in result["summary"])
-    assert result["plan"] == {"levels": [1, 2], "requests_per_level": 9, "requests_total": 19, "output_tokens_total": 144}
+    # per level at most: 1 warm-up request, 3 settle runs (the default) and 2 measured runs of 4 requests
+    assert result["plan"] == {"levels": [1, 2], "requests_per_level": 21, "requests_total": 43, "output_tokens_total": 336}
+    for level in stored["levels"]:
+        assert level["settle"]["max_runs"] == 3 and 2 <= len(level["settle"]["runs"]) <= 3
+        assert level["trend"]["n"] == 2
+    assert stored["config"]["settle_runs"] == 3 and stored["config"]["settle_tolerance"] == 0.05
     assert "bench-key" not in json.dumps(result)
 
 
@@ -129,6 +134,7 @@ def test_server_side_problems(lab, capsys, extra, fragment):
     ({"output_tokens": 0}, "output_tokens must be an integer of at least 1"),
     ({"max_error_rate": 2.0}, "max_error_rate must be between 0 and 1"),
     ({"results_dir": "relative/dir"}, "results_dir must be an absolute path"),
+    ({"settle_runs": 1}, "settle_runs must be 0 (off) or at least 2"),
 ])
 def test_bad_settings_fail_before_any_request(capsys, extra, fragment):
     args = {"url": f"http://127.0.0.1:{free_port()}", "concurrency": [1], "requests": 1}

@@ -110,5 +110,8 @@ def test_role_runs_for_real(tmp_path, lab):
     doc = json.loads(fetched[0].read_text())
     assert doc["label"] == "candidate" and doc["tuning"] == {"mps": 256}
     assert [lv["concurrency"] for lv in doc["levels"]] == [1, 2] and doc["errors"] == 0
-    # every measured token reached the server: 2 levels x 2 runs x 4 requests x 8 tokens, plus warm-up and preflight
-    assert lab.metric("vllm:generation_tokens_total") - before == 2 * 2 * 4 * 8 + 2 * 1 * 8 + 4
+    # every token reached the server: 2 levels x 2 runs x 4 requests x 8 tokens, plus warm-up, the settle runs (2 or 3
+    # per level, the role's default of at most 3) and the preflight
+    settle_runs = [len(lv["settle"]["runs"]) for lv in doc["levels"]]
+    assert all(2 <= n <= 3 for n in settle_runs) and doc["config"]["settle_runs"] == 3
+    assert lab.metric("vllm:generation_tokens_total") - before == 2 * 2 * 4 * 8 + 2 * 1 * 8 + sum(settle_runs) * 4 * 8 + 4
