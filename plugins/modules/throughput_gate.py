@@ -177,10 +177,10 @@ gate:
     baseline:
       description:
         - C(n), C(median), C(mean), C(min), C(max) and C(cv) (coefficient of variation) of the baseline runs.
-        - Once both sides have O(min_runs), C(trend) too, the runs in the order taken (Mann-Kendall): C(s), C(tau),
+        - Once both sides have O(min_runs), C(trend) too, the runs in the order taken (Mann-Kendall), with C(s), C(tau),
           C(p_rising), C(p_falling), C(change) (Theil-Sen slope over the runs as a fraction of their median) and
           C(method). A steady rise or fall by half the margin (1 - O(threshold)) / 2 or more, with p <= 0.05, adds a
-          warning: a server still warming up, or slowing down, gives runs that are not alike.
+          warning, since a server still warming up, or slowing down, gives runs that are not alike.
       type: dict
     candidate:
       description: The same for the candidate runs.

@@ -114,6 +114,43 @@ def theirs(args, level: int, model: str, tokenizer: str, help_text: str, workdir
             "errors": args.requests - data.get("completed", args.requests), "duration_s": data.get("duration")}
 
 
+class InFlight:
+    """Samples the server's ``vllm:num_requests_running`` gauge every ``interval`` s while a client runs.
+
+    The server's own view of whether a client keeps its ``--max-concurrency`` requests in flight: a
+    client that lags in reading streams or in sending its next request shows fewer. ``median`` is over
+    the samples with at least one request running (a client's start-up and the gaps between runs show 0).
+    """
+
+    def __init__(self, url: str, interval: float = 0.05):
+        import threading
+
+        self.url, self.interval, self.samples = url, interval, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append(metric(self.url, "vllm:num_requests_running"))
+            except OSError:
+                pass
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> "InFlight":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    @property
+    def median(self) -> float | None:
+        busy = [v for v in self.samples if v > 0]
+        return statistics.median(busy) if busy else None
+
+
 def window_tokens(times_and_counts, t0: float, t1: float) -> int:
     """Tokens that arrived inside [t0, t1] from (arrival time, tokens) pairs."""
     return sum(k for t, k in times_and_counts if t0 <= t <= t1)
@@ -244,13 +281,22 @@ def main() -> int:
             for rnd in range(args.rounds):
                 order = (("ours", "vllm") if rnd % 2 == 0 else ("vllm", "ours"))
                 for who in order:
-                    if who == "ours":
-                        mine.append(ours(args, level))
-                    else:
-                        vllm.append(theirs(args, level, model, tokenizer, help_text, workdir))
+                    t0 = time.perf_counter()
+                    with InFlight(args.url) as inflight:
+                        if who == "ours":
+                            mine.append(ours(args, level))
+                        else:
+                            vllm.append(theirs(args, level, model, tokenizer, help_text, workdir))
+                    last = (mine if who == "ours" else vllm)[-1]
+                    last["in_flight_median"] = inflight.median
+                    print(f"c={level} round {rnd} {who}: {last['output_throughput']:.1f} tok/s, in flight (server's "
+                          f"median) {inflight.median} ({time.perf_counter() - t0:.1f} s with start-up)",
+                          file=sys.stderr, flush=True)
             a = statistics.median(r["output_throughput"] for r in mine)
             b = statistics.median(r["output_throughput"] for r in vllm)
             levels.append({"concurrency": level, "ours": mine, "vllm": vllm, "ours_median": a, "vllm_median": b,
+                           "ours_in_flight": statistics.median(r["in_flight_median"] or 0 for r in mine),
+                           "vllm_in_flight": statistics.median(r["in_flight_median"] or 0 for r in vllm),
                            "ratio": round(a / b, 4) if b else None,
                            "within_target": bool(b) and abs(a / b - 1) <= TARGET})
     verdict = all(lv["within_target"] for lv in levels)

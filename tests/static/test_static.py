@@ -59,7 +59,8 @@ def test_ansible_lint_production() -> None:
 def test_shellcheck_scripts() -> None:
     """The controller and lab scripts have no extension, so ansible-test's shellcheck misses them."""
     scripts = [os.path.join(REPO, p) for p in ("scripts/bootstrap", "scripts/run-tests", "scripts/run-site",
-                                               "scripts/lib.sh", "tests/containers/build-image", ".ci/run")]
+                                               "scripts/lib.sh", "tests/containers/build-image", ".ci/run",
+                                               "tests/tools/devbench/build")]
     scripts += sorted(glob.glob(os.path.join(REPO, "tests", "lab", "*.sh")))
     for extra in ("tests/lab/lab", "tests/lab/build-image"):
         path = os.path.join(REPO, extra)
