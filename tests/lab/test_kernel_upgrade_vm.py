@@ -46,8 +46,9 @@ HOG = "gpufleet-lab-regression.service"
 # 6.1.0-50 and 6.1.0-56 then both gave about 300 (docs/lab_inference_server.md). The induced
 # regression leaves about a tenth of the throughput (0.10-0.12 measured), so 0.40 keeps a margin
 # on both sides. The 5% gate itself is proven where the noise allows it: the simulation
-# (tests/benchmarks/bench_throughput_gate.py) and the real vLLM in the vllm_service Molecule
-# scenario, at the default 0.95.
+# (tests/benchmarks/bench_throughput_gate.py) at 2% noise; the real vLLM in the vllm_service
+# Molecule scenario varies by 13-21% on this machine and is gated at 0.70 there. No settle runs:
+# this e2e was shown green without them (2026-11-29), before the benchmark had them.
 SETTINGS = {
     "kernel_upgrade_target": NEW,
     "kernel_upgrade_reboot_ok": True,
@@ -62,6 +63,7 @@ SETTINGS = {
     "inference_benchmark_concurrency": [4],
     "inference_benchmark_requests": 32,
     "inference_benchmark_warmup": 4,
+    "inference_benchmark_settle_runs": 0,
     "inference_benchmark_timeout": 120,
 }
 
