@@ -26,7 +26,7 @@ if [ "${SKIP_INSTALL:-0}" != "1" ]; then
         echo "run_vllm_bench.sh: no wheels in $HERE/whl" >&2
         exit 2
     fi
-    stamp="$(cd "$HERE/whl" && ls -l -- *.whl | sha256sum | cut -c1-16)"
+    stamp="$(cd "$HERE/whl" && find . -maxdepth 1 -name '*.whl' -printf '%f %s\n' | sort | sha256sum | cut -c1-16)"
     if [ "$(cat "$DEVSITE/.devbench-stamp" 2>/dev/null || true)" != "$stamp" ]; then
         if [ -e "$DEVSITE" ] && [ ! -e "$DEVSITE/.devbench-stamp" ] && [ -n "$(ls -A "$DEVSITE" 2>/dev/null)" ]; then
             echo "run_vllm_bench.sh: $DEVSITE exists and was not made by this script; set DEVSITE or remove it" >&2
