@@ -1016,6 +1016,13 @@ async def measured_run(pool: ConnectionPool, bodies: Sequence[bytes], headers: d
     return summary, records
 
 
+async def level_run(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers: dict[str, str], level: int,
+                    key: str) -> tuple[dict[str, Any], list[RequestRecord]]:
+    """One run of ``requests`` requests at ``level``, its prompts keyed ``c<level>/<key>/<i>``."""
+    bodies = [_body(cfg, model, f"c{level}/{key}/{i}") for i in range(cfg.requests)]
+    return await measured_run(pool, bodies, headers, level, cfg.timeout, cfg.output_tokens if cfg.ignore_eos else None)
+
+
 async def settle(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers: dict[str, str],
                  level: int) -> dict[str, Any]:
     """Unmeasured runs of ``requests`` requests until two in a row are steady(), at most ``settle_runs``."""
@@ -1023,9 +1030,7 @@ async def settle(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers
     errors = 0
     settled = False
     for i in range(cfg.settle_runs):
-        bodies = [_body(cfg, model, f"c{level}/settle{i}/{j}") for j in range(cfg.requests)]
-        summary, _records = await measured_run(pool, bodies, headers, level, cfg.timeout,
-                                               cfg.output_tokens if cfg.ignore_eos else None)
+        summary, _records = await level_run(pool, cfg, model, headers, level, f"settle{i}")
         runs.append(summary["output_throughput"])
         errors += summary["errors"]
         if len(runs) >= 2 and steady(runs[-2], runs[-1], cfg.settle_tolerance):
@@ -1054,9 +1059,7 @@ async def benchmark(cfg: BenchmarkConfig, progress=None) -> dict[str, Any]:
             runs = []
             all_records: list[RequestRecord] = []
             for rep in range(cfg.repetitions):
-                bodies = [_body(cfg, model, f"c{level}/r{rep}/{i}") for i in range(cfg.requests)]
-                summary, records = await measured_run(pool, bodies, headers, level, cfg.timeout,
-                                                      cfg.output_tokens if cfg.ignore_eos else None)
+                summary, records = await level_run(pool, cfg, model, headers, level, f"r{rep}")
                 summary.update(concurrency=level, repetition=rep)
                 runs.append(summary)
                 all_records.extend(records)
@@ -1166,8 +1169,8 @@ def result_warnings(result: dict[str, Any], cfg: BenchmarkConfig, noisy_cv: floa
         warnings.append("The server sends no per-chunk usage (stream_options.continuous_usage_stats): ITL is estimated "
                         "by spreading each gap over the mean tokens per chunk (itl_exact is false).")
     for lv in result.get("levels", []):
-        st = lv.get("settle") or {}
-        if st.get("settled") is False:
+        st = lv["settle"]
+        if st["settled"] is False:
             figures = ", ".join(f"{v:.1f}" for v in st["runs"])
             warnings.append(f"At concurrency {lv['concurrency']} the server did not settle: {len(st['runs'])} warm-up runs of "
                             f"{cfg.requests} requests gave {figures} tok/s, never two in a row within "
