@@ -97,6 +97,35 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
+HEARTBEAT_S = 30  # a long phase says what still runs at least this often
+
+
+def run_logged(argv: list[str], what: str, timeout: int, capture: bool = True,
+               estimate: str = "") -> subprocess.CompletedProcess:
+    """Run one long step, printing what still runs (and for how long) every HEARTBEAT_S seconds.
+
+    Captured output comes back in the result; with capture=False it goes to this process's stderr."""
+    t0 = time.time()
+    log(f"{what}: started{f' (usually {estimate})' if estimate else ''}")
+    with subprocess.Popen(argv, stdout=subprocess.PIPE if capture else sys.stderr,
+                          stderr=subprocess.PIPE if capture else sys.stderr, text=True,
+                          stdin=subprocess.DEVNULL, cwd=REPO) as proc:
+        out, err = "", ""
+        while True:
+            try:
+                out, err = proc.communicate(timeout=HEARTBEAT_S)
+                break
+            except subprocess.TimeoutExpired:
+                if time.time() - t0 > timeout:
+                    proc.kill()
+                    proc.communicate()
+                    raise LabError(f"{what} timed out after {timeout} s ({shlex.join(argv)})") from None
+                log(f"{what}: still running ({time.time() - t0:.0f} s)")
+        rc = proc.returncode
+    log(f"{what}: {'done' if rc == 0 else f'FAILED (exit {rc})'} in {time.time() - t0:.0f} s")
+    return subprocess.CompletedProcess(argv, rc, out or "", err or "")
+
+
 class LabError(Exception):
     pass
 
@@ -318,11 +347,29 @@ def container_names(n: int) -> list[str]:
     return [f"labc{i}" for i in range(1, n + 1)]
 
 
+def command_error(argv: list[str], r: subprocess.CompletedProcess, fix: str = "") -> str:
+    """`what failed, with its output`: the whole command (long arguments shortened) and the tails of
+    its stdout and stderr, so a failed step can be read without re-running it."""
+    shown = shlex.join(a if len(a) <= 300 else a[:300] + "..." for a in argv)
+    lines = [f"`{shown}` failed with exit {r.returncode}"]
+    for label, text in (("stdout", r.stdout), ("stderr", r.stderr)):
+        tail = "\n".join((text or "").strip().splitlines()[-25:])
+        if tail:
+            lines.append(f"--- {label} (last lines):\n{tail}")
+    if fix:
+        lines.append(fix)
+    return "\n".join(lines)
+
+
 def podman(*args: str, timeout: int = 120, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL, check=False)
+    argv = ["podman", *args]
+    try:
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout,
+                           stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        raise LabError(f"`{shlex.join(argv)}` did not finish in {timeout} s") from None
     if check and r.returncode != 0:
-        raise LabError(f"podman {' '.join(args[:3])} ...: exit {r.returncode}: {r.stderr.strip()[-800:]}")
+        raise LabError(command_error(argv, r))
     return r
 
 
@@ -346,21 +393,96 @@ def running_containers() -> dict[str, dict]:
     return dict(sorted(found.items(), key=lambda kv: int(re.sub(r"\D", "", kv[0]) or 0)))
 
 
-def helper_output(argv: list[str], what: str, timeout: int) -> str:
+def helper_output(argv: list[str], what: str, timeout: int, estimate: str = "") -> str:
     """Run one of the repo's cached build helpers and return the directory it prints last."""
-    r = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                       check=False, cwd=REPO)
+    r = run_logged(argv, what, timeout, estimate=estimate)
     if r.returncode != 0 or not r.stdout.strip():
-        raise LabError(f"{what} failed ({' '.join(argv)}, exit {r.returncode}):\n{r.stderr.strip()[-1500:]}")
+        raise LabError(f"{what} failed: " + command_error(argv, r))
     return r.stdout.strip().splitlines()[-1]
 
 
 def wheelhouse() -> str:
     """The offline vLLM wheelhouse (built once, cached by content hash; prints its path)."""
-    return helper_output([str(REPO / "tests" / "wheelhouse" / "build")], "building the vLLM wheelhouse", 3600)
+    return helper_output([str(REPO / "tests" / "wheelhouse" / "build")], "vLLM wheelhouse (tests/wheelhouse/build)",
+                         3600, estimate="about 60-100 s the first time, a second when cached")
+
+
+def tiny_model(wheelhouse_dir: str) -> str:
+    """The tiny generated Llama the container hosts serve (cached by the script's hash)."""
+    return helper_output([str(REPO / "tests" / "wheelhouse" / "make-tiny-model"), "--wheelhouse", wheelhouse_dir],
+                         "tiny model (tests/wheelhouse/make-tiny-model)", 900,
+                         estimate="about 20-40 s the first time, a second when cached")
+
+
+# What a container host needs before site.yml can use it, each with the check that proves it.
+# `up` checks these on every container host, new or reused, and sets up whatever is missing.
+CONTAINER_NEEDS = {
+    "systemd": "state=$(systemctl is-system-running 2>/dev/null); "
+               "[ \"$state\" = running ] || [ \"$state\" = degraded ]",
+    "python3-apt": "python3 -c 'import apt_pkg'",
+    "model": f"test -r {CONTAINER_MODEL}/config.json && test -r {CONTAINER_MODEL}/tokenizer.json",
+}
+
+
+def container_missing(cname: str) -> list[str]:
+    """What of CONTAINER_NEEDS the container host lacks (empty: it is set up)."""
+    return [need for need, check in CONTAINER_NEEDS.items()
+            if podman("exec", cname, "sh", "-c", check, check=False, timeout=60).returncode != 0]
+
+
+def wait_container_systemd(cname: str, timeout: int = 180) -> str:
+    """Wait until the container's systemd has finished booting (running or degraded).
+
+    Nothing may run in a container whose systemd is still starting: apt's signature check failed
+    there (`Unknown error executing apt-key`) while systemd was still mounting /tmp."""
+    t0 = time.time()
+    r = None
+    while time.time() - t0 < timeout:
+        r = podman("exec", cname, "systemctl", "is-system-running", "--wait", check=False,
+                   timeout=max(5, int(timeout - (time.time() - t0))))
+        state = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+        if state in ("running", "degraded"):
+            return state
+        if state not in ("initializing", "starting", ""):
+            break  # maintenance, stopping, offline: waiting will not help
+        time.sleep(1)
+    failed = podman("exec", cname, "systemctl", "--failed", "--no-legend", check=False).stdout.strip()
+    raise LabError(f"{cname}: systemd did not finish booting in {timeout} s "
+                   f"(is-system-running: {r.stdout.strip() if r else '?'!r}); failed units: {failed or 'none'}; "
+                   f"look with `podman exec {cname} systemctl status`, then `tests/lab/lab down` and up again")
+
+
+def setup_container(name: str, cname: str, model_dir: str) -> None:
+    """Set up what CONTAINER_NEEDS lists and the host lacks; idempotent, checked again at the end."""
+    state = wait_container_systemd(cname)
+    missing = container_missing(cname)
+    if not missing:
+        log(f"{name}: container {cname} set up (systemd {state}, python3-apt, model)")
+        return
+    log(f"{name}: setting up {', '.join(missing)} (systemd {state})")
+    if "python3-apt" in missing:
+        # What a real Debian host has and the image lacks: apt lists and python3-apt (Ansible's
+        # package module).
+        r = run_logged(["podman", "exec", cname, "sh", "-c",
+                        "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
+                        "--no-install-recommends python3-apt >/dev/null"],
+                       f"{name}: apt-get install python3-apt", 900, estimate="20-60 s")
+        if r.returncode != 0:
+            raise LabError(f"{name}: installing python3-apt failed: " + command_error(r.args, r))
+    if "model" in missing:
+        # The model reaches the host as files, as on an air-gapped site.
+        podman("exec", cname, "mkdir", "-p", CONTAINER_MODEL)
+        podman("cp", f"{model_dir}/.", f"{cname}:{CONTAINER_MODEL}", timeout=300)
+        podman("exec", cname, "chmod", "-R", "a+rX", CONTAINER_MODEL)
+    still = container_missing(cname)
+    if still:
+        raise LabError(f"{name}: container {cname} still lacks {', '.join(still)} after its setup; "
+                       f"checks: " + "; ".join(CONTAINER_NEEDS[n] for n in still))
+    log(f"{name}: container {cname} set up ({CONTAINER_IMAGE}, model {CONTAINER_MODEL})")
 
 
 def start_container(name: str, model_dir: str, wheelhouse_dir: str) -> dict:
+    """Start and set up one container host; one that fails its setup is removed, not left half done."""
     cname = f"gpufleet-{name}"
     if podman("container", "exists", cname, check=False).returncode == 0:
         raise LabError(f"a container named {cname} exists but is not this checkout's lab "
@@ -370,34 +492,42 @@ def start_container(name: str, model_dir: str, wheelhouse_dir: str) -> dict:
            "--systemd=always", "--shm-size=1g",  # vLLM's message queue needs more than 64 MB of /dev/shm
            "--ulimit", "nofile=20000:20000", "--ulimit", "nproc=32768:32768",  # the most this machine allows
            CONTAINER_IMAGE, "/sbin/init")
-    # What a real Debian host has and the image lacks: apt lists and python3-apt (Ansible's package
-    # module). The model reaches the host as files, as on an air-gapped site.
-    podman("exec", cname, "sh", "-c", "apt-get update -qq && apt-get install -y -qq --no-install-recommends "
-           "python3-apt >/dev/null && mkdir -p /srv/models", timeout=900)
-    podman("cp", f"{model_dir}/.", f"{cname}:{CONTAINER_MODEL}", timeout=300)
-    podman("exec", cname, "sh", "-c", f"chmod -R a+rX {CONTAINER_MODEL}")
-    log(f"{name}: container {cname} started ({CONTAINER_IMAGE}, model {CONTAINER_MODEL})")
+    try:
+        setup_container(name, cname, model_dir)
+    except BaseException:
+        log(f"{name}: setup failed: removing {cname} (a half set-up host would be reused as if it were ready)")
+        podman("rm", "-f", "-t", "0", cname, check=False)
+        raise
     return {"container": cname, "state": "running", "wheelhouse": wheelhouse_dir}
 
 
 def up_containers(n: int) -> dict[str, dict]:
     have = running_containers()
     want = container_names(n)
-    missing = [c for c in want if c not in have]
     for name, st in have.items():
         if st["state"] != "running":
             raise LabError(f"lab container {st['container']} is {st['state']}: `tests/lab/lab down` and up again")
-    if not missing:
-        return have
     if not shutil.which("podman"):
         raise LabError("podman is missing: run scripts/bootstrap")
-    if podman("image", "exists", CONTAINER_IMAGE, check=False).returncode != 0:
-        log(f"image {CONTAINER_IMAGE} missing: building it (tests/containers/build-image bookworm)")
-        if subprocess.call([str(REPO / "tests" / "containers" / "build-image"), "bookworm"]) != 0:
-            raise LabError("building the container image failed")
+    # a host that runs is not yet a host that is ready: check what each needs
+    unready = {name: container_missing(have[name]["container"]) for name in want if name in have}
+    unready = {name: miss for name, miss in unready.items() if miss}
+    missing = [c for c in want if c not in have]
+    if not missing and not unready:
+        for name in want:
+            log(f"{name}: container {have[name]['container']} running and set up, kept")
+        return have
+    if missing and podman("image", "exists", CONTAINER_IMAGE, check=False).returncode != 0:
+        r = run_logged([str(REPO / "tests" / "containers" / "build-image"), "bookworm"],
+                       f"container image {CONTAINER_IMAGE} (tests/containers/build-image bookworm)", 1800,
+                       capture=False, estimate="2-3 minutes: debootstrap of Debian 12")
+        if r.returncode != 0:
+            raise LabError("building the container image failed (its output is above)")
     wh = wheelhouse()
-    model = helper_output([str(REPO / "tests" / "wheelhouse" / "make-tiny-model"), "--wheelhouse", wh],
-                          "generating the tiny model", 900)
+    model = tiny_model(wh)
+    for name, miss in unready.items():
+        log(f"{name}: container {have[name]['container']} runs but lacks {', '.join(miss)}: finishing its setup")
+        setup_container(name, have[name]["container"], model)
     started = []
     try:
         for name in missing:
@@ -539,9 +669,10 @@ def cmd_up(args) -> int:
     t0 = time.time()
     image = base_image()
     if not image.is_file():
-        log(f"base image {image.name} missing: building it (tests/lab/build-image)")
-        if subprocess.call([str(BUILD_IMAGE)]) != 0:
-            raise LabError("building the base image failed")
+        r = run_logged([str(BUILD_IMAGE)], f"VM base image {image.name} (tests/lab/build-image)", 3600,
+                       capture=False, estimate="5-8 minutes the first time: debootstrap, two kernels, GRUB")
+        if r.returncode != 0:
+            raise LabError("building the base image failed (its output is above)")
     vms = running_vms()
     used = {st["port"] for st in vms.values() if "port" in st}
     started = []
@@ -555,15 +686,28 @@ def cmd_up(args) -> int:
             started.append(name)
         write_inventory(vms)
         timeout = int(os.environ.get("GPUFLEET_LAB_BOOT_TIMEOUT", "600"))
-        deadline = time.time() + timeout
+        t_boot = time.time()  # boot time counts from here, not from `up` (an image build is not boot time)
+        deadline = t_boot + timeout
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(vms)) as ex:
-            futs = {name: ex.submit(wait_ssh, name, deadline, t0) for name in vms}
+            futs = {name: ex.submit(wait_ssh, name, deadline, vms[name].get("started", t_boot))
+                    for name in vms}
             errors = []
-            for name, fut in futs.items():
-                try:
-                    log(f"{name}: SSH answers ({fut.result():.0f} s after up)")
-                except LabError as e:
-                    errors.append(str(e))
+            waiting = set(futs)
+            log(f"waiting for SSH on {', '.join(sorted(waiting))} (usually 20-60 s under TCG; "
+                f"at most {timeout} s)")
+            while waiting:
+                done, _ = concurrent.futures.wait([futs[n] for n in waiting], timeout=HEARTBEAT_S)
+                for name in sorted(waiting):
+                    fut = futs[name]
+                    if fut not in done:
+                        continue
+                    waiting.discard(name)
+                    try:
+                        log(f"{name}: SSH answers ({fut.result():.0f} s after its QEMU started)")
+                    except LabError as e:
+                        errors.append(str(e))
+                if waiting:
+                    log(f"still waiting for SSH on {', '.join(sorted(waiting))} ({time.time() - t_boot:.0f} s)")
             if errors:
                 raise LabError("\n".join(errors))
         for name in started:  # each VM its own name (the image says gpufleet-lab)
@@ -699,7 +843,11 @@ def cmd_status(_args) -> int:
         print(f"{name}: pid {st['pid']}, 127.0.0.1:{st.get('port')}, {st.get('memory_mb')} MiB, "
               f"up {up:.0f} s, {sshs}")
     for name, st in running_containers().items():
-        print(f"{name}: container {st['container']} ({st['state']})")
+        ready = ""
+        if st["state"] == "running":
+            miss = container_missing(st["container"])
+            ready = ", set up" if not miss else f", NOT set up (lacks {', '.join(miss)}: `tests/lab/lab up` finishes it)"
+        print(f"{name}: container {st['container']} ({st['state']}{ready})")
     strays = {pid: n for pid, n in lab_qemu_pids().items() if n not in vms}
     for pid, name in strays.items():
         print(f"STRAY QEMU pid {pid} ({name}) without a pidfile: `tests/lab/lab down` stops it")
