@@ -7,23 +7,27 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.inference.plugins.module_utils.audit_report import (
-    fleet_audits, render_html, render_markdown)
+    fleet_audits, render_html, render_markdown, tuning_changes)
 
 
-def _fleet_audits(hostvars, hosts, key="__audit_result"):
+def _fleet_audits(hostvars, hosts, key="__audit_result", benchmark_dir=None, tuning_dir=None):
     try:
-        return fleet_audits(hostvars, list(hosts), key)
+        return fleet_audits(hostvars, list(hosts), key, benchmark_dir=benchmark_dir, tuning_dir=tuning_dir)
     except (KeyError, TypeError) as err:
         raise AnsibleFilterError(f"fleet_audits: cannot read the audit of a host ({err}); "
                                  "pass hostvars and a list of inventory host names") from err
 
 
 def _checked(render):
-    def wrapper(fleet):
+    def wrapper(fleet, previous=None):
         if not isinstance(fleet, list) or not all(isinstance(e, dict) and "host" in e and "pcie" in e for e in fleet):
             raise AnsibleFilterError(f"{render.__name__}: expects the list made by gpufleet.inference.fleet_audits")
-        return render(fleet)
+        return render(fleet, previous=previous or None)
     return wrapper
+
+
+def _tuning_changes(hostvars_of_host):
+    return tuning_changes(hostvars_of_host)
 
 
 class FilterModule:
@@ -34,4 +38,5 @@ class FilterModule:
             "fleet_audits": _fleet_audits,
             "audit_markdown": _checked(render_markdown),
             "audit_html": _checked(render_html),
+            "tuning_changes": _tuning_changes,
         }

@@ -1,11 +1,22 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Fleet audit report: pure functions from per-host pcie_facts results to Markdown and HTML."""
+"""Fleet audit report: pure functions from per-host pcie_facts results to Markdown and HTML.
+
+Beside each host's audit the report shows the latest benchmark the controller holds for it and the
+tuning changes the roles last made (both read by `controller_extras` from the controller's report
+directories). Each report carries a digest of its content and the time it was generated; rendering
+the same content again keeps the earlier time, so a run that changes nothing rewrites nothing."""
 
 from __future__ import annotations
 
+import datetime
+import glob
+import hashlib
 import html
+import json
+import os
+import re
 from typing import Any
 
 SEVERITIES = ("critical", "warning", "info")
@@ -54,8 +65,10 @@ def link_degraded(link: dict[str, Any] | None) -> bool:
     return bool(slow or narrow)
 
 
-def fleet_audits(hostvars: Any, hosts: list[str], key: str = "__audit_result") -> list[dict[str, Any]]:
-    """One entry per host that holds an audit result, in inventory order."""
+def fleet_audits(hostvars: Any, hosts: list[str], key: str = "__audit_result", benchmark_dir: str | None = None,
+                 tuning_dir: str | None = None) -> list[dict[str, Any]]:
+    """One entry per host that holds an audit result, in inventory order, with the controller's
+    latest benchmark and tuning changes for it where those directories are given."""
     fleet = []
     for host in hosts:
         hv = hostvars[host]
@@ -63,8 +76,85 @@ def fleet_audits(hostvars: Any, hosts: list[str], key: str = "__audit_result") -
         if not result or "pcie" not in result:
             continue
         facts = hv.get("ansible_facts") or {}
-        fleet.append({"host": host, "kernel": facts.get("kernel", ""), "pcie": result["pcie"]})
+        entry = {"host": host, "kernel": facts.get("kernel", ""), "pcie": result["pcie"]}
+        if benchmark_dir or tuning_dir:
+            entry.update(controller_extras(host, benchmark_dir, tuning_dir))
+        fleet.append(entry)
     return fleet
+
+
+def benchmark_summary(doc: dict[str, Any], path: str = "") -> dict[str, Any]:
+    """The report's view of one stored benchmark document (inference_benchmark's results JSON)."""
+    levels = []
+    for lv in doc.get("levels") or []:
+        thr = lv.get("output_throughput") or {}
+        levels.append({"concurrency": lv.get("concurrency"), "output_throughput": thr.get("median"),
+                       "cv": thr.get("cv"), "runs": len(thr.get("values") or []),
+                       "ttft_p50_ms": (lv.get("ttft_ms") or {}).get("p50"),
+                       "tpot_p50_ms": (lv.get("tpot_ms") or {}).get("p50"), "errors": lv.get("errors", 0)})
+    return {"label": doc.get("label", ""), "kernel": doc.get("kernel", ""), "finished_at": doc.get("finished_at", ""),
+            "file": os.path.basename(path), "levels": levels}
+
+
+def controller_extras(host: str, benchmark_dir: str | None, tuning_dir: str | None) -> dict[str, Any]:
+    """{'benchmark': latest stored benchmark of the host or None, 'tuning': its last tuning changes or None}.
+
+    Benchmarks: the newest (by finished_at) of <benchmark_dir>/<host>/*.json that parses as one.
+    Tuning: <tuning_dir>/<host>.json as written by playbooks/verify.yml. Unreadable files are skipped."""
+    extras: dict[str, Any] = {"benchmark": None, "tuning": None}
+    if benchmark_dir:
+        best: tuple[str, dict[str, Any]] | None = None
+        for path in glob.glob(os.path.join(benchmark_dir, host, "*.json")):
+            try:
+                with open(path, encoding="utf-8") as fh:
+                    doc = json.load(fh)
+            except (OSError, ValueError):
+                continue
+            if isinstance(doc, dict) and doc.get("levels") and (best is None or
+                                                                  str(doc.get("finished_at", "")) > best[0]):
+                best = (str(doc.get("finished_at", "")), benchmark_summary(doc, path))
+        extras["benchmark"] = best[1] if best else None
+    if tuning_dir:
+        try:
+            with open(os.path.join(tuning_dir, f"{host}.json"), encoding="utf-8") as fh:
+                tuning = json.load(fh)
+            extras["tuning"] = tuning if isinstance(tuning, dict) else None
+        except (OSError, ValueError):
+            pass
+    return extras
+
+
+# The registered results of the tuning roles that carry `changed` and `actions` (module results).
+TUNING_RESULTS = (
+    ("pcie_link", "kernel command line", "__pcie_link_cmdline"),
+    ("pcie_link", "ASPM policy", "__pcie_link_aspm"),
+    ("pcie_link", "MaxPayload/MaxReadReq", "__pcie_link_payload"),
+    ("vfio", "kernel command line", "__vfio_cmdline"),
+    ("vfio", "driver binding", "__vfio_result"),
+    ("irq_affinity", "IRQ affinity", "__irq_affinity_result"),
+    ("hugepages", "huge pages", "__hugepages_state"),
+    ("hugepages", "kernel command line", "__hugepages_cmdline"),
+)
+
+
+def _action_text(action: Any) -> str:
+    if isinstance(action, dict):
+        what = action.get("action") or action.get("what") or action.get("op") or ""
+        rest = ", ".join(f"{k} {v}" for k, v in sorted(action.items()) if k not in ("action", "what", "op"))
+        return f"{what} ({rest})" if what and rest else str(what or rest)
+    return str(action)
+
+
+def tuning_changes(hostvars_of_host: Any) -> list[dict[str, Any]]:
+    """What the tuning roles changed on one host in this run: [{'role', 'what', 'actions': [str]}]."""
+    out = []
+    for role, what, var in TUNING_RESULTS:
+        res = hostvars_of_host.get(var) if hasattr(hostvars_of_host, "get") else None
+        if not isinstance(res, dict) or not res.get("changed") or res.get("skipped"):
+            continue
+        actions = [_action_text(a) for a in res.get("actions") or []]
+        out.append({"role": role, "what": what, "actions": actions or ["changed"]})
+    return out
 
 
 def host_summary(entry: dict[str, Any]) -> dict[str, Any]:
@@ -86,16 +176,52 @@ def host_summary(entry: dict[str, Any]) -> dict[str, Any]:
     order = {s: i for i, s in enumerate(SEVERITIES)}
     ranked = sorted(findings, key=lambda f: order.get(f.get("severity"), len(order)))
     return {"host": entry["host"], "kernel": entry.get("kernel", ""), "gpus": gpus, "counts": counts,
-            "pair_levels": levels, "findings": ranked}
+            "pair_levels": levels, "findings": ranked, "benchmark": entry.get("benchmark"),
+            "tuning": entry.get("tuning")}
+
+
+STAMP_RE = re.compile(r"gpufleet-report digest ([0-9a-f]{16}) generated (\S+)")
+
+
+def generated_at(body: str, previous: str | None, now: str | None = None) -> tuple[str, str]:
+    """(digest of the body, generation time): the previous report's time when it holds the same digest
+    (nothing changed), else now (UTC, ISO 8601)."""
+    digest = hashlib.sha256(body.encode("utf-8")).hexdigest()[:16]
+    m = STAMP_RE.search(previous or "")
+    if m and m.group(1) == digest:
+        return digest, m.group(2)
+    return digest, now or datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _pct(cv: Any) -> str:
+    return f"{cv * 100:.1f}%" if isinstance(cv, (int, float)) else "n/a (one run)"
+
+
+def _num(v: Any, fmt: str = "{:.1f}") -> str:
+    return fmt.format(v) if isinstance(v, (int, float)) else "-"
+
+
+def benchmark_rows(bench: dict[str, Any]) -> list[list[str]]:
+    return [[str(lv["concurrency"]), _num(lv["output_throughput"]), _pct(lv["cv"]), str(lv["runs"]),
+             _num(lv["ttft_p50_ms"]), _num(lv["tpot_p50_ms"]), str(lv["errors"])] for lv in bench["levels"]]
+
+
+BENCH_HEAD = ["concurrency", "output tok/s (median)", "CV", "runs", "TTFT p50 ms", "TPOT p50 ms", "errors"]
 
 
 def _md_cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render_markdown(fleet: list[dict[str, Any]]) -> str:
+def render_markdown(fleet: list[dict[str, Any]], previous: str | None = None, now: str | None = None) -> str:
+    body = _markdown_body(fleet)
+    digest, when = generated_at(body, previous, now)
+    return f"# GPU fleet PCIe audit\n\nGenerated {when}.\n\n{body}<!-- gpufleet-report digest {digest} generated {when} -->\n"
+
+
+def _markdown_body(fleet: list[dict[str, Any]]) -> str:
     rows = [host_summary(e) for e in fleet]
-    out = ["# GPU fleet PCIe audit", "",
+    out = [
            f"{len(rows)} host(s); {sum(len(r['gpus']) for r in rows)} device(s) audited; "
            f"{sum(r['counts']['critical'] for r in rows)} critical and "
            f"{sum(r['counts']['warning'] for r in rows)} warning finding(s).", "",
@@ -121,6 +247,16 @@ def render_markdown(fleet: list[dict[str, Any]]) -> str:
                     f.get("severity", "?"), f.get("device") or "-", f.get("message", ""), f.get("fix", ""))) + " |")
         else:
             out += ["", "No findings."]
+        if r["benchmark"]:
+            b = r["benchmark"]
+            out += ["", f"Latest benchmark: `{b['label']}` on {b['kernel'] or '?'}, {b['finished_at'] or '?'} "
+                        f"({b['file']}).", "", "| " + " | ".join(BENCH_HEAD) + " |", "|" + "---|" * len(BENCH_HEAD)]
+            out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in benchmark_rows(b)]
+        if r["tuning"]:
+            t = r["tuning"]
+            out += ["", f"Last tuning changes ({t.get('time', '?')}):", ""]
+            out += [f"- {_md_cell(c['role'])}, {_md_cell(c['what'])}: {_md_cell('; '.join(c['actions']))}"
+                    for c in t.get("changes") or []]
     return "\n".join(out) + "\n"
 
 
@@ -140,12 +276,18 @@ def _td(text: Any, cls: str = "") -> str:
     return f"<td{attr}>{html.escape(str(text))}</td>"
 
 
-def render_html(fleet: list[dict[str, Any]]) -> str:
+def render_html(fleet: list[dict[str, Any]], previous: str | None = None, now: str | None = None) -> str:
+    body = _html_body(fleet)
+    digest, when = generated_at(body, previous, now)
+    return ("<!DOCTYPE html>\n" '<html lang="en"><head><meta charset="utf-8">\n'
+            f"<title>GPU fleet PCIe audit</title>\n<style>{_CSS}</style></head><body>\n"
+            f'<h1>GPU fleet PCIe audit</h1>\n<p class="info">Generated <time datetime="{when}">{when}</time>.</p>\n'
+            f"{body}<!-- gpufleet-report digest {digest} generated {when} -->\n</body></html>\n")
+
+
+def _html_body(fleet: list[dict[str, Any]]) -> str:
     rows = [host_summary(e) for e in fleet]
-    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
-             "<title>GPU fleet PCIe audit</title>", f"<style>{_CSS}</style></head><body>",
-             "<h1>GPU fleet PCIe audit</h1>",
-             f"<p>{len(rows)} host(s), {sum(len(r['gpus']) for r in rows)} device(s) audited.</p>",
+    parts = [f"<p>{len(rows)} host(s), {sum(len(r['gpus']) for r in rows)} device(s) audited.</p>",
              "<table><tr><th>host</th><th>kernel</th><th>devices</th><th>pair levels</th>"
              "<th>critical</th><th>warning</th><th>info</th></tr>"]
     for r in rows:
@@ -171,5 +313,17 @@ def render_html(fleet: list[dict[str, Any]]) -> str:
             parts.append("</table>")
         else:
             parts.append('<p class="ok">No findings.</p>')
-    parts.append("</body></html>")
+        if r["benchmark"]:
+            b = r["benchmark"]
+            parts.append(f"<p>Latest benchmark: <code>{html.escape(b['label'])}</code> on {html.escape(b['kernel'] or '?')}, "
+                         f"{html.escape(b['finished_at'] or '?')} ({html.escape(b['file'])}).</p>")
+            parts.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in BENCH_HEAD) + "</tr>")
+            parts += ["<tr>" + "".join(_td(c) for c in row) + "</tr>" for row in benchmark_rows(b)]
+            parts.append("</table>")
+        if r["tuning"]:
+            t = r["tuning"]
+            parts.append(f"<p>Last tuning changes ({html.escape(str(t.get('time', '?')))}):</p><ul>")
+            parts += [f"<li>{html.escape(c['role'])}, {html.escape(c['what'])}: {html.escape('; '.join(c['actions']))}</li>"
+                      for c in t.get("changes") or []]
+            parts.append("</ul>")
     return "\n".join(parts) + "\n"

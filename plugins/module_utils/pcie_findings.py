@@ -309,8 +309,25 @@ def find_errors(model: dict) -> list[dict[str, Any]]:
     return out
 
 
+def privilege_hint(privileges: dict | None) -> str:
+    """What to do about a config space cut to 64 bytes, for the process that read it.
+
+    ``privileges``: ``{'euid': int, 'cap_sys_admin': bool, 'hostname': str}`` of the auditing process
+    (None: unknown). sysfs hands the whole config space only to a reader with CAP_SYS_ADMIN, so
+    "run as root" is the fix for a non-root reader, and no fix at all for a root without it."""
+    priv = privileges or {}
+    where = f" on {priv['hostname']}" if priv.get("hostname") else ""
+    if priv.get("euid") == 0 and priv.get("cap_sys_admin") is False:
+        return (f"The module already runs as root{where}, but without CAP_SYS_ADMIN (an unprivileged container, or a "
+                "capability bounding set that drops it): sysfs gives such a reader the first 64 bytes only. Audit "
+                "the machine itself (its own root, not a container on it); this host's findings are incomplete.")
+    return (f"Run the module as root{where} (become: true) with CAP_SYS_ADMIN: sysfs gives the first 64 bytes only "
+            "to other users and to root without it (an unprivileged container: audit the host itself).")
+
+
 def find_config(model: dict) -> list[dict[str, Any]]:
     out = []
+    hint = privilege_hint(model.get("privileges"))
     for bdf, dev in sorted(model["devices"].items()):
         cfg = dev.get("config")
         if dev.get("config_error"):
@@ -321,8 +338,7 @@ def find_config(model: dict) -> list[dict[str, Any]]:
                 "config_short", "warning", bdf,
                 f"Only {cfg['size']} bytes of the config space of {bdf} are readable"
                 + (": the capability list is cut off." if not cfg["capabilities_complete"] else ": the extended capabilities (ACS, AER) are hidden."),
-                "Run the module as root (become: true) with CAP_SYS_ADMIN: sysfs gives the first 64 bytes only to "
-                "other users and to root without it (an unprivileged container: audit the host itself).", [bdf]))
+                hint, [bdf]))
     return out
 
 

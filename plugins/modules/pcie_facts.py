@@ -401,6 +401,8 @@ ansible_facts:
 """
 
 import json
+import os
+import socket
 import sys
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
@@ -413,7 +415,8 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config impo
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
     BMC_VENDORS, PciWalker, TopologyError, build_model, select_targets,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_findings import find, path_links, summary
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_findings import (
+    find, path_links, privilege_hint, summary)
 
 NVIDIA = "0x10de"
 
@@ -546,6 +549,19 @@ def bandwidth(model: dict, params: dict, run) -> dict:
     return result
 
 
+def process_privileges() -> dict:
+    """This process's effective uid, whether it holds CAP_SYS_ADMIN (bit 21 of CapEff) and the host name."""
+    cap = None
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    cap = bool(int(line.split()[1], 16) >> 21 & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"euid": os.geteuid(), "cap_sys_admin": cap, "hostname": socket.gethostname()}
+
+
 def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, list[str]]:
     """The whole audit: targets, model, NVML, probe and findings. Returns (facts, warnings).
 
@@ -558,6 +574,8 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
     targets = select_targets(PciWalker(fs), devices=params["devices"], vendor=params["vendor"], device=params["device"],
                              class_prefix=params["class_prefix"], exclude_vendors=params["exclude_vendors"])
     model = build_model(fs, targets)
+    model["privileges"] = params.get("privileges") or process_privileges()
+    short: list[tuple[str, int]] = []
     for bdf in targets:
         dev = model["devices"][bdf]
         if dev["config_error"]:
@@ -570,7 +588,12 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
         if dev["config_error"]:
             warnings.append(f"{bdf} (on the path of a target): {dev['config_error']}; its checks are skipped.")
         elif cfg and cfg["size"] < 256:
-            warnings.append(f"Only {cfg['size']} bytes of config space are readable for {bdf}: run as root for the full audit.")
+            short.append((bdf, cfg["size"]))
+    if short:
+        who = model["privileges"].get("hostname") or "this host"
+        shown = ", ".join(f"{bdf} ({size} bytes)" for bdf, size in short[:4]) + (" ..." if len(short) > 4 else "")
+        warnings.append(f"{who}: only part of the config space is readable for {len(short)} function(s): {shown}. "
+                        + privilege_hint(model["privileges"]))
 
     has_nvidia = any(model["devices"][b]["vendor_id"] == NVIDIA for b in targets)
     mode = params["include_nvml"]
@@ -602,6 +625,7 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
             warnings.append(f"Bandwidth probe: {model['bandwidth']['error']}")
 
     model["findings"] = find(model, vfio_wanted=params["vfio_wanted"])
+    del model["privileges"]  # who audited is for the messages, not part of the host's facts
     model["findings_summary"] = summary(model["findings"])
     return model, warnings
 

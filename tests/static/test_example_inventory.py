@@ -22,7 +22,7 @@ pytestmark = pytest.mark.static
 INVENTORY = os.path.join(REPO, "inventories", "example")
 PROFILES = ("gpu_consumer_2x", "gpu_server_8x")
 # Variables the playbooks read (playbooks/audit.yml) that are no role's: keep this list short.
-PLAYBOOK_VARS = {"gpufleet_hosts", "gpufleet_report_dir"}
+PLAYBOOK_VARS = {"gpufleet_hosts", "gpufleet_report_dir", "gpufleet_benchmark_dir"}
 ALLOWED_PREFIXES = ("ansible_", "vault_")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from ansible_collections.gpufleet.inference.plugins.module_utils import audit_report as ar
 
 
@@ -68,3 +70,60 @@ def test_nvml_name_wins_over_ids():
     entry["pcie"]["devices"]["0000:02:00.0"].update(device_name=None, vendor_id="0x10de", device_id="0x2335")
     names = [g["name"] for g in ar.host_summary(entry)["gpus"]]
     assert names == ["NVIDIA H200", "0x10de 0x2335"]
+
+
+# ---- generation time, benchmarks and tuning changes on the controller ---------------------------
+def _bench_doc(finished, medians, cv=0.02, label="site"):
+    return {"label": label, "kernel": "6.1.0-50-cloud-amd64", "finished_at": finished, "levels": [
+        {"concurrency": c, "output_throughput": {"median": m, "cv": cv, "values": [m] * 3},
+         "ttft_ms": {"p50": 12.5}, "tpot_ms": {"p50": 3.4}, "errors": 0} for c, m in medians]}
+
+
+def test_same_content_keeps_its_generation_time_and_new_content_gets_a_new_one():
+    fleet = [_entry("gpu1")]
+    first = ar.render_html(fleet, now="2026-12-01T10:00:00Z")
+    assert '<time datetime="2026-12-01T10:00:00Z">' in first
+    again = ar.render_html(fleet, previous=first, now="2026-12-01T11:00:00Z")
+    assert again == first  # nothing changed: the same bytes, so Ansible's copy reports changed=false
+    changed = ar.render_html([_entry("gpu1", findings=[])], previous=first, now="2026-12-01T11:00:00Z")
+    assert "2026-12-01T11:00:00Z" in changed and "2026-12-01T10:00:00Z" not in changed
+    md = ar.render_markdown(fleet, now="2026-12-01T10:00:00Z")
+    assert md.startswith("# GPU fleet PCIe audit\n\nGenerated 2026-12-01T10:00:00Z.")
+    assert ar.render_markdown(fleet, previous=md, now="2026-12-01T12:00:00Z") == md
+    # a report of another content does not lend its time (the digest differs)
+    assert "2026-12-01T10:00:00Z" not in ar.render_markdown([_entry("gpu2")], previous=md, now="2026-12-01T12:00:00Z")
+
+
+def test_controller_extras_take_the_newest_benchmark_and_the_tuning_changes(tmp_path):
+    bdir = tmp_path / "benchmarks" / "gpu1"
+    bdir.mkdir(parents=True)
+    (bdir / "site-a.json").write_text(json.dumps(_bench_doc("2026-12-01T09:00:00Z", [(4, 100.0)])))
+    (bdir / "site-b.json").write_text(json.dumps(_bench_doc("2026-12-01T10:00:00Z", [(4, 250.5), (16, 900.0)], cv=None)))
+    (bdir / "broken.json").write_text("{not json")
+    tdir = tmp_path / "tuning"
+    tdir.mkdir()
+    (tdir / "gpu1.json").write_text(json.dumps({"host": "gpu1", "time": "2026-12-01T09:30:00Z", "changes": [
+        {"role": "pcie_link", "what": "ASPM policy", "actions": ["set policy performance"]}]}))
+    hostvars = {"gpu1": {"__audit_result": _entry("gpu1"), "ansible_facts": {"kernel": "k"}},
+                "gpu2": {"__audit_result": _entry("gpu2"), "ansible_facts": {"kernel": "k"}}}
+    fleet = ar.fleet_audits(hostvars, ["gpu1", "gpu2"], benchmark_dir=str(tmp_path / "benchmarks"),
+                            tuning_dir=str(tdir))
+    assert fleet[0]["benchmark"]["file"] == "site-b.json" and fleet[0]["benchmark"]["levels"][1]["output_throughput"] == 900.0
+    assert fleet[1]["benchmark"] is None and fleet[1]["tuning"] is None
+    page = ar.render_html(fleet, now="2026-12-01T10:00:00Z")
+    assert "<td>250.5</td><td>n/a (one run)</td>" in page and "site-b.json" in page
+    assert "<li>pcie_link, ASPM policy: set policy performance</li>" in page
+    md = ar.render_markdown(fleet, now="2026-12-01T10:00:00Z")
+    assert "| 16 | 900.0 | n/a (one run) | 3 | 12.5 | 3.4 | 0 |" in md
+    assert "- pcie_link, ASPM policy: set policy performance" in md
+
+
+def test_tuning_changes_lists_only_results_that_changed():
+    hv = {"__pcie_link_aspm": {"changed": True, "actions": [{"action": "set_policy", "policy": "performance"}]},
+          "__pcie_link_payload": {"changed": False, "actions": []},
+          "__irq_affinity_result": {"changed": True, "actions": ["pin IRQ 33 to 0-3"]},
+          "__hugepages_state": {"skipped": True, "changed": False}}
+    assert ar.tuning_changes(hv) == [
+        {"role": "pcie_link", "what": "ASPM policy", "actions": ["set_policy (policy performance)"]},
+        {"role": "irq_affinity", "what": "IRQ affinity", "actions": ["pin IRQ 33 to 0-3"]}]
+    assert ar.tuning_changes({}) == []

@@ -6,6 +6,8 @@ error paths (what/where/why/what to do, never a traceback), NVML and the bandwid
 
 from __future__ import annotations
 
+import os
+
 import json
 import shutil
 import subprocess
@@ -109,9 +111,30 @@ def test_gather_short_config_warns(tmp_path):
     host = two_gpus_one_switch(tmp_path)
     cfg = host.real("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0/config")
     cfg.write_bytes(cfg.read_bytes()[:64])
-    facts, warnings = pcie_facts.gather(HostFS(str(tmp_path)), {"include_nvml": "never"})
-    assert warnings == ["Only 64 bytes of config space are readable for 0000:03:00.0: run as root for the full audit."]
+    facts, warnings = pcie_facts.gather(HostFS(str(tmp_path)), {
+        "include_nvml": "never", "privileges": {"euid": 1000, "cap_sys_admin": False, "hostname": "gpu7"}})
+    assert warnings == ["gpu7: only part of the config space is readable for 1 function(s): 0000:03:00.0 (64 bytes). "
+                        "Run the module as root on gpu7 (become: true) with CAP_SYS_ADMIN: sysfs gives the first 64 bytes "
+                        "only to other users and to root without it (an unprivileged container: audit the host itself)."]
     assert "config_short" in [f["code"] for f in facts["findings"]]
+
+
+def test_short_config_as_root_without_cap_sys_admin_says_so(tmp_path):
+    host = two_gpus_one_switch(tmp_path)
+    cfg = host.real("/sys/devices/pci0000:00/0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0/config")
+    cfg.write_bytes(cfg.read_bytes()[:64])
+    facts, warnings = pcie_facts.gather(HostFS(str(tmp_path)), {
+        "include_nvml": "never", "privileges": {"euid": 0, "cap_sys_admin": False, "hostname": "labc1"}})
+    assert len(warnings) == 1 and warnings[0].startswith("labc1: only part of the config space")
+    assert "already runs as root on labc1, but without CAP_SYS_ADMIN" in warnings[0]
+    assert "run the module as root" not in warnings[0].lower()
+    short = [f for f in facts["findings"] if f["code"] == "config_short"]
+    assert short and "already runs as root on labc1" in short[0]["fix"]
+
+
+def test_process_privileges_reads_this_process():
+    priv = pcie_facts.process_privileges()
+    assert priv["euid"] == os.geteuid() and priv["hostname"] and priv["cap_sys_admin"] in (True, False)
 
 
 # ---- main() -------------------------------------------------------------------------------------
