@@ -110,9 +110,9 @@ def controller_extras(host: str, benchmark_dir: str | None, tuning_dir: str | No
                     doc = json.load(fh)
             except (OSError, ValueError):
                 continue
-            if isinstance(doc, dict) and doc.get("levels") and (best is None or
-                                                                  str(doc.get("finished_at", "")) > best[0]):
-                best = (str(doc.get("finished_at", "")), benchmark_summary(doc, path))
+            finished = str(doc.get("finished_at", "")) if isinstance(doc, dict) else ""
+            if isinstance(doc, dict) and doc.get("levels") and (best is None or finished > best[0]):
+                best = (finished, benchmark_summary(doc, path))
         extras["benchmark"] = best[1] if best else None
     if tuning_dir:
         try:
@@ -221,8 +221,7 @@ def render_markdown(fleet: list[dict[str, Any]], previous: str | None = None, no
 
 def _markdown_body(fleet: list[dict[str, Any]]) -> str:
     rows = [host_summary(e) for e in fleet]
-    out = [
-           f"{len(rows)} host(s); {sum(len(r['gpus']) for r in rows)} device(s) audited; "
+    out = [f"{len(rows)} host(s); {sum(len(r['gpus']) for r in rows)} device(s) audited; "
            f"{sum(r['counts']['critical'] for r in rows)} critical and "
            f"{sum(r['counts']['warning'] for r in rows)} warning finding(s).", "",
            "| host | kernel | devices | slowest link | pair levels | critical | warning | info | first finding |",
