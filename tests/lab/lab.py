@@ -693,7 +693,7 @@ def cmd_up(args) -> int:
                     for name in vms}
             errors = []
             waiting = set(futs)
-            log(f"waiting for SSH on {', '.join(sorted(waiting))} (usually 20-60 s under TCG; "
+            log(f"waiting for SSH on {', '.join(sorted(waiting))} (usually 20-120 s under TCG, longer on a busy machine; "
                 f"at most {timeout} s)")
             while waiting:
                 done, _ = concurrent.futures.wait([futs[n] for n in waiting], timeout=HEARTBEAT_S)
