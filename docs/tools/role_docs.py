@@ -169,7 +169,7 @@ def absolute_links(text: str, page_dir: str, repo_url: str) -> str:
         bang, label, target = match.groups()
         if re.match(r"^[a-z][a-z0-9+.-]*:", target) or target.startswith("#"):
             return match.group(0)
-        path, _, anchor = target.partition("#")
+        path, _hash, anchor = target.partition("#")
         rel = os.path.normpath(os.path.join(page_dir, path)).replace(os.sep, "/")
         if rel.startswith("../"):
             raise ValueError(f"{page_dir}: link {target} leaves the repository")
