@@ -173,7 +173,7 @@ seealso:
   - module: gpufleet.inference.throughput_gate
   - name: docs/benchmark.md
     description: How the client measures and how the gate decides.
-    link: https://example.invalid/gpufleet/inference/docs/benchmark.md
+    link: https://github.com/gpufleet/inference/blob/main/docs/benchmark.md
 """
 
 EXAMPLES = r"""

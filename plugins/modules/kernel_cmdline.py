@@ -82,7 +82,7 @@ seealso:
   - module: gpufleet.inference.kernel_cmdline_info
   - name: The reboot contract
     description: docs/reboot_contract.md in the collection.
-    link: https://example.invalid/gpufleet/inference/docs/reboot_contract.md
+    link: https://github.com/gpufleet/inference/blob/main/docs/reboot_contract.md
 """
 
 EXAMPLES = r"""

@@ -108,7 +108,7 @@ seealso:
   - module: gpufleet.inference.pcie_facts
   - name: Path- and peer-safe payload sizes
     description: docs/pcie_payload.md in the collection.
-    link: https://example.invalid/gpufleet/inference/docs/pcie_payload.md
+    link: https://github.com/gpufleet/inference/blob/main/docs/pcie_payload.md
 """
 
 EXAMPLES = r"""

@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from tests.helpers import REPO, assert_ok, run
 
@@ -76,30 +77,81 @@ def test_ansible_doc_renders_every_role() -> None:
 
 def test_role_pages_exist_and_tables_are_current() -> None:
     """Every role has docs/roles/<role>.md whose variables table is what docs/tools/role_docs.py renders from
-    meta/argument_specs.yml. Fix with: .venv/bin/python docs/tools/role_docs.py --write"""
+    meta/argument_specs.yml, and roles/<role>/README.md (what Galaxy shows) generated from that page.
+    Fix with: .venv/bin/python docs/tools/role_docs.py --write"""
     proc = run([sys.executable, os.path.join(REPO, "docs", "tools", "role_docs.py"), "--check"])
-    assert_ok(proc, "docs/tools/role_docs.py --check (run it with --write and commit the pages)")
+    assert_ok(proc, "docs/tools/role_docs.py --check (run it with --write and commit the pages and READMEs)")
     for name in ROLES:
         path = os.path.join(REPO, "docs", "roles", f"{name}.md")
         assert os.path.isfile(path), f"role {name} has no page docs/roles/{name}.md"
+        assert os.path.isfile(os.path.join(REPO, "roles", name, "README.md")), f"role {name} has no README.md"
+    every_role = sorted(d for d in os.listdir(os.path.join(REPO, "roles")) if os.path.isdir(os.path.join(REPO, "roles", d)))
+    assert every_role == ROLES, f"roles without meta/argument_specs.yml: {sorted(set(every_role) - set(ROLES))}"
+
+
+def _repository() -> str:
+    with open(os.path.join(REPO, "galaxy.yml"), encoding="utf-8") as fh:
+        return str(yaml.safe_load(fh)["repository"]).rstrip("/")
+
+
+# What Galaxy and Automation Hub render outside the repository: the collection's README and each role's.
+GALAXY_PAGES = ["README.md"] + [f"roles/{name}/README.md" for name in ROLES]
 
 
 def test_docs_links_resolve() -> None:
-    """Relative Markdown links in README.md and docs/ point at files that exist."""
-    pages = [os.path.join(REPO, "README.md")]
+    """Markdown links in README.md, the role READMEs and docs/ point at files that exist: relative ones from the
+    page, absolute ones into galaxy.yml's repository (<repository>/blob/main/<path>) in the checkout."""
+    pages = [os.path.join(REPO, p) for p in GALAXY_PAGES]
     for dirpath, _dirs, names in os.walk(os.path.join(REPO, "docs")):
         pages += [os.path.join(dirpath, n) for n in names if n.endswith(".md")]
+    into_repo = re.compile(re.escape(_repository()) + r"/(?:blob|tree)/main/([^#]+)")
     broken = []
     for page in pages:
         with open(page, encoding="utf-8") as fh:
             text = fh.read()
         for target in re.findall(r"\]\(([^)\s]+)\)", text):
-            if re.match(r"^[a-z]+:", target) or target.startswith("#"):
+            if target.startswith("#"):
                 continue
-            path = os.path.normpath(os.path.join(os.path.dirname(page), target.split("#", 1)[0]))
+            if re.match(r"^[a-z]+:", target):
+                own = into_repo.match(target)
+                if not own:
+                    continue
+                path = os.path.join(REPO, own.group(1))
+            else:
+                path = os.path.normpath(os.path.join(os.path.dirname(page), target.split("#", 1)[0]))
             if not os.path.exists(path):
                 broken.append(f"{os.path.relpath(page, REPO)}: {target}")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def test_galaxy_pages_link_absolutely() -> None:
+    """Galaxy shows README.md and the role READMEs away from the repository: a relative link there is dead. Link
+    into galaxy.yml's repository instead (role READMEs: docs/tools/role_docs.py does it)."""
+    relative = []
+    for page in GALAXY_PAGES:
+        with open(os.path.join(REPO, page), encoding="utf-8") as fh:
+            text = fh.read()
+        relative += [f"{page}: {t}" for t in re.findall(r"\]\(([^)\s]+)\)", text)
+                     if not re.match(r"^[a-z]+:", t) and not t.startswith("#")]
+    assert not relative, "relative links in pages Galaxy renders:\n" + "\n".join(relative)
+
+
+def test_no_placeholder_urls() -> None:
+    """No URL into the reserved .invalid domain (example.invalid stood in for links that do not exist) in any file
+    of the checkout: omit what does not exist. Example hosts in EXAMPLES (llm.example.com) are fine."""
+    placeholder = re.compile(r"https?://[^\s\"'<>)/]*\.invalid\b")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, stdout=subprocess.PIPE,
+                           check=True, text=True).stdout
+    found = []
+    for rel in filter(None, files.split("\0")):
+        path = os.path.join(REPO, rel)
+        if not os.path.isfile(path) or os.path.islink(path):
+            continue
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            for number, line in enumerate(fh, 1):
+                if placeholder.search(line):
+                    found.append(f"{rel}:{number}: {line.strip()}")
+    assert not found, "placeholder URLs:\n" + "\n".join(found)
 
 
 def test_readme_starts_with_the_two_commands() -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
+import sys
 
 import pytest
 import yaml
@@ -100,3 +102,46 @@ def test_galaxy_requirements_install_this_collection_and_its_dependencies(ee: di
     galaxy = load("galaxy.yml")
     for dependency in galaxy.get("dependencies") or {}:
         assert dependency in names, f"{dependency} (a dependency in galaxy.yml) is not installed into the EE"
+
+
+def _documented_build_steps() -> list[str]:
+    """Step 1 of docs/execution_environment.md's build block (the tarball), as a user would type it."""
+    with open(os.path.join(REPO, "docs", "execution_environment.md"), encoding="utf-8") as fh:
+        text = fh.read()
+    section = text.split("## Building the image", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    steps = [line.strip() for line in block.splitlines() if line.strip().startswith(("ansible-galaxy ", "mv "))]
+    assert steps, "docs/execution_environment.md: no ansible-galaxy build step in its build block"
+    return steps
+
+
+def test_ansible_builder_creates_the_context_from_the_documented_steps(tmp_path) -> None:
+    """In a clean copy of the checkout: the documented tarball step, then `ansible-builder create` (ansible-builder
+    from PyPI, in .venv-galaxy): both succeed without a warning, and the context holds what the image needs."""
+    builder = os.path.join(REPO, ".venv-galaxy", "bin", "ansible-builder")
+    assert os.path.isfile(builder), ".venv-galaxy is missing: run scripts/bootstrap"
+    src = tmp_path / "src"
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, stdout=subprocess.PIPE,
+                           check=True, text=True).stdout
+    for rel in filter(None, files.split("\0")):
+        if os.path.lexists(os.path.join(REPO, rel)):
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.join(REPO, rel), src / rel, follow_symlinks=False)
+    (tmp_path / "home").mkdir()
+    env = {"PATH": os.pathsep.join([os.path.dirname(sys.executable), os.path.dirname(builder), "/usr/bin", "/bin"]),
+           "HOME": str(tmp_path / "home"), "LC_ALL": "C.UTF-8", "ANSIBLE_NOCOLOR": "1"}
+    outputs = []
+    for step in _documented_build_steps() + [f"{builder} create --file execution-environment.yml --context .ee/context"]:
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", step], cwd=src, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=300, check=False)
+        assert proc.returncode == 0, f"{step} failed with rc={proc.returncode}:\n{proc.stdout}"
+        outputs.append(f"$ {step}\n{proc.stdout}")
+    warnings = [line for out in outputs for line in out.splitlines() if re.search(r"warn", line, re.I)]
+    assert not warnings, "warnings while building the context:\n" + "\n".join(warnings)
+    context = src / ".ee" / "context"
+    containerfile = (context / "Containerfile").read_text(encoding="utf-8")
+    core = f"ansible-core=={pins('requirements/controller.txt')['ansible-core']}"
+    assert "python3.11" in containerfile and core in containerfile, f"no python3.11 or {core}:\n{containerfile}"
+    assert (context / "_build" / "collections" / "gpufleet-inference.tar.gz").is_file(), "the collection is not in the context"
+    galaxy = yaml.safe_load((context / "_build" / "requirements.yml").read_text(encoding="utf-8"))
+    assert {c["name"] for c in galaxy["collections"]} >= {"ansible.posix"}, galaxy
