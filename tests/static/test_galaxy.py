@@ -220,7 +220,7 @@ def _audit_target() -> str:
 
 
 def _fleet_report_path(out: str) -> str:
-    found = re.search(r"Fleet audit: (\S+)/fleet\.md", out)
+    found = re.search(r"Fleet report: (\S+)/fleet\.md", out)
     assert found, f"the audit playbook did not say where the fleet report goes:\n{tail(out, 30)}"
     return found.group(1)
 
@@ -246,8 +246,6 @@ def test_audit_by_fqcn_writes_reports_outside_the_installed_collection(installed
     assert written == [], "the audit wrote into the installed collection:\n" + "\n".join(written)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 18: the default report directory is still playbook_dir/../reports, "
-                                       "inside the installed collection; remove this marker with that change")
 def test_audit_by_fqcn_default_report_dir_is_outside_the_installed_collection(installed: dict) -> None:
     out = playbook(installed, "gpufleet.inference.audit", "-c", "local", "-i", "localhost,", "--check",
                    "-e", json.dumps({"audit_class_prefix": _audit_target()}))
