@@ -88,6 +88,10 @@ options:
     description: Seconds each renewal extends the lease.
     type: int
     default: 7200
+  preflight:
+    description: This run's C(gpufleet.inference.kernel_upgrade_preflight) result (go or no-go before an upgrade starts).
+    type: dict
+    default: {}
 """
 
 EXAMPLES = r"""
@@ -184,7 +188,7 @@ def run(module: AnsibleModule, fs: HostFS) -> dict:
         validate_version(p["target"], "target")
         journal = load_journal(fs, p["journal"])
         lease_actions = renew_lease(module, fs, now)
-        obs = {"event": p["event"], "data": p["data"] or {}, "running": running, "default": default,
+        obs = {"event": p["event"], "data": p["data"] or {}, "preflight": p["preflight"] or {}, "running": running, "default": default,
                "boot_id": boot_id(fs), "now": now, "target": p["target"], "run_id": p["run_id"],
                "installed_packages": installed_packages(fs.read_optional(DPKG_STATUS)), "health": health_result(fs),
                "settings": {"reboot_ok": p["reboot_ok"], "check_mode": module.check_mode, "lock": p["lock"],
@@ -223,6 +227,7 @@ def main():
             journal=dict(type="path", default="/var/lib/gpufleet/kernel_upgrade/journal.json"),
             lease_run_id=dict(type="str", default=""),
             lease_ttl=dict(type="int", default=7200),
+            preflight=dict(type="dict", default={}),
             root=dict(type="path", default="/"),
         ),
         supports_check_mode=True,

@@ -26,6 +26,10 @@ description:
   - C(target) - the target kernel is installed already, or its package is installable (C(apt-get install -s)).
   - C(driver) - where a GPU driver module (O(driver_modules), C(nvidia) by default) is used, a module file for the target
     kernel exists under C(/lib/modules/<target>/) (O(phase=installed)), or DKMS will build one (O(phase=preflight)).
+  - C(in_progress) - no upgrade was left half-way. With an upgrade journal (C(/var/lib/gpufleet/kernel_upgrade/journal.json))
+    the check passes and says which stage the role resumes; a corrupt journal fails it. Without a journal, a host that
+    runs a kernel other than its saved GRUB default fails it, with what to do (reboot into the default, or make the
+    running kernel the default).
   - Returns the GRUB entries, which entry boots the running and the target kernel (the C(submenu>entry) id form), the saved
     default and the pending one-shot entry, the installed kernels and the held packages.
 author:
@@ -213,6 +217,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade 
     parse_grubenv, resolve_saved, validate_version, BOOT_FILES,
 )
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import FlowError
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import JOURNAL, load_journal
+
 C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
 SBIN_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 MAX_WALK = 20000
@@ -285,6 +292,29 @@ class Host:
 
     def loaded_modules(self) -> list[str]:
         return self.fs.listdir("/sys/module")
+
+
+def check_in_progress(fs: HostFS, running: str, default: str | None) -> dict:
+    """An upgrade left half-way: a journal (the role resumes it), or none while the host runs a kernel
+    other than its saved default (a one-shot boot nobody recorded: refused, with what to do)."""
+    try:
+        journal = load_journal(fs, JOURNAL)
+    except FlowError as err:
+        return {"name": "in_progress", "ok": False, "reason": str(err).split(": nothing was changed")[0],
+                "fix": str(err)}
+    if journal is not None:
+        return {"name": "in_progress", "ok": True, "fix": "",
+                "reason": f"an upgrade from {journal['old']} to {journal['target']} (run {journal.get('run_id') or '?'}) is in "
+                          f"progress at stage {journal['stage']} ({JOURNAL}): the role resumes it"}
+    if default is not None and default != running:
+        return {"name": "in_progress", "ok": False,
+                "reason": f"the host runs {running} but its saved GRUB default is {default}, and there is no upgrade "
+                          f"journal ({JOURNAL}): a one-shot boot was left half-way, and a baseline on {running} would "
+                          "not be a baseline of the kernel the host boots",
+                "fix": f"To go back, reboot (GRUB boots {default}); to keep {running}, check it and make it the default "
+                       f"(grub-set-default with its 'submenu>entry' id). Then run again."}
+    return {"name": "in_progress", "ok": True, "fix": "", "reason": "no upgrade is in progress (no journal; the host runs "
+            "its saved default)"}
 
 
 def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
@@ -372,9 +402,10 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
                            "fix": "Run update-grub and check its output; the kernel's postinst hook should have done it."})
         else:
             checks.append({"name": "installed", "ok": True, "reason": f"{target} is installed with a GRUB entry", "fix": ""})
-    verdict = decide(checks)
     saved = env["vars"].get("saved_entry")
     default_entry = resolve_saved(entries, saved)
+    checks.append(check_in_progress(host.fs, running, default_entry["version"] if default_entry else None))
+    verdict = decide(checks)
     running_entry = entry_for(entries, running)
     target_entry = entry_for(entries, target)
     return dict(
