@@ -46,8 +46,13 @@ def describe(lease: dict[str, Any], now: float) -> str:
 
 
 def plan(current: dict[str, Any] | None, state: str, run_id: str, now: float, ttl: int, operator: str = "",
-         play: str = "", break_expired: bool = False) -> tuple[dict[str, Any] | None, str]:
-    """(lease to write or None to remove, what: acquired/renewed/released/broken/unchanged)."""
+         play: str = "", break_expired: bool = False, holder: dict[str, Any] | None = None,
+         take_over: str = "") -> tuple[dict[str, Any] | None, str]:
+    """(lease to write or None to remove, what: acquired/renewed/released/broken/taken_over/unchanged).
+
+    ``holder``: the controller process that holds it (controller, pid, pid_start), kept in the lease;
+    ``take_over``: the run id of a holder the controller found dead (see holder_status): its lease,
+    expired or not, passes to this run."""
     if state not in STATES:
         raise LeaseError(f"state must be one of {', '.join(STATES)}, got {state!r}")
     if not run_id:
@@ -58,8 +63,16 @@ def plan(current: dict[str, Any] | None, state: str, run_id: str, now: float, tt
     expired = current is not None and current["expires_at"] <= now
 
     def fresh(taken_at: float) -> dict[str, Any]:
-        return {"format": FORMAT, "run_id": run_id, "operator": operator, "play": play, "taken_at": taken_at,
-                "renewed_at": now, "expires_at": now + ttl, "ttl": ttl}
+        out = {"format": FORMAT, "run_id": run_id, "operator": operator, "play": play, "taken_at": taken_at,
+               "renewed_at": now, "expires_at": now + ttl, "ttl": ttl}
+        keep = holder or (current if mine else None) or {}
+        for key in ("controller", "pid", "pid_start"):
+            if keep.get(key) is not None:
+                out[key] = keep[key]
+        if mine:
+            out["operator"] = operator or current.get("operator", "")
+            out["play"] = play or current.get("play", "")
+        return out
 
     if state == "released":
         if current is None:
@@ -85,6 +98,8 @@ def plan(current: dict[str, Any] | None, state: str, run_id: str, now: float, tt
         return fresh(now), "acquired"
     if mine:
         return fresh(current.get("taken_at", now)), "renewed"
+    if take_over and take_over == current["run_id"]:
+        return fresh(now), "taken_over"
     if expired and break_expired:
         return fresh(now), "broken"
     if expired:
@@ -97,3 +112,35 @@ def plan(current: dict[str, Any] | None, state: str, run_id: str, now: float, tt
 
 def render(lease: dict[str, Any]) -> str:
     return json.dumps(lease, indent=2, sort_keys=True) + "\n"
+
+
+# ---- the holder's liveness, seen from the controller ------------------------------------------------
+def proc_start(stat_text: str | None) -> int | None:
+    """Start time (clock ticks since boot, field 22) from /proc/<pid>/stat; None when unreadable."""
+    if not stat_text or ")" not in stat_text:
+        return None
+    fields = stat_text.rsplit(")", 1)[1].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def holder_status(lease: dict[str, Any] | None, me: dict[str, Any], stat_of) -> str:
+    """``free``, ``mine``, ``alive``, ``dead`` or ``elsewhere`` for the lease's holder, from this controller.
+
+    A holder on this controller (same ``controller`` name) is ``dead`` when its ansible-playbook
+    process (``pid`` with its ``pid_start``) no longer exists: a run killed with SIGKILL, whose lease
+    a plain re-run from the same controller may take over. ``stat_of(pid)`` returns /proc/<pid>/stat
+    text or None."""
+    if not lease:
+        return "free"
+    if lease.get("pid") == me.get("pid") and lease.get("pid_start") == me.get("pid_start") and \
+            lease.get("controller") == me.get("controller"):
+        return "mine"
+    if not lease.get("controller") or lease.get("controller") != me.get("controller") or not lease.get("pid"):
+        return "elsewhere"
+    start = proc_start(stat_of(int(lease["pid"])))
+    if start is None or start != lease.get("pid_start"):
+        return "dead"
+    return "alive"

@@ -138,14 +138,32 @@ def rollback_action(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, A
     return lock_action("rollback", journal["old"], obs, reboot=obs["running"] != journal["old"])
 
 
-def _contamination(bench: dict[str, Any]) -> list[str]:
-    return [str(r) for r in bench.get("contaminated") or []]
+def gated_level(data: dict[str, Any]) -> tuple[int | None, list[float], list[str]]:
+    """The gated concurrency level of a benchmark, its throughput samples and its contaminated runs.
+
+    ``samples`` is inference_benchmark's ``{level: [tok/s per run]}`` (or one list); ``concurrency``
+    0 picks the highest level; ``contaminated`` is ``{level: [run index]}`` (or one list)."""
+    samples, level, dirty = data.get("samples") or [], int(data.get("concurrency") or 0), data.get("contaminated") or []
+    if isinstance(samples, dict):
+        levels = sorted(int(k) for k in samples)
+        if not levels:
+            raise FlowError("the benchmark returned no samples: look at its output on the host")
+        level = level or levels[-1]
+        if level not in levels:
+            raise FlowError(f"the gated concurrency {level} was not measured (levels {levels}): set "
+                            "kernel_upgrade_gate_concurrency to one of inference_benchmark_concurrency, or 0")
+        samples = samples.get(str(level), samples.get(level))
+        if isinstance(dirty, dict):
+            dirty = dirty.get(str(level), dirty.get(level)) or []
+    elif isinstance(dirty, dict):
+        dirty = [r for runs in dirty.values() for r in runs]
+    return (level or None), [float(v) for v in samples or []], [str(r) for r in dirty]
 
 
 def _bench_side(data: dict[str, Any]) -> dict[str, Any]:
-    return {"samples": [float(v) for v in data.get("samples") or []], "files": list(data.get("files") or []),
-            "kernel": data.get("kernel"), "concurrency": data.get("concurrency"),
-            "duration_s": data.get("duration_s"), "contaminated": _contamination(data), "rounds": 1}
+    level, samples, dirty = gated_level(data)
+    return {"samples": samples, "files": list(data.get("files") or []), "kernel": data.get("kernel"),
+            "concurrency": level, "duration_s": data.get("duration_s"), "contaminated": dirty, "rounds": 1}
 
 
 def _gate_settings(obs: dict[str, Any]) -> dict[str, Any]:

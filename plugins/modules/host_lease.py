@@ -26,9 +26,10 @@ options:
   state:
     description:
       - V(acquired) takes the lease (or renews it when this run holds it); V(renewed) extends it and fails when this run no
-        longer holds it; V(released) removes it when this run holds it; V(broken) takes over an expired lease.
+        longer holds it; V(released) removes it when this run holds it; V(broken) takes over an expired lease;
+        V(query) only reads it.
     type: str
-    choices: [acquired, renewed, released, broken]
+    choices: [acquired, renewed, released, broken, query]
     default: acquired
   run_id:
     description: The run that holds the lease (the playbook's run id).
@@ -50,6 +51,18 @@ options:
     description: With O(state=acquired), take over a lease whose holder let it expire.
     type: bool
     default: false
+  holder:
+    description:
+      - The controller process that takes the lease (C(controller), C(pid), C(pid_start)), from the lookup
+        C(gpufleet.inference.controller_run); kept in the lease so that a re-run on the same controller can tell a dead
+        holder from a live one.
+    type: dict
+  take_over:
+    description:
+      - The run id of a holder the controller found dead (C(gpufleet.inference.controller_run) V(dead_holder)); its lease,
+        expired or not, passes to this run. Empty - no takeover.
+    type: str
+    default: ""
   path:
     description: The lease file on the host.
     type: path
@@ -81,7 +94,7 @@ previous:
   returned: success
   type: dict
 what:
-  description: C(acquired), C(renewed), C(released), C(broken) or C(unchanged).
+  description: C(acquired), C(renewed), C(released), C(broken), C(taken_over) or C(unchanged).
   returned: success
   type: str
   sample: acquired
@@ -106,7 +119,10 @@ def run(module: AnsibleModule, fs: HostFS) -> dict:
     path = p["path"]
     current = parse(fs.read_text(path, default=""), path)
     now = time.time()
-    lease, what = plan(current, p["state"], p["run_id"], now, p["ttl"], p["operator"], p["play"], p["break_expired"])
+    if p["state"] == "query":
+        return {"changed": False, "lease": current, "previous": current, "what": "unchanged", "actions": [], "diff": {}}
+    lease, what = plan(current, p["state"], p["run_id"], now, p["ttl"], p["operator"], p["play"], p["break_expired"],
+                       p["holder"], p["take_over"])
     actions = []
     if what == "released":
         actions.append({"action": "remove_lease", "path": path, "what": what})
@@ -126,12 +142,14 @@ def run(module: AnsibleModule, fs: HostFS) -> dict:
 def main():
     module = AnsibleModule(
         argument_spec=dict(
-            state=dict(type="str", choices=["acquired", "renewed", "released", "broken"], default="acquired"),
+            state=dict(type="str", choices=["acquired", "renewed", "released", "broken", "query"], default="acquired"),
             run_id=dict(type="str", required=True),
             operator=dict(type="str", default=""),
             play=dict(type="str", default=""),
             ttl=dict(type="int", default=7200),
             break_expired=dict(type="bool", default=False),
+            holder=dict(type="dict"),
+            take_over=dict(type="str", default=""),
             path=dict(type="path", default="/var/lib/gpufleet/lease.json"),
             root=dict(type="path", default="/"),
         ),

@@ -227,3 +227,17 @@ def test_a_journal_that_cannot_be_trusted_is_refused_with_the_fix(bad, text):
     with pytest.raises(flow.FlowError) as err:
         flow.check_journal(bad, "/var/lib/gpufleet/kernel_upgrade/journal.json")
     assert text in str(err.value) and "Nothing was changed" in str(err.value) and ".broken" in str(err.value)
+
+
+@pytest.mark.parametrize("data,expected", [
+    ({"samples": {"4": [1.0, 2.0], "16": [3.0, 4.0]}, "contaminated": {"16": [1]}}, (16, [3.0, 4.0], ["1"])),
+    ({"samples": {"4": [1.0, 2.0], "16": [3.0, 4.0]}, "concurrency": 4, "contaminated": {"16": [1]}}, (4, [1.0, 2.0], [])),
+    ({"samples": [5.0], "contaminated": [0]}, (None, [5.0], ["0"])),
+])
+def test_the_gated_level_of_a_benchmark(data, expected):
+    assert flow.gated_level(data) == expected
+
+
+def test_a_gated_level_that_was_not_measured_is_an_error():
+    with pytest.raises(flow.FlowError, match="set kernel_upgrade_gate_concurrency"):
+        flow.gated_level({"samples": {"4": [1.0]}, "concurrency": 8})
