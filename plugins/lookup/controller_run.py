@@ -82,21 +82,29 @@ def _ppid(pid: int) -> int | None:
         return None
 
 
+def controller_name() -> str:
+    """The host name and the start of /etc/machine-id: two controllers both called localhost differ."""
+    machine = (_read("/etc/machine-id") or "").strip()[:12]
+    return f"{socket.gethostname()}/{machine}" if machine else socket.gethostname()
+
+
 def identity() -> dict:
     pid = playbook_process()
-    return {"controller": socket.getfqdn(), "pid": pid, "pid_start": proc_start(_read(f"/proc/{pid}/stat")),
+    return {"controller": controller_name(), "pid": pid, "pid_start": proc_start(_read(f"/proc/{pid}/stat")),
             "user": getpass.getuser()}
 
 
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
-        self.set_options(var_options=variables, direct=kwargs)
+        unknown = set(kwargs) - {"lease"}
+        if unknown:
+            raise AnsibleLookupError(f"controller_run: unknown options {sorted(unknown)}: only lease")
         out = []
         for term in terms:
             if term == "identity":
                 out.append(identity())
             elif term == "dead_holder":
-                lease = self.get_option("lease") or {}
+                lease = kwargs.get("lease") or {}
                 status = holder_status(lease, identity(), lambda pid: _read(f"/proc/{pid}/stat"))
                 out.append(lease.get("run_id", "") if status == "dead" else "")
             else:

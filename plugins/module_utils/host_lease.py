@@ -13,6 +13,7 @@ then changes nothing.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 LEASE = "/var/lib/gpufleet/lease.json"
@@ -38,11 +39,19 @@ def parse(text: str | None, path: str = LEASE) -> dict[str, Any] | None:
     return data
 
 
+def _utc(ts: Any) -> str:
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(float(ts)))
+    except (TypeError, ValueError, OverflowError):
+        return "?"
+
+
 def describe(lease: dict[str, Any], now: float) -> str:
     left = lease["expires_at"] - now
     when = f"expires in {int(left)} s" if left > 0 else f"expired {int(-left)} s ago"
-    return (f"run {lease['run_id']} of {lease.get('operator') or '?'} (play {lease.get('play') or '?'}, "
-            f"taken at {lease.get('taken_at')}, {when})")
+    where = f" on controller {lease['controller']} pid {lease.get('pid')}" if lease.get("controller") else ""
+    return (f"run {lease['run_id']} of {lease.get('operator') or '?'} (play {lease.get('play') or '?'}{where}, "
+            f"taken at {_utc(lease.get('taken_at'))}, {when})")
 
 
 def plan(current: dict[str, Any] | None, state: str, run_id: str, now: float, ttl: int, operator: str = "",
