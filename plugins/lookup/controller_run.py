@@ -64,7 +64,7 @@ def _read(path: str) -> str | None:
 def playbook_process() -> int:
     """The topmost ancestor that runs ansible-playbook (workers are forks with the same command line)."""
     pid = os.getpid()
-    for _ in range(16):
+    for _depth in range(16):
         parent = os.getppid() if pid == os.getpid() else _ppid(pid)
         if not parent or "ansible" not in (_read(f"/proc/{parent}/cmdline") or ""):
             return pid

@@ -161,4 +161,3 @@ def main():
 
 if __name__ == "__main__":
     main()
-

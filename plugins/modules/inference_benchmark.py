@@ -101,7 +101,7 @@ options:
     description:
       - During every measured run, read the server's own in-flight count from C(/metrics) (vLLM's
         C(vllm:num_requests_running) + C(vllm:num_requests_waiting)) about five times a second, on a connection of its
-        own. A run in which the server held more requests than this client sent is marked contaminated (foreign load):
+        own. A run in which the server held more requests than this client sent is marked contaminated (foreign load);
         its run has C(server_load), RV(contaminated) lists it, and the kernel upgrade's gate answers C(inconclusive).
     type: bool
     default: true

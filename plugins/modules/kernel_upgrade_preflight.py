@@ -300,7 +300,7 @@ def check_in_progress(fs: HostFS, running: str, default: str | None) -> dict:
     try:
         journal = load_journal(fs, JOURNAL)
     except FlowError as err:
-        return {"name": "in_progress", "ok": False, "reason": str(err).split(": nothing was changed")[0],
+        return {"name": "in_progress", "ok": False, "reason": str(err).split(": nothing was changed", maxsplit=1)[0],
                 "fix": str(err)}
     if journal is not None:
         return {"name": "in_progress", "ok": True, "fix": "",
