@@ -96,6 +96,13 @@ def lock_action(name: str, version: str, obs: dict[str, Any], **extra: Any) -> d
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+def truthy(value: Any) -> bool:
+    """A flag as the controller templated it: a bool, or its text (``"True"``, ``"false"``, ``"1"``)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "1", "on")
+    return bool(value)
+
+
 def finding_keys(findings: list[dict[str, Any]] | None) -> list[str]:
     return sorted({f"{f.get('code')}@{f.get('device')}" for f in findings or []})
 
@@ -376,7 +383,7 @@ def on_verified(journal, obs):
         if new:
             problems.append("PCIe findings the old kernel did not have: " + ", ".join(new))
     vllm = data.get("vllm") or {}
-    if vllm.get("checked") and not vllm.get("ok"):
+    if truthy(vllm.get("checked")) and not truthy(vllm.get("ok")):
         problems.append("inference server not healthy: " + (vllm.get("msg") or "?"))
     journal["verify"] = {"problems": problems, "at": obs["now"]}
     if problems:
