@@ -8,6 +8,9 @@ single action of every scenario: the re-run must end the host exactly as the uni
 from __future__ import annotations
 
 import copy
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -241,3 +244,21 @@ def test_the_gated_level_of_a_benchmark(data, expected):
 def test_a_gated_level_that_was_not_measured_is_an_error():
     with pytest.raises(flow.FlowError, match="set kernel_upgrade_gate_concurrency"):
         flow.gated_level({"samples": {"4": [1.0]}, "concurrency": 8})
+
+
+@pytest.mark.skipif(shutil.which("apt-config") is None, reason="apt-config (apt) is not installed on this machine")
+def test_apt_reads_the_blacklist_as_unattended_upgrades_matches_it(tmp_path):
+    """apt's own parser (apt-config) reads the drop-in; unattended-upgrades 2.9.1 (bookworm) skips a package
+    when re.match(entry, name) matches an entry of that list (is_pkgname_in_blacklist)."""
+    hold = ["linux-image-6.1.0-56-cloud-amd64", "linux-image-cloud-amd64", "nvidia-driver-550", "libstdc++6"]
+    dropin = tmp_path / "51gpufleet-kernel-lock"
+    dropin.write_text(flow.render_uu_dropin(hold))
+    out = subprocess.run(["apt-config", "-c", str(dropin), "dump", "Unattended-Upgrade::Package-Blacklist"],
+                         capture_output=True, text=True, check=True, env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"}).stdout
+    entries = re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', out, re.M)
+    assert len(entries) >= len(hold)
+    mine = [e for e in entries if any(re.match(e, name) for name in hold)]
+    assert all(any(re.match(e, name) for e in mine) for name in hold)
+    for other in ("linux-image-6.1.0-56-cloud-amd64-dbg", "linux-image-6x1x0-56-cloud-amd64", "nvidia-driver-5500",
+                  "libstdc6"):
+        assert not any(re.match(e, other) for e in mine), other
