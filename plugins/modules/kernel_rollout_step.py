@@ -172,6 +172,8 @@ def renew_lease(module: AnsibleModule, fs: HostFS, now: float) -> list[dict]:
         return []
     path = lease_utils.LEASE
     current = lease_utils.parse(fs.read_text(path, default=""), path)
+    if module.check_mode and current is None:
+        return []  # a check-mode run took its lease only on paper: another run's lease would still refuse it
     lease, what = lease_utils.plan(current, "renewed", p["lease_run_id"], now, p["lease_ttl"])
     if not module.check_mode:
         fs.write_durable(path, lease_utils.render(lease), 0o644)
