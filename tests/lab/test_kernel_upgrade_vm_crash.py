@@ -29,9 +29,9 @@ from pathlib import Path
 import pytest
 
 from tests.lab.labutil import INVENTORY_DIR, REPO, ansible_env, lab_ssh
-from tests.lab.test_kernel_upgrade_vm import (  # noqa: F401  (fixtures used by name)
-    HOG, NEW, OLD, SETTINGS, grubenv, held, serving, servers, settings_file, work,
-)
+from tests.lab.test_kernel_upgrade_vm import HOG, NEW, OLD, grubenv, held, serving
+# fixtures of the kernel upgrade module, used by name: pylint: disable-next=unused-import
+from tests.lab.test_kernel_upgrade_vm import servers, settings_file, work  # noqa: F401
 
 pytestmark = [pytest.mark.vmlab, pytest.mark.lab_kernel, pytest.mark.e2e]
 

@@ -16,8 +16,8 @@ NEW = "6.1.0-56-cloud-amd64"
 BASE_RUNS = [1000.0, 1012.0, 995.0, 1004.0, 998.0, 1008.0, 1001.0, 993.0, 1010.0, 1003.0, 997.0, 1006.0, 999.0, 1002.0,
              1005.0]
 SETTINGS = {"reboot_ok": True, "check_mode": False, "lock": True, "lock_packages": [], "verify_pcie": True,
-            "commit_timeout": 1800, "gate": {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.05, "min_runs": 5,
-                                            "max_runs": 15}}
+            "commit_timeout": 1800,
+            "gate": {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.05, "min_runs": 5, "max_runs": 15}}
 PACKAGES = [f"linux-image-{OLD}", "linux-image-cloud-amd64", "nvidia-driver", "nvidia-kernel-dkms", "gpufleet-lab-dkms",
             "openssh-server"]
 
@@ -130,7 +130,7 @@ def drive(host: Host, crash_after: int | None = None, max_steps: int = 80) -> di
     event, data = "start", {}
     host.pre = host.preflight()
     crashed = False
-    for _ in range(max_steps):
+    for _step in range(max_steps):
         journal, action = step(host.journal, host.observe(event, data))
         host.write(journal)
         seen.append(action)
