@@ -54,8 +54,9 @@ def dump(journal: dict[str, Any]) -> str:
 
 
 def history_path(journal: dict[str, Any]) -> str:
-    stamp = re.sub(r"[^0-9A-Za-z._-]", "", str(journal.get("run_id") or "")) or str(int(journal.get("started_at") or 0))
-    return f"{HISTORY_DIR}/{stamp}-{journal['target']}.json"
+    """``history/<run id>-<start, epoch s>-<target>.json``: one file per upgrade, even for one run id."""
+    run = re.sub(r"[^0-9A-Za-z._-]", "", str(journal.get("run_id") or "")) or "run"
+    return f"{HISTORY_DIR}/{run}-{int(journal.get('started_at') or 0)}-{journal['target']}.json"
 
 
 def save_journal(fs: HostFS, journal: dict[str, Any], path: str = JOURNAL) -> list[dict[str, Any]]:
