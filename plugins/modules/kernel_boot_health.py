@@ -53,7 +53,9 @@ options:
     type: bool
     default: false
   vllm_unit:
-    description: The inference server's systemd unit that must be healthy (empty - not checked).
+    description:
+      - The inference server's systemd unit that must be healthy (empty - not checked). A name that is no unit file on the
+        host is left out of the check, with a warning.
     type: str
     default: ""
   vllm_grace:
@@ -107,6 +109,14 @@ class BootHealthError(Exception):
     pass
 
 
+UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system",
+             "/lib/systemd/system")
+
+
+def unit_exists(fs: HostFS, unit: str) -> bool:
+    return any(fs.exists(f"{d}/{unit}") for d in UNIT_DIRS)
+
+
 def systemctl(module: AnsibleModule, fs: HostFS, *args: str) -> list[str]:
     if fs.root == "/":
         return [module.get_bin_path("systemctl", required=True), *args]
@@ -123,10 +133,16 @@ def run(module: AnsibleModule, fs: HostFS) -> dict:
         if not fs.exists(SCRIPT):
             raise BootHealthError(f"the check script {SCRIPT} is not on the host: copy "
                                   "roles/kernel_upgrade/files/gpufleet-boot-health.py there first (the role does)")
+        vllm_unit = p["vllm_unit"]
+        if vllm_unit and not unit_exists(fs, vllm_unit):
+            # a server that is not this unit (a container, another name) must not make the candidate revert
+            module.warn(f"{vllm_unit} is not a systemd unit on this host ({', '.join(UNIT_DIRS)}): the boot-health check "
+                        "leaves the inference server out; set kernel_upgrade_vllm_unit to the server's unit to include it")
+            vllm_unit = ""
         try:
             wanted = render_all(p["target"], old=p["old"], commit_timeout=p["commit_timeout"],
                                 driver_modules=p["driver_modules"], gpu_required=p["gpu_required"],
-                                vllm_unit=p["vllm_unit"], vllm_grace=p["vllm_grace"], journal=JOURNAL,
+                                vllm_unit=vllm_unit, vllm_grace=p["vllm_grace"], journal=JOURNAL,
                                 result=HEALTH_RESULT)
         except ValueError as err:
             raise BootHealthError(str(err)) from None
