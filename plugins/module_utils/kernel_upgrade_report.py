@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import OK_DECISIONS
+
 FORMAT = "gpufleet.kernel_upgrade_fleet/1"
-OK_DECISIONS = ("pass", "already", "planned")
 ORDER = ("regression", "inconclusive", "reverted", "failed_boot", "verify_failed", "preflight_failed", "refused", "error",
          "pass", "already", "planned", "not reached")
 
