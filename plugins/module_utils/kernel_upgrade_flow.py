@@ -228,6 +228,7 @@ def new_journal(obs: dict[str, Any]) -> dict[str, Any]:
     return {"format": JOURNAL_FORMAT, "run_id": obs.get("run_id") or "", "target": obs["target"],
             "old": obs["running"], "old_entry": pre.get("running_entry"), "package": pre.get("package"),
             "target_installed_before": bool(pre.get("target_installed")), "started_at": obs["now"],
+            "dkms_modules": list(pre.get("dkms_modules") or []),
             "updated_at": obs["now"], "stage": None, "baseline": None, "candidate": None, "findings_before": None,
             "gate": None, "verdict": None, "boot_id": None, "commit_deadline": None, "health": None,
             "verify": None, "finished": False, "history": []}
@@ -318,12 +319,21 @@ def on_audited(journal, obs):
     return journal, pin_action(journal, obs)
 
 
+def install_action(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
+    """The target's image package, and its headers where DKMS must build modules for it (DKMS's
+    kernel hook builds only for kernels whose headers are installed)."""
+    packages = [journal.get("package") or f"linux-image-{journal['target']}"]
+    headers = obs["settings"].get("headers", "auto")
+    if headers == "always" or (headers == "auto" and journal.get("dkms_modules")):
+        packages.append(f"linux-headers-{journal['target']}")
+    return {"name": "install", "package": packages[0], "packages": packages, "version": journal["target"]}
+
+
 def on_pinned(journal, obs):
     if obs["default"] != journal["old"]:
         raise FlowError(f"the pin did not take: the saved default is {obs['default']}, not {journal['old']}")
     _stamp(journal, obs, "pinned", f"{journal['old']} is the default")
-    return journal, {"name": "install", "package": journal.get("package") or f"linux-image-{journal['target']}",
-                     "version": journal["target"]}
+    return journal, install_action(journal, obs)
 
 
 def on_installed(journal, obs):
@@ -505,8 +515,7 @@ def resume(journal, obs):
             return journal, ({"name": "audit"} if obs["settings"].get("verify_pcie", True) and
                              journal.get("findings_before") is None else pin_action(journal, obs))
         if stage == "pinned":
-            return journal, {"name": "install", "package": journal.get("package") or f"linux-image-{target}",
-                             "version": target}
+            return journal, install_action(journal, obs)
         return arm_boot(journal, obs)
     if stage == "boot_once":
         return after_boot(journal, obs)

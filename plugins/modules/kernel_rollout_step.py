@@ -67,6 +67,13 @@ options:
     description: Audit the PCIe path before the upgrade, to compare after the boot.
     type: bool
     default: true
+  headers:
+    description:
+      - Install the target's C(linux-headers-<target>) with it - V(auto) where DKMS holds modules (the preflight's
+        C(dkms_modules)), V(always), V(never).
+    type: str
+    choices: [auto, always, never]
+    default: auto
   commit_timeout:
     description: Seconds from the controller's last contact after which the boot-health unit reboots an uncommitted
       candidate into the saved default.
@@ -116,7 +123,7 @@ RETURN = r"""
 next_action:
   description:
     - What the controller does next. C(name) is one of C(lock), C(benchmark) (C(label), C(runs), C(seed)), C(audit),
-      C(pin), C(install) (C(package)), C(boot_once) (C(version), C(commit_timeout)), C(verify), C(commit) and C(rollback)
+      C(pin), C(install) (C(package), C(packages)), C(boot_once) (C(version), C(commit_timeout)), C(verify), C(commit) and C(rollback)
       (C(version), C(hold), C(unattended_upgrades), C(reboot)), C(finish) (C(decision), C(reason), C(ok)).
   returned: success
   type: dict
@@ -195,6 +202,7 @@ def run(module: AnsibleModule, fs: HostFS) -> dict:
                "installed_packages": installed_packages(fs.read_optional(DPKG_STATUS)), "health": health_result(fs),
                "settings": {"reboot_ok": p["reboot_ok"], "check_mode": module.check_mode, "lock": p["lock"],
                             "lock_packages": p["lock_packages"], "verify_pcie": p["verify_pcie"],
+                            "headers": p["headers"],
                             "commit_timeout": p["commit_timeout"], "gate": p["gate"] or {}}}
         new, action = step(journal, obs)
     except (FlowError, lease_utils.LeaseError, KernelUpgradeError) as err:
@@ -224,6 +232,7 @@ def main():
             lock=dict(type="bool", default=True),
             lock_packages=dict(type="list", elements="str", default=[]),
             verify_pcie=dict(type="bool", default=True),
+            headers=dict(type="str", choices=["auto", "always", "never"], default="auto"),
             commit_timeout=dict(type="int", default=1800),
             gate=dict(type="dict", default={}),
             journal=dict(type="path", default="/var/lib/gpufleet/kernel_upgrade/journal.json"),

@@ -192,6 +192,12 @@ driver_required:
   returned: success
   type: bool
   sample: false
+dkms_modules:
+  description: The modules DKMS holds (C(/var/lib/dkms)); the kernel upgrade installs the target's headers for them.
+  returned: success
+  type: list
+  elements: str
+  sample: [nvidia]
 entries:
   description: The GRUB menu entries (title, id, path, version, recovery).
   returned: success
@@ -385,6 +391,7 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
     boot_mount = mount_for("/boot", host.fs.read_optional("/proc/mounts"))
     needed = boot_space_needed(host.boot_sizes(running), running, p["boot_space_mb"] * 1024 * 1024)
     names = p["driver_modules"]
+    dkms = [m for m in host.dkms_modules() if host.fs.isdir(f"/var/lib/dkms/{m}")]
     required = driver_required(p["driver"], host.loaded_modules(), names)
     found = driver_files(host.module_files(target), names) if required else []
 
@@ -392,7 +399,7 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
               check_boot_space(host.boot_free(), needed, target_installed, boot_mount["point"] if boot_mount else "/boot"),
               check_old_kernel(running, installed, entries, sim["removes"] if sim else [], [running_package]),
               check_target(target, package, installed, sim),
-              check_driver(required, names, target, found, p["phase"], host.dkms_modules())]
+              check_driver(required, names, target, found, p["phase"], dkms)]
     if p["phase"] == "installed":
         if not target_installed:
             checks.append({"name": "installed", "ok": False, "reason": f"{target} is not installed after the install step",
@@ -410,7 +417,7 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
     target_entry = entry_for(entries, target)
     return dict(
         verdict, checks=checks, running=running, target=target, package=package, running_package=running_package,
-        target_installed=target_installed, installed=installed, held=held, driver_required=required,
+        target_installed=target_installed, installed=installed, held=held, driver_required=required, dkms_modules=dkms,
         running_entry=running_entry["path"] if running_entry else None,
         target_entry=target_entry["path"] if target_entry else None,
         default_version=default_entry["version"] if default_entry else None,
