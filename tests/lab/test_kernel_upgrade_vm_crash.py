@@ -12,7 +12,9 @@ first put back on 6.1.0-50 (saved default, rebooted), then
   timeout (its boot-health unit), and a plain re-run records `reverted`;
 * two rollouts at once on lab2: the second is refused, names the first, and changes nothing;
 * a second client loading lab2's server during the baseline: the answer is `inconclusive`
-  (contaminated), not `pass`, and nothing was changed.
+  (contaminated), not `pass`, and nothing was changed;
+* the real DKMS module of tests/lab/dkms, made unbuildable for the target on lab3, stops lab3 before
+  its reboot with the reason (skipped, saying why, until the lab image carries dkms and headers).
 
 Not run in the session that wrote it (the lab was busy): run it with
     . scripts/lib.sh; gpufleet_env; flock /work/lab.lock scripts/run-tests -m e2e tests/lab/test_kernel_upgrade_vm.py tests/lab/test_kernel_upgrade_vm_crash.py
@@ -240,3 +242,33 @@ def test_foreign_load_during_the_baseline_is_inconclusive_not_pass(on_old, work,
         assert lab_ssh("lab2", "uname -r").strip() == OLD and OLD in grubenv("lab2").get("saved_entry", "")
     finally:
         lab_ssh("lab2", "kill $(cat /run/gpufleet-lab-load.pid) 2>/dev/null; rm -f /run/gpufleet-lab-load.pid; true")
+
+
+DKMS_SRC = REPO / "tests" / "lab" / "dkms" / "gpufleet_lab"
+
+
+def test_a_dkms_module_that_cannot_build_for_the_target_stops_the_host_before_its_reboot(on_old, work, settings_file):
+    """The real DKMS module of tests/lab/dkms, built for the old kernel and loaded, made unbuildable for the
+    target on lab3: the post-install driver check stops lab3 before its reboot, with the reason."""
+    if lab_ssh("lab3", "command -v dkms >/dev/null && test -d /usr/src/linux-headers-$(uname -r) && echo yes || echo no").strip() != "yes":
+        pytest.skip("the lab image has no dkms and kernel headers yet (tests/lab/dkms/README.md says what it needs)")
+    back_to_old("lab3")
+    for path in sorted(DKMS_SRC.iterdir()):
+        lab_ssh("lab3", f"mkdir -p /usr/src/gpufleet_lab-1.0 && cat > /usr/src/gpufleet_lab-1.0/{path.name}",
+                stdin=path.read_text())
+    lab_ssh("lab3", f"dkms add gpufleet_lab/1.0 2>/dev/null || true; dkms install gpufleet_lab/1.0 -k {OLD} && modprobe gpufleet_lab "
+                    f"&& test -d /sys/module/gpufleet_lab", timeout=900)
+    lab_ssh("lab3", f"apt-get purge -y -qq --allow-change-held-packages linux-image-{NEW} linux-headers-{NEW} >/dev/null 2>&1 || true; "
+                    f"mkdir -p /etc/gpufleet-lab && touch /etc/gpufleet-lab/dkms-fail-{NEW}", timeout=900)
+    boot = lab_ssh("lab3", "cat /proc/sys/kernel/random/boot_id")
+    try:
+        rc, recs = rerun(work, "dkms_fails", "lab3", "-e", '{"kernel_upgrade_driver_modules": ["gpufleet_lab"]}')
+        rec = recs["lab3"]
+        assert rc != 0 and rec["decision"] == "preflight_failed", rec
+        assert "after the install" in rec["reason"] and "gpufleet_lab" in rec["reason"] and "did not build one" in rec["reason"]
+        assert lab_ssh("lab3", "cat /proc/sys/kernel/random/boot_id") == boot, "lab3 must not have rebooted"
+        assert lab_ssh("lab3", "uname -r").strip() == OLD and OLD in grubenv("lab3").get("saved_entry", "")
+        assert f"linux-headers-{NEW}" in lab_ssh("lab3", "dpkg-query -W -f '${Package}\\n' 'linux-headers-*'")
+    finally:
+        lab_ssh("lab3", f"rm -f /etc/gpufleet-lab/dkms-fail-{NEW}; modprobe -r gpufleet_lab || true; "
+                        "dkms remove gpufleet_lab/1.0 --all >/dev/null 2>&1 || true", timeout=600)
