@@ -257,7 +257,7 @@ def test_a_dkms_module_that_cannot_build_for_the_target_stops_the_host_before_it
         lab_ssh("lab3", f"mkdir -p /usr/src/gpufleet_lab-1.0 && cat > /usr/src/gpufleet_lab-1.0/{path.name}",
                 stdin=path.read_text())
     lab_ssh("lab3", f"dkms add gpufleet_lab/1.0 2>/dev/null || true; dkms install gpufleet_lab/1.0 -k {OLD} && modprobe gpufleet_lab "
-                    f"&& test -d /sys/module/gpufleet_lab", timeout=900)
+                    "&& test -d /sys/module/gpufleet_lab && echo gpufleet_lab > /etc/modules-load.d/gpufleet-lab.conf", timeout=900)
     lab_ssh("lab3", f"apt-get purge -y -qq --allow-change-held-packages linux-image-{NEW} linux-headers-{NEW} >/dev/null 2>&1 || true; "
                     f"mkdir -p /etc/gpufleet-lab && touch /etc/gpufleet-lab/dkms-fail-{NEW}", timeout=900)
     boot = lab_ssh("lab3", "cat /proc/sys/kernel/random/boot_id")
@@ -270,5 +270,5 @@ def test_a_dkms_module_that_cannot_build_for_the_target_stops_the_host_before_it
         assert lab_ssh("lab3", "uname -r").strip() == OLD and OLD in grubenv("lab3").get("saved_entry", "")
         assert f"linux-headers-{NEW}" in lab_ssh("lab3", "dpkg-query -W -f '${Package}\\n' 'linux-headers-*'")
     finally:
-        lab_ssh("lab3", f"rm -f /etc/gpufleet-lab/dkms-fail-{NEW}; modprobe -r gpufleet_lab || true; "
+        lab_ssh("lab3", f"rm -f /etc/gpufleet-lab/dkms-fail-{NEW} /etc/modules-load.d/gpufleet-lab.conf; modprobe -r gpufleet_lab || true; "
                         "dkms remove gpufleet_lab/1.0 --all >/dev/null 2>&1 || true", timeout=600)
