@@ -128,6 +128,37 @@ class HostFS:
         except OSError as err:
             raise HostFSError("write", host_path, err) from None
 
+    def write_durable(self, host_path: str, data: str, mode: int = 0o644) -> None:
+        """Write a file that must survive a crash or power loss: temp file, fsync it, rename over
+        the target, fsync the directory (so the rename itself is on disk)."""
+        real = self.path(host_path)
+        parent = os.path.dirname(real)
+        try:
+            os.makedirs(parent, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".gpufleet-", dir=parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                os.chmod(tmp, mode)
+                os.replace(tmp, real)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+            self.fsync_dir(host_path)
+        except OSError as err:
+            raise HostFSError("write", host_path, err) from None
+
+    def fsync_dir(self, host_path: str) -> None:
+        """fsync the directory holding ``host_path`` (after a rename or an unlink there)."""
+        dfd = os.open(os.path.dirname(self.path(host_path)), os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
     def remove(self, host_path: str) -> bool:
         """Remove a file; False when it was not there."""
         try:

@@ -1040,8 +1040,11 @@ async def settle(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers
             "errors": errors}
 
 
-async def benchmark(cfg: BenchmarkConfig, progress=None) -> dict[str, Any]:
-    """The sweep: discover, preflight, then for each level warm-up requests, settle runs and ``repetitions`` measured runs."""
+async def benchmark(cfg: BenchmarkConfig, progress=None, monitor=None) -> dict[str, Any]:
+    """The sweep: discover, preflight, then for each level warm-up requests, settle runs and ``repetitions`` measured runs.
+
+    ``monitor(pool, headers)``, when given, returns a load_monitor.InFlightMonitor that watches the
+    server's own in-flight count during each measured run (its verdict lands in ``server_load``)."""
     endpoint = check_config(cfg)
     pool = ConnectionPool(endpoint, make_ssl_context(cfg, endpoint))
     started = time.time()
@@ -1059,7 +1062,13 @@ async def benchmark(cfg: BenchmarkConfig, progress=None) -> dict[str, Any]:
             runs = []
             all_records: list[RequestRecord] = []
             for rep in range(cfg.repetitions):
+                watch = monitor(pool, headers) if monitor else None
+                if watch:
+                    await watch.start()
                 summary, records = await level_run(pool, cfg, model, headers, level, f"r{rep}")
+                if watch:
+                    summary["server_load"] = await watch.stop(level)
+                    watch.close()
                 summary.update(concurrency=level, repetition=rep)
                 runs.append(summary)
                 all_records.extend(records)

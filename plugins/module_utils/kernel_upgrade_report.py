@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import OK_DECISIONS
+
 FORMAT = "gpufleet.kernel_upgrade_fleet/1"
-OK_DECISIONS = ("pass", "already", "planned")
-ORDER = ("regression", "failed_boot", "verify_failed", "preflight_failed", "error", "pass", "already", "planned", "not reached")
+ORDER = ("regression", "inconclusive", "reverted", "failed_boot", "verify_failed", "preflight_failed", "refused", "error",
+         "pass", "already", "planned", "not reached")
 
 
 def gate_summary(gate: dict[str, Any] | None) -> dict[str, Any]:

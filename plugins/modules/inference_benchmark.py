@@ -97,6 +97,14 @@ options:
     description: Largest difference between two warm-up runs in a row, as a fraction of the larger, that counts as settled.
     type: float
     default: 0.05
+  monitor_load:
+    description:
+      - During every measured run, read the server's own in-flight count from C(/metrics) (vLLM's
+        C(vllm:num_requests_running) + C(vllm:num_requests_waiting)) about five times a second, on a connection of its
+        own. A run in which the server held more requests than this client sent is marked contaminated (foreign load);
+        its run has C(server_load), RV(contaminated) lists it, and the kernel upgrade's gate answers C(inconclusive).
+    type: bool
+    default: true
   seed:
     description:
       - Seed of the prompts. The same seed gives the same prompts on every host, so baseline and candidate runs see the
@@ -255,6 +263,14 @@ results_file:
   returned: always
   type: str
   sample: /var/lib/gpufleet/benchmarks/baseline-6.1.0-50-cloud-amd64-20260101T120000Z.json
+contaminated:
+  description:
+    - Per concurrency level (a string key), the repetitions whose runs were loaded by another client (the server held more
+      requests than this client sent); empty lists when clean or when O(monitor_load) is off or the server exports no
+      in-flight gauges (then each run's C(server_load.available) is false).
+  returned: when benchmarked
+  type: dict
+  sample: {"8": [], "32": [2, 3]}
 samples:
   description: Output tokens/s of every measured run, per concurrency level (a string key); the input of the throughput gate.
   returned: when benchmarked
@@ -344,6 +360,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.inference_clien
     BenchmarkError, benchmark, check_label, compact_summary, config_from_params, error_failure, plan, probe,
     result_warnings, results_document, results_filename, run,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.load_monitor import contaminated_runs, for_pool
 
 ARGUMENT_SPEC = dict(
     url=dict(type="str", default="http://127.0.0.1:8000"),
@@ -357,6 +374,7 @@ ARGUMENT_SPEC = dict(
     repetitions=dict(type="int", default=5),
     settle_runs=dict(type="int", default=3),
     settle_tolerance=dict(type="float", default=0.05),
+    monitor_load=dict(type="bool", default=True),
     seed=dict(type="int", default=0),
     ignore_eos=dict(type="bool", default=True),
     prompt_mode=dict(type="str", choices=["token_ids", "text"], default="token_ids"),
@@ -400,11 +418,12 @@ def main():
         module.exit_json(**result)
 
     try:
-        outcome = run(benchmark(cfg))
+        outcome = run(benchmark(cfg, monitor=for_pool if params["monitor_load"] else None))
     except BenchmarkError as err:
         module.fail_json(msg=str(err), **result)
     doc = results_document(outcome, label=label, host=platform.node(), kernel=kernel, tuning=params["tuning"])
     result.update(benchmarked=True, server=outcome["server"], samples=outcome["samples"], summary=compact_summary(outcome),
+                  contaminated=contaminated_runs(outcome["levels"]),
                   benchmark=doc)
 
     if results_dir:

@@ -26,6 +26,10 @@ description:
   - C(target) - the target kernel is installed already, or its package is installable (C(apt-get install -s)).
   - C(driver) - where a GPU driver module (O(driver_modules), C(nvidia) by default) is used, a module file for the target
     kernel exists under C(/lib/modules/<target>/) (O(phase=installed)), or DKMS will build one (O(phase=preflight)).
+  - C(in_progress) - no upgrade was left half-way. With an upgrade journal (C(/var/lib/gpufleet/kernel_upgrade/journal.json))
+    the check passes and says which stage the role resumes; a corrupt journal fails it. Without a journal, a host that
+    runs a kernel other than its saved GRUB default fails it, with what to do (reboot into the default, or make the
+    running kernel the default).
   - Returns the GRUB entries, which entry boots the running and the target kernel (the C(submenu>entry) id form), the saved
     default and the pending one-shot entry, the installed kernels and the held packages.
 author:
@@ -188,6 +192,12 @@ driver_required:
   returned: success
   type: bool
   sample: false
+dkms_modules:
+  description: The modules DKMS holds (C(/var/lib/dkms)); the kernel upgrade installs the target's headers for them.
+  returned: success
+  type: list
+  elements: str
+  sample: [nvidia]
 entries:
   description: The GRUB menu entries (title, id, path, version, recovery).
   returned: success
@@ -212,6 +222,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade 
     driver_required, dropin_order, entry_for, grub_settings, installed_kernels, mount_for, parse_apt_simulation, parse_grub_cfg,
     parse_grubenv, resolve_saved, validate_version, BOOT_FILES,
 )
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import FlowError
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import JOURNAL, load_journal
 
 C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
 SBIN_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
@@ -287,6 +300,29 @@ class Host:
         return self.fs.listdir("/sys/module")
 
 
+def check_in_progress(fs: HostFS, running: str, default: str | None) -> dict:
+    """An upgrade left half-way: a journal (the role resumes it), or none while the host runs a kernel
+    other than its saved default (a one-shot boot nobody recorded: refused, with what to do)."""
+    try:
+        journal = load_journal(fs, JOURNAL)
+    except FlowError as err:
+        return {"name": "in_progress", "ok": False, "reason": str(err).split(": nothing was changed", maxsplit=1)[0],
+                "fix": str(err)}
+    if journal is not None:
+        return {"name": "in_progress", "ok": True, "fix": "",
+                "reason": f"an upgrade from {journal['old']} to {journal['target']} (run {journal.get('run_id') or '?'}) is in "
+                          f"progress at stage {journal['stage']} ({JOURNAL}): the role resumes it"}
+    if default is not None and default != running:
+        return {"name": "in_progress", "ok": False,
+                "reason": f"the host runs {running} but its saved GRUB default is {default}, and there is no upgrade "
+                          f"journal ({JOURNAL}): a one-shot boot was left half-way, and a baseline on {running} would "
+                          "not be a baseline of the kernel the host boots",
+                "fix": f"To go back, reboot (GRUB boots {default}); to keep {running}, check it and make it the default "
+                       f"(grub-set-default with its 'submenu>entry' id). Then run again."}
+    return {"name": "in_progress", "ok": True, "fix": "", "reason": "no upgrade is in progress (no journal; the host runs "
+            "its saved default)"}
+
+
 def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
     p = module.params
     try:
@@ -355,6 +391,7 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
     boot_mount = mount_for("/boot", host.fs.read_optional("/proc/mounts"))
     needed = boot_space_needed(host.boot_sizes(running), running, p["boot_space_mb"] * 1024 * 1024)
     names = p["driver_modules"]
+    dkms = [m for m in host.dkms_modules() if host.fs.isdir(f"/var/lib/dkms/{m}")]
     required = driver_required(p["driver"], host.loaded_modules(), names)
     found = driver_files(host.module_files(target), names) if required else []
 
@@ -362,7 +399,7 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
               check_boot_space(host.boot_free(), needed, target_installed, boot_mount["point"] if boot_mount else "/boot"),
               check_old_kernel(running, installed, entries, sim["removes"] if sim else [], [running_package]),
               check_target(target, package, installed, sim),
-              check_driver(required, names, target, found, p["phase"], host.dkms_modules())]
+              check_driver(required, names, target, found, p["phase"], dkms)]
     if p["phase"] == "installed":
         if not target_installed:
             checks.append({"name": "installed", "ok": False, "reason": f"{target} is not installed after the install step",
@@ -372,14 +409,15 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
                            "fix": "Run update-grub and check its output; the kernel's postinst hook should have done it."})
         else:
             checks.append({"name": "installed", "ok": True, "reason": f"{target} is installed with a GRUB entry", "fix": ""})
-    verdict = decide(checks)
     saved = env["vars"].get("saved_entry")
     default_entry = resolve_saved(entries, saved)
+    checks.append(check_in_progress(host.fs, running, default_entry["version"] if default_entry else None))
+    verdict = decide(checks)
     running_entry = entry_for(entries, running)
     target_entry = entry_for(entries, target)
     return dict(
         verdict, checks=checks, running=running, target=target, package=package, running_package=running_package,
-        target_installed=target_installed, installed=installed, held=held, driver_required=required,
+        target_installed=target_installed, installed=installed, held=held, driver_required=required, dkms_modules=dkms,
         running_entry=running_entry["path"] if running_entry else None,
         target_entry=target_entry["path"] if target_entry else None,
         default_version=default_entry["version"] if default_entry else None,

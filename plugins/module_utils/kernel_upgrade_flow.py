@@ -1,0 +1,573 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The kernel upgrade as a pure state machine: ``step(journal, observation) -> (journal, action)``.
+
+Every decision of the rollout lives here: go or no-go, the stage, extra candidate rounds, the
+difference of PCIe findings, the verdict and the decision vocabulary. The module
+``kernel_rollout_step`` reads the host (running kernel, saved GRUB default, boot id, the journal,
+the installed packages), calls ``step`` with what the controller just did (``event`` + ``data``),
+writes the journal it gets back (durably, before the controller acts) and returns the action.
+The role only executes actions: package installs, reboots and module calls.
+
+The journal (``/var/lib/gpufleet/kernel_upgrade/journal.json``) is the host's memory of one
+upgrade. ``None`` means no upgrade is in progress. It is written before every step after which
+the controller can be lost, and moved to the history when the upgrade ends.
+
+Stages, in order (see docs/roles/kernel_upgrade.md for the diagram):
+
+``baseline``   the old kernel (the saved default, running) was measured; nothing changed yet.
+``pinned``     the old kernel is pinned as the GRUB default (and panic= is on the command line).
+``installed``  the target is installed and passed its post-install checks.
+``boot_once``  the boot-health unit is installed and the one-shot boot is about to happen
+               (``boot_id`` says from which boot).
+``booted``     the host came up on the target; verification is next.
+``candidate``  the target is being benchmarked (runs recorded as they come).
+``verdict``    a verdict is recorded: ``pass`` is committed, anything else rolled back.
+``committed`` / ``rolled_back`` / ``stopped``  terminal: the journal goes to the history.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide
+
+JOURNAL_FORMAT = "gpufleet.kernel_upgrade_journal/1"
+STAGES = ("baseline", "pinned", "installed", "boot_once", "booted", "candidate", "verdict",
+          "committed", "rolled_back", "stopped")
+TERMINAL = ("committed", "rolled_back", "stopped")
+# Decisions a host can end with; the first three leave the host fine.
+OK_DECISIONS = ("pass", "already", "planned")
+DECISIONS = OK_DECISIONS + ("preflight_failed", "failed_boot", "reverted", "verify_failed", "regression",
+                            "inconclusive", "error", "refused")
+# Every way off the happy path after the pin ends in a rollback.
+ROLLBACK_DECISIONS = ("preflight_failed", "failed_boot", "reverted", "verify_failed", "regression", "inconclusive",
+                      "error")
+EVENTS = ("start", "locked", "benchmarked", "audited", "pinned", "installed", "rebooted", "verified",
+          "committed", "rolled_back", "error")
+
+# Meta-packages that pull a newer kernel in; held where installed (Debian, Ubuntu).
+KERNEL_META = ("linux-image-amd64", "linux-image-cloud-amd64", "linux-image-arm64", "linux-image-cloud-arm64",
+               "linux-generic", "linux-image-generic", "linux-headers-generic", "linux-virtual", "linux-image-virtual")
+KERNEL_META_PREFIXES = ("linux-generic-hwe-", "linux-image-generic-hwe-", "linux-headers-generic-hwe-")
+# GPU driver packages whose upgrade rebuilds or replaces the kernel module.
+DRIVER_PREFIXES = ("nvidia-driver", "nvidia-kernel-", "nvidia-dkms-", "nvidia-open", "cuda-drivers",
+                   "linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatures-nvidia-")
+DRIVER_SUFFIXES = ("-dkms",)
+UU_DROPIN = "/etc/apt/apt.conf.d/51gpufleet-kernel-lock"
+
+
+class FlowError(ValueError):
+    """An observation the flow cannot act on; the message says what and what to do."""
+
+
+# ---- the lock ------------------------------------------------------------------------------------
+def lock_packages(version: str, installed: list[str], extra: list[str] | None = None) -> list[str]:
+    """What the lock holds for kernel ``version``: its image package, the kernel meta-packages and the
+    GPU driver/DKMS packages, each only where installed (``installed``: dpkg's installed names)."""
+    have = set(installed)
+    wanted = {f"linux-image-{version}"} | set(KERNEL_META) | set(extra or [])
+    out = {p for p in wanted if p in have}
+    for name in have:
+        if name.startswith(KERNEL_META_PREFIXES + DRIVER_PREFIXES) or name.endswith(DRIVER_SUFFIXES):
+            out.add(name)
+    return sorted(out)
+
+
+def render_uu_dropin(packages: list[str]) -> str:
+    """An apt.conf drop-in that keeps unattended-upgrades off the held packages (its own blacklist:
+    ``apt-mark hold`` alone is not what every unattended-upgrades version honours)."""
+    lines = ["// Managed by Ansible (gpufleet.inference.kernel_upgrade): the kernel and GPU driver stay as",
+             "// the last gated upgrade left them; unattended-upgrades must not touch them.",
+             "Unattended-Upgrade::Package-Blacklist {"]
+    lines += [f'    "^{p.replace(".", "[.]").replace("+", "[+]")}$";' for p in packages]
+    lines.append("};")
+    return "\n".join(lines) + "\n"
+
+
+def lock_action(name: str, version: str, obs: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    hold = lock_packages(version, obs.get("installed_packages") or [], obs["settings"].get("lock_packages"))
+    action = {"name": name, "version": version, "lock": bool(obs["settings"].get("lock", True)), "hold": hold,
+              "unattended_upgrades": {"path": UU_DROPIN, "content": render_uu_dropin(hold)}}
+    action.update(extra)
+    return action
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def truthy(value: Any) -> bool:
+    """A flag as the controller templated it: a bool, or its text (``"True"``, ``"false"``, ``"1"``)."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "yes", "1", "on")
+    return bool(value)
+
+
+def finding_keys(findings: list[dict[str, Any]] | None) -> list[str]:
+    return sorted({f"{f.get('code')}@{f.get('device')}" for f in findings or []})
+
+
+def new_findings(before: list[str] | None, after: list[dict[str, Any]] | None) -> list[str]:
+    """PCIe findings after the boot that the old kernel did not have (``code@device``)."""
+    return [k for k in finding_keys(after) if k not in set(before or [])]
+
+
+def finish(decision: str, reason: str) -> dict[str, Any]:
+    return {"name": "finish", "decision": decision, "reason": reason.strip(), "ok": decision in OK_DECISIONS}
+
+
+def _stamp(journal: dict[str, Any], obs: dict[str, Any], stage: str, note: str) -> dict[str, Any]:
+    journal["stage"] = stage
+    journal["updated_at"] = obs["now"]
+    journal.setdefault("history", []).append({"stage": stage, "at": obs["now"], "event": obs["event"], "note": note})
+    if stage in TERMINAL:
+        journal["finished"] = True
+        journal["finished_at"] = obs["now"]
+    return journal
+
+
+def _deadline(journal: dict[str, Any], obs: dict[str, Any]) -> None:
+    """While the host may run the candidate uncommitted, each contact pushes the host-local commit
+    deadline: the boot-health unit reboots into the saved default once it passes."""
+    journal["commit_deadline"] = obs["now"] + int(obs["settings"].get("commit_timeout", 1800))
+
+
+def _verdict(journal: dict[str, Any], obs: dict[str, Any], decision: str, reason: str) -> tuple[dict, dict]:
+    journal["verdict"] = {"decision": decision, "reason": reason.strip(), "at": obs["now"]}
+    _stamp(journal, obs, "verdict", decision)
+    if decision == "pass":
+        _deadline(journal, obs)
+        return journal, lock_action("commit", journal["target"], obs)
+    return journal, rollback_action(journal, obs)
+
+
+def rollback_action(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
+    return lock_action("rollback", journal["old"], obs, reboot=obs["running"] != journal["old"])
+
+
+def gated_level(data: dict[str, Any]) -> tuple[int | None, list[float], list[str]]:
+    """The gated concurrency level of a benchmark, its throughput samples and its contaminated runs.
+
+    ``samples`` is inference_benchmark's ``{level: [tok/s per run]}`` (or one list); ``concurrency``
+    0 picks the highest level; ``contaminated`` is ``{level: [run index]}`` (or one list)."""
+    samples, level, dirty = data.get("samples") or [], int(data.get("concurrency") or 0), data.get("contaminated") or []
+    if isinstance(samples, dict):
+        levels = sorted(int(k) for k in samples)
+        if not levels:
+            raise FlowError("the benchmark returned no samples: look at its output on the host")
+        level = level or levels[-1]
+        if level not in levels:
+            raise FlowError(f"the gated concurrency {level} was not measured (levels {levels}): set "
+                            "kernel_upgrade_gate_concurrency to one of inference_benchmark_concurrency, or 0")
+        samples = samples.get(str(level), samples.get(level))
+        if isinstance(dirty, dict):
+            dirty = dirty.get(str(level), dirty.get(level)) or []
+    elif isinstance(dirty, dict):
+        dirty = [r for runs in dirty.values() for r in runs]
+    return (level or None), [float(v) for v in samples or []], [str(r) for r in dirty]
+
+
+def _bench_side(data: dict[str, Any]) -> dict[str, Any]:
+    level, samples, dirty = gated_level(data)
+    return {"samples": samples, "files": list(data.get("files") or []), "kernel": data.get("kernel"),
+            "concurrency": level, "duration_s": data.get("duration_s"), "contaminated": dirty, "rounds": 1}
+
+
+def _gate_settings(obs: dict[str, Any]) -> dict[str, Any]:
+    g = obs["settings"].get("gate") or {}
+    return {"threshold": float(g.get("threshold", 0.95)), "alpha": float(g.get("alpha", 0.01)),
+            "pass_alpha": float(g.get("pass_alpha", 0.05)), "min_runs": int(g.get("min_runs", 5)),
+            "max_runs": int(g.get("max_runs", 15))}
+
+
+def _benchmark(label: str, runs: int, seed: int) -> dict[str, Any]:
+    return {"name": "benchmark", "label": label, "runs": int(runs), "seed": int(seed)}
+
+
+# ---- before any journal ------------------------------------------------------------------------
+def fresh(obs: dict[str, Any]) -> tuple[str, str]:
+    """(decision, reason) on a host with no upgrade in progress; decision '' means: go."""
+    pre, target, s = obs.get("preflight") or {}, obs["target"], obs["settings"]
+    running, default = obs["running"], obs["default"]
+    if running == target and default == target:
+        return "already", f"{target} runs and is the default already"
+    if default is None:
+        return "refused", (f"the saved GRUB default of this host names no installed kernel (running {running}): nothing is "
+                           "changed. Run grub-editenv /boot/grub/grubenv list, set the default to the kernel that "
+                           "should boot (grub-set-default 'submenu>entry'), then run again.")
+    if running != default:
+        return "refused", (f"this host runs {running} but its saved GRUB default is {default}, and there is no upgrade "
+                           f"journal: a one-shot boot was left half-way (by an earlier run that lost its journal, or by "
+                           f"hand). A baseline is never measured on a kernel that is not the saved default, so nothing is "
+                           f"changed. To go back: reboot (the host boots {default}). To keep {running}: make it the "
+                           f"default (grub-set-default) after checking it. Then run again.")
+    if not pre.get("ok", False):
+        return "preflight_failed", pre.get("msg") or "preflight failed"
+    if s.get("check_mode") or not s.get("reboot_ok"):
+        reason = (f"would: benchmark {running}, pin it as the default ({pre.get('running_entry')}), install "
+                  f"{pre.get('package')}, install the boot-health unit, boot {target} once (grub-reboot), verify, "
+                  "benchmark, gate; keep it or roll back")
+        if not s.get("check_mode"):
+            reason += ". Set kernel_upgrade_reboot_ok: true to do it"
+        return "planned", reason
+    return "", ""
+
+
+def start_fresh(obs: dict[str, Any]) -> tuple[None, dict[str, Any]]:
+    decision, reason = fresh(obs)
+    lockable = obs["running"] == obs["default"] and obs["settings"].get("lock", True) and decision != "refused"
+    if obs["event"] == "start" and lockable:
+        return None, lock_action("lock", obs["running"], obs)
+    if decision:
+        return None, finish(decision, reason)
+    return None, _benchmark("baseline", _gate_settings(obs)["min_runs"], 0)
+
+
+def new_journal(obs: dict[str, Any]) -> dict[str, Any]:
+    pre = obs.get("preflight") or {}
+    return {"format": JOURNAL_FORMAT, "run_id": obs.get("run_id") or "", "target": obs["target"],
+            "old": obs["running"], "old_entry": pre.get("running_entry"), "package": pre.get("package"),
+            "target_installed_before": bool(pre.get("target_installed")), "started_at": obs["now"],
+            "dkms_modules": list(pre.get("dkms_modules") or []),
+            "updated_at": obs["now"], "stage": None, "baseline": None, "candidate": None, "findings_before": None,
+            "gate": None, "verdict": None, "boot_id": None, "commit_deadline": None, "health": None,
+            "verify": None, "finished": False, "history": []}
+
+
+# ---- the machine -----------------------------------------------------------------------------------
+def step(journal: dict[str, Any] | None, obs: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """One transition. ``obs``: event, data, preflight (this run's kernel_upgrade_preflight result),
+    running, default, boot_id, now, target, run_id, settings, installed_packages, health (the
+    boot-health unit's last result, or None).
+
+    Returns the journal to write (``None``: nothing to write) and the next action. Raises FlowError
+    for an observation that contradicts the journal (the module refuses, nothing changed).
+    """
+    event = obs["event"]
+    if event not in EVENTS:
+        raise FlowError(f"unknown event {event!r}: one of {', '.join(EVENTS)}")
+    if journal is not None:
+        journal = copy.deepcopy(journal)
+    if journal is None or journal.get("finished"):
+        return step_fresh(obs)
+    if journal["target"] != obs["target"]:
+        return journal, finish("refused", (
+            f"an upgrade to {journal['target']} (run {journal.get('run_id') or '?'}) is in progress at stage "
+            f"{journal['stage']}, but this run asks for {obs['target']}: nothing is changed. Run again with "
+            f"kernel_upgrade_target: {journal['target']} to finish (or roll back) that upgrade first."))
+    if event == "error":
+        return on_error(journal, obs)
+    if event == "start" and obs["settings"].get("check_mode"):
+        _journal, action = resume(journal, obs)
+        return None, finish("planned", f"would resume the upgrade to {journal['target']} (run "
+                                       f"{journal.get('run_id') or '?'}) from stage {journal['stage']}: next "
+                                       f"{action['name']}{' (' + action['decision'] + ')' if 'decision' in action else ''}")
+    if event == "start":
+        return resume(journal, obs)
+    handler = HANDLERS.get(event)
+    if handler is None or journal["stage"] not in EXPECTED_STAGE.get(event, STAGES):
+        raise FlowError(f"event {event!r} arrived at stage {journal['stage']}: it belongs to stage "
+                        f"{' or '.join(EXPECTED_STAGE.get(event, ('none',)))}; nothing was changed")
+    return handler(journal, obs)
+
+
+def step_fresh(obs: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    event = obs["event"]
+    if event in ("start", "locked"):
+        return start_fresh(obs)
+    if event == "error":
+        return None, finish("error", (obs["data"].get("msg") or "error") + " (before any change to the host)")
+    if event == "benchmarked" and obs["data"].get("label") == "baseline":
+        return on_baseline(obs)
+    raise FlowError(f"event {event!r} arrived but no upgrade is in progress on this host (no journal)")
+
+
+def on_baseline(obs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    data = obs["data"]
+    decision, reason = fresh(obs)
+    if decision:
+        raise FlowError(f"a baseline arrived but the host may not be upgraded: {decision}: {reason}")
+    if data.get("kernel") not in (None, obs["running"]):
+        raise FlowError(f"the baseline was measured on {data.get('kernel')}, but the host runs {obs['running']}, its "
+                        "saved default: measure the baseline again")
+    journal = new_journal(obs)
+    journal["baseline"] = _bench_side(data)
+    contaminated = journal["baseline"]["contaminated"]
+    if contaminated:
+        journal["verdict"] = {"decision": "inconclusive", "at": obs["now"], "reason": (
+            f"inconclusive: the baseline on {obs['running']} was contaminated by foreign load (runs "
+            f"{', '.join(contaminated)}: the server held more requests than the benchmark sent), so no gate can be "
+            "trusted; nothing was changed. Drain the host (stop other clients, take it out of the load balancer) and "
+            "run again.")}
+        _stamp(journal, obs, "stopped", "baseline contaminated")
+        return journal, finish("inconclusive", journal["verdict"]["reason"])
+    _stamp(journal, obs, "baseline", f"{len(journal['baseline']['samples'])} runs")
+    if obs["settings"].get("verify_pcie", True):
+        return journal, {"name": "audit"}
+    return journal, pin_action(journal, obs)
+
+
+def pin_action(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
+    return {"name": "pin", "version": journal["old"]}
+
+
+def on_audited(journal, obs):
+    if journal["stage"] != "baseline":
+        raise FlowError(f"a PCIe audit arrived at stage {journal['stage']}; it belongs after the baseline")
+    journal["findings_before"] = finding_keys(obs["data"].get("findings"))
+    journal["updated_at"] = obs["now"]
+    return journal, pin_action(journal, obs)
+
+
+def install_action(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
+    """The target's image package, and its headers where DKMS must build modules for it (DKMS's
+    kernel hook builds only for kernels whose headers are installed)."""
+    packages = [journal.get("package") or f"linux-image-{journal['target']}"]
+    headers = obs["settings"].get("headers", "auto")
+    if headers == "always" or (headers == "auto" and journal.get("dkms_modules")):
+        packages.append(f"linux-headers-{journal['target']}")
+    return {"name": "install", "package": packages[0], "packages": packages, "version": journal["target"]}
+
+
+def on_pinned(journal, obs):
+    if obs["default"] != journal["old"]:
+        raise FlowError(f"the pin did not take: the saved default is {obs['default']}, not {journal['old']}")
+    _stamp(journal, obs, "pinned", f"{journal['old']} is the default")
+    return journal, install_action(journal, obs)
+
+
+def on_installed(journal, obs):
+    post = obs["data"].get("preflight") or {}
+    if not post.get("ok", False):
+        return _verdict(journal, obs, "preflight_failed", f"after the install: {post.get('msg') or 'checks failed'}")
+    _stamp(journal, obs, "installed", "post-install checks passed")
+    return arm_boot(journal, obs)
+
+
+def arm_boot(journal, obs):
+    """Record the one-shot boot before it happens, with the boot it starts from."""
+    journal["boot_id"] = obs["boot_id"]
+    _deadline(journal, obs)
+    _stamp(journal, obs, "boot_once", f"one-shot boot into {journal['target']} from boot {obs['boot_id']}")
+    return journal, {"name": "boot_once", "version": journal["target"], "old": journal["old"],
+                     "commit_timeout": int(obs["settings"].get("commit_timeout", 1800))}
+
+
+def after_boot(journal, obs):
+    """The host is up after the one-shot boot (or the controller lost it around the boot)."""
+    if obs["boot_id"] == journal["boot_id"] and obs["running"] == journal["old"]:
+        return arm_boot(journal, obs)  # the reboot never happened: do it again
+    if obs["running"] == journal["target"]:
+        _deadline(journal, obs)
+        _stamp(journal, obs, "booted", f"{journal['target']} runs")
+        return journal, {"name": "verify"}
+    return came_back_old(journal, obs, "the one-shot boot")
+
+
+def came_back_old(journal, obs, when: str):
+    health = obs.get("health") or {}
+    if health.get("action") == "revert" and health.get("target") == journal["target"]:
+        journal["health"] = health
+        return _verdict(journal, obs, "reverted", (
+            f"after {when} the host returned to {obs['running']} by itself: its boot-health unit rebooted it from "
+            f"{journal['target']} ({'; '.join(health.get('reasons') or ['no reason kept'])})"))
+    if journal["stage"] == "boot_once":
+        return _verdict(journal, obs, "failed_boot", (
+            f"the one-shot boot into {journal['target']} did not come up: the host came back on {obs['running']} "
+            "(GRUB fell back to the saved default); read the console log of that boot"))
+    return _verdict(journal, obs, "reverted", (
+        f"during stage {journal['stage']} the host left {journal['target']} and runs {obs['running']} (a reboot the "
+        "flow did not ask for: the commit deadline passed, a crash, or an operator)"))
+
+
+def on_verified(journal, obs):
+    if obs["running"] != journal["target"]:
+        return came_back_old(journal, obs, "the verification")
+    data = obs["data"]
+    problems = []
+    missing = data.get("cmdline_missing") or []
+    if missing:
+        problems.append("kernel arguments missing from /proc/cmdline: " + " ".join(missing))
+    if data.get("findings_after") is not None:
+        new = new_findings(journal.get("findings_before"), data["findings_after"])
+        if new:
+            problems.append("PCIe findings the old kernel did not have: " + ", ".join(new))
+    vllm = data.get("vllm") or {}
+    if truthy(vllm.get("checked")) and not truthy(vllm.get("ok")):
+        problems.append("inference server not healthy: " + (vllm.get("msg") or "?"))
+    journal["verify"] = {"problems": problems, "at": obs["now"]}
+    if problems:
+        return _verdict(journal, obs, "verify_failed", f"{journal['target']} booted but {'; '.join(problems)}")
+    _deadline(journal, obs)
+    _stamp(journal, obs, "candidate", "verified")
+    return journal, _benchmark("candidate", _gate_settings(obs)["min_runs"], 0)
+
+
+def on_candidate(journal, obs):
+    data = obs["data"]
+    if obs["running"] != journal["target"] or data.get("kernel") not in (None, journal["target"]):
+        return came_back_old(journal, obs, "a candidate benchmark")
+    side = _bench_side(data)
+    cand = journal.get("candidate")
+    if cand:
+        side = {**cand, "samples": cand["samples"] + side["samples"], "files": cand["files"] + side["files"],
+                "contaminated": cand["contaminated"] + side["contaminated"], "rounds": cand["rounds"] + 1}
+    journal["candidate"] = side
+    journal["updated_at"] = obs["now"]
+    return judge(journal, obs)
+
+
+def judge(journal, obs):
+    """The gate over the recorded baseline and candidate: more rounds, or the verdict."""
+    cand = journal.get("candidate") or {}
+    if cand.get("contaminated"):
+        return _verdict(journal, obs, "inconclusive", (
+            f"inconclusive: candidate runs {', '.join(cand['contaminated'])} on {journal['target']} were contaminated by "
+            "foreign load (the server held more requests than the benchmark sent), so the gate may neither pass nor "
+            "fail; rolled back. Drain the host before its upgrade and run again."))
+    g = _gate_settings(obs)
+    if not cand.get("samples"):
+        _deadline(journal, obs)
+        _stamp(journal, obs, "candidate", "no candidate runs yet")
+        return journal, _benchmark("candidate", g["min_runs"], 0)
+    try:
+        gate = decide(journal["baseline"]["samples"], cand["samples"], **g)
+    except GateError as err:
+        return _verdict(journal, obs, "error", f"the gate could not judge: {err}")
+    journal["gate"] = gate
+    rounds = int(cand.get("rounds", 1))
+    if gate["decision"] == "inconclusive" and gate.get("runs_needed", 0) > 0 and rounds <= g["max_runs"]:
+        _deadline(journal, obs)
+        _stamp(journal, obs, "candidate", f"round {rounds}: {gate['reason']}")
+        return journal, _benchmark("candidate", gate["runs_needed"], rounds)
+    decision = gate["decision"] if gate["decision"] in ("pass", "regression") else "inconclusive"
+    return _verdict(journal, obs, decision, gate["reason"])
+
+
+def on_benchmarked(journal, obs):
+    label = obs["data"].get("label")
+    if label == "candidate" and journal["stage"] == "candidate":
+        return on_candidate(journal, obs)
+    raise FlowError(f"a {label} benchmark arrived at stage {journal['stage']}: a baseline is only measured before an "
+                    "upgrade starts, candidates only after the verification")
+
+
+def on_committed(journal, obs):
+    if journal["stage"] != "verdict" or (journal.get("verdict") or {}).get("decision") != "pass":
+        raise FlowError(f"a commit arrived at stage {journal['stage']} without a pass verdict")
+    if obs["default"] != journal["target"] or obs["running"] != journal["target"]:
+        raise FlowError(f"the commit did not take: running {obs['running']}, saved default {obs['default']}, "
+                        f"expected {journal['target']} for both")
+    journal["locked"] = list(obs["data"].get("locked") or [])
+    _stamp(journal, obs, "committed", f"{journal['target']} is the default")
+    return journal, finish("pass", journal["verdict"]["reason"])
+
+
+def on_rolled_back(journal, obs):
+    verdict = journal.get("verdict") or {}
+    if journal["stage"] != "verdict" or verdict.get("decision") == "pass":
+        raise FlowError(f"a rollback arrived at stage {journal['stage']} without a rollback verdict")
+    if obs["running"] != journal["old"] or obs["default"] != journal["old"]:
+        return journal, finish("error", (
+            f"rollback failed on this host: running {obs['running']}, saved default {obs['default']}, expected "
+            f"{journal['old']} for both (verdict was {verdict.get('decision')}: {verdict.get('reason')}). The journal "
+            "stays: check grub-editenv /boot/grub/grubenv list and the console, then run again to finish the rollback."))
+    journal["locked"] = list(obs["data"].get("locked") or [])
+    journal["server_after_rollback"] = obs["data"].get("server")
+    _stamp(journal, obs, "rolled_back", f"back on {journal['old']}")
+    return journal, finish(verdict["decision"], verdict["reason"])
+
+
+def on_error(journal, obs):
+    msg = obs["data"].get("msg") or "error"
+    if journal["stage"] == "baseline":
+        _stamp(journal, obs, "stopped", "error before the pin")
+        journal["verdict"] = {"decision": "error", "reason": msg, "at": obs["now"]}
+        return journal, finish("error", msg + " (before any change to the host)")
+    if journal["stage"] == "verdict" and (journal.get("verdict") or {}).get("decision") != "pass":
+        verdict = journal["verdict"]
+        return journal, finish("error", (
+            f"the rollback ({verdict['decision']}: {verdict['reason']}) failed: {msg}. The journal stays at stage "
+            "verdict: fix the cause and run again to finish the rollback."))
+    return _verdict(journal, obs, "error", f"{msg} (at stage {journal['stage']})")
+
+
+def resume(journal, obs):
+    """A new run finds an unfinished journal: continue from the recorded stage with the recorded
+    baseline, or execute the recorded verdict."""
+    stage, old, target, running = journal["stage"], journal["old"], journal["target"], obs["running"]
+    journal.setdefault("resumed", []).append({"at": obs["now"], "stage": stage, "run_id": obs.get("run_id") or ""})
+    if stage == "verdict":
+        verdict = journal["verdict"]["decision"]
+        if verdict != "pass":
+            return journal, rollback_action(journal, obs)
+        if running != target:
+            return came_back_old(journal, obs, "the pass verdict")
+        _deadline(journal, obs)
+        return journal, lock_action("commit", target, obs)
+    if stage in ("baseline", "pinned", "installed"):
+        if running != old:
+            raise FlowError(f"the journal says stage {stage} with {old} running, but the host runs {running}")
+        if stage == "baseline":
+            if obs["default"] != old:
+                raise FlowError(f"the journal says stage baseline (nothing changed) but the saved default is "
+                                f"{obs['default']}, not {old}")
+            return journal, ({"name": "audit"} if obs["settings"].get("verify_pcie", True) and
+                             journal.get("findings_before") is None else pin_action(journal, obs))
+        if stage == "pinned":
+            return journal, install_action(journal, obs)
+        return arm_boot(journal, obs)
+    if stage == "boot_once":
+        return after_boot(journal, obs)
+    if stage in ("booted", "candidate"):
+        if running != target:
+            return came_back_old(journal, obs, f"stage {stage}")
+        if stage == "booted":
+            return journal, {"name": "verify"}
+        return judge(journal, obs)
+    raise FlowError(f"the journal's stage {stage!r} is not one of {', '.join(STAGES)}")
+
+
+def on_rebooted(journal, obs):
+    if journal["stage"] != "boot_once":
+        raise FlowError(f"a reboot arrived at stage {journal['stage']}; only the one-shot boot reboots mid-flow")
+    return after_boot(journal, obs)
+
+
+# The stage an event may arrive at (the action that produces it was issued there).
+EXPECTED_STAGE = {"audited": ("baseline",), "pinned": ("baseline",), "installed": ("pinned",),
+                  "rebooted": ("boot_once",), "verified": ("booted",), "benchmarked": ("candidate",),
+                  "committed": ("verdict",), "rolled_back": ("verdict",), "locked": ()}
+HANDLERS = {"audited": on_audited, "pinned": on_pinned, "installed": on_installed, "rebooted": on_rebooted,
+            "verified": on_verified, "benchmarked": on_benchmarked, "committed": on_committed,
+            "rolled_back": on_rolled_back}
+
+
+def check_journal(journal: Any, path: str) -> dict[str, Any]:
+    """A parsed journal, validated; FlowError with the fix when it cannot be trusted."""
+    fix = (f"Nothing was changed. Look at {path}: if the host runs its saved default (uname -r; grub-editenv "
+           f"/boot/grub/grubenv list) and no upgrade should be in progress, move it away (mv {path} {path}.broken) "
+           "and run again; otherwise repair it from the host's records under /var/lib/gpufleet/kernel_upgrade.")
+    if not isinstance(journal, dict):
+        raise FlowError(f"the upgrade journal {path} is not a JSON object. {fix}")
+    if journal.get("format") != JOURNAL_FORMAT:
+        raise FlowError(f"the upgrade journal {path} has format {journal.get('format')!r}, not {JOURNAL_FORMAT}. {fix}")
+    for key in ("target", "old", "stage"):
+        if not isinstance(journal.get(key), str) or not journal[key]:
+            raise FlowError(f"the upgrade journal {path} lacks {key!r}. {fix}")
+    if journal["stage"] not in STAGES:
+        raise FlowError(f"the upgrade journal {path} has stage {journal['stage']!r}, not one of {', '.join(STAGES)}. {fix}")
+    if journal["stage"] != "baseline" and not (journal.get("baseline") or {}).get("samples"):
+        raise FlowError(f"the upgrade journal {path} is at stage {journal['stage']} but holds no baseline samples. {fix}")
+    return journal
+
+
+def record_facts(journal: dict[str, Any] | None, action: dict[str, Any]) -> dict[str, Any]:
+    """What the role's record keeps from the journal and the last action."""
+    j = journal or {}
+    gate = j.get("gate") or {}
+    return {"stage": j.get("stage") or "start", "old": j.get("old"), "baseline": j.get("baseline") or {},
+            "candidate": j.get("candidate") or {}, "gate": gate, "locked": j.get("locked") or [],
+            "server_after_rollback": j.get("server_after_rollback"), "journal_run_id": j.get("run_id"),
+            "resumed": j.get("resumed") or [], "decision": action.get("decision", ""),
+            "reason": action.get("reason", "")}

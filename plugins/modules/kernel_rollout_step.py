@@ -1,0 +1,261 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: kernel_rollout_step
+short_description: One step of the crash-safe kernel upgrade - read the host's journal, decide, write it, say what to do next
+version_added: 0.1.0
+description:
+  - The kernel upgrade of C(gpufleet.inference.kernel_upgrade) as a state machine kept on the host. The controller reports
+    what it just did (O(event) and O(data)); the module reads the host (running kernel, boot id, the kernel the saved GRUB
+    default boots, installed packages, the boot-health unit's last result) and the journal
+    C(/var/lib/gpufleet/kernel_upgrade/journal.json), decides, writes the journal durably (temp file, fsync, rename, fsync
+    of the directory) and returns RV(next_action). A controller lost at any point resumes on the next run from the
+    recorded stage, with the recorded baseline, or executes the recorded verdict.
+  - A corrupt or unreadable journal, or a host that runs a kernel other than its saved default without a journal, is
+    refused (RV(next_action) is C(finish) with the decision C(refused) and the fix), and nothing is changed.
+  - The gate is C(gpufleet.inference.throughput_gate)'s decide() over the journal's runs; contaminated runs (foreign load
+    on the server) make the answer C(inconclusive).
+  - With O(lease_run_id) set, every step renews the host's lease (C(gpufleet.inference.host_lease)) and refuses when this
+    run no longer holds it.
+author:
+  - gpufleet.inference contributors (@gpufleet)
+extends_documentation_fragment:
+  - gpufleet.inference.common
+  - gpufleet.inference.common.attributes
+options:
+  target:
+    description: The kernel release to move to, as C(uname -r) prints it.
+    type: str
+    required: true
+  event:
+    description: What the controller just did (V(start) at the beginning of a run).
+    type: str
+    choices: [start, locked, benchmarked, audited, pinned, installed, rebooted, verified, committed, rolled_back, error]
+    default: start
+  data:
+    description:
+      - The event's data. V(start) - C(preflight) (the result of C(kernel_upgrade_preflight)). V(benchmarked) - C(label),
+        C(samples), C(files), C(kernel), C(concurrency), C(contaminated) (indices of contaminated runs). V(audited) -
+        C(findings). V(installed) - C(preflight) (phase installed). V(verified) - C(cmdline_missing), C(findings_after),
+        C(vllm) (C(checked), C(ok), C(msg)). V(committed)/V(rolled_back) - C(locked), C(server). V(error) - C(msg).
+    type: dict
+    default: {}
+  run_id:
+    description: The rollout's id, kept in the journal.
+    type: str
+    default: ""
+  reboot_ok:
+    description: The explicit yes to install and reboot; without it the answer is the plan (C(planned)).
+    type: bool
+    default: false
+  lock:
+    description: Hold the kernel, its meta-packages and the GPU driver packages between upgrades.
+    type: bool
+    default: true
+  lock_packages:
+    description: More packages to hold where installed.
+    type: list
+    elements: str
+    default: []
+  verify_pcie:
+    description: Audit the PCIe path before the upgrade, to compare after the boot.
+    type: bool
+    default: true
+  headers:
+    description:
+      - Install the target's C(linux-headers-<target>) with it - V(auto) where DKMS holds modules (the preflight's
+        C(dkms_modules)), V(always), V(never).
+    type: str
+    choices: [auto, always, never]
+    default: auto
+  commit_timeout:
+    description: Seconds from the controller's last contact after which the boot-health unit reboots an uncommitted
+      candidate into the saved default.
+    type: int
+    default: 1800
+  gate:
+    description: The gate's settings (C(threshold), C(alpha), C(pass_alpha), C(min_runs), C(max_runs)).
+    type: dict
+    default: {}
+  journal:
+    description: The journal's path on the host.
+    type: path
+    default: /var/lib/gpufleet/kernel_upgrade/journal.json
+  lease_run_id:
+    description: Renew the host's lease for this run at every step (empty - no lease).
+    type: str
+    default: ""
+  lease_ttl:
+    description: Seconds each renewal extends the lease.
+    type: int
+    default: 7200
+  preflight:
+    description: This run's C(gpufleet.inference.kernel_upgrade_preflight) result (go or no-go before an upgrade starts).
+    type: dict
+    default: {}
+"""
+
+EXAMPLES = r"""
+- name: Start (or resume) the upgrade
+  gpufleet.inference.kernel_rollout_step:
+    target: 6.1.0-56-cloud-amd64
+    event: start
+    data: {preflight: "{{ preflight_result }}"}
+    reboot_ok: true
+    run_id: "{{ kernel_upgrade_run_id }}"
+  register: step
+
+- name: Report a benchmark
+  gpufleet.inference.kernel_rollout_step:
+    target: 6.1.0-56-cloud-amd64
+    event: benchmarked
+    data: {label: baseline, samples: [812.0, 798.5, 805.1, 809.9, 801.2], files: [/var/lib/gpufleet/benchmarks/b.json]}
+    reboot_ok: true
+"""
+
+RETURN = r"""
+next_action:
+  description:
+    - What the controller does next. C(name) is one of C(lock), C(benchmark) (C(label), C(runs), C(seed)), C(audit),
+      C(pin), C(install) (C(package), C(packages)), C(boot_once) (C(version), C(commit_timeout)), C(verify), C(commit) and C(rollback)
+      (C(version), C(hold), C(unattended_upgrades), C(reboot)), C(finish) (C(decision), C(reason), C(ok)).
+  returned: success
+  type: dict
+  sample: {name: benchmark, label: baseline, runs: 5, seed: 0}
+journal:
+  description: The journal after the step (null when no upgrade is in progress).
+  returned: success
+  type: dict
+record:
+  description: What the role's record keeps (stage, old kernel, baseline, candidate, gate, decision, reason, locked).
+  returned: success
+  type: dict
+running:
+  description: The running kernel.
+  returned: success
+  type: str
+  sample: 6.1.0-50-cloud-amd64
+default_version:
+  description: The kernel the saved GRUB default boots (null when it names no entry).
+  returned: success
+  type: str
+  sample: 6.1.0-50-cloud-amd64
+actions:
+  description: What was written (or would be in check mode).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{action: write_journal, path: /var/lib/gpufleet/kernel_upgrade/journal.json, stage: baseline}]
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils import host_lease as lease_utils
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import KernelUpgradeError, validate_version
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import (
+    FlowError, finish, record_facts, step,
+)
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import (
+    DPKG_STATUS, boot_id, dump, health_result, installed_packages, load_journal, running_kernel, save_journal,
+    saved_default,
+)
+
+EVENTS = ["start", "locked", "benchmarked", "audited", "pinned", "installed", "rebooted", "verified", "committed",
+          "rolled_back", "error"]
+
+
+def renew_lease(module: AnsibleModule, fs: HostFS, now: float) -> list[dict]:
+    p = module.params
+    if not p["lease_run_id"]:
+        return []
+    path = lease_utils.LEASE
+    current = lease_utils.parse(fs.read_text(path, default=""), path)
+    if module.check_mode and current is None:
+        return []  # a check-mode run took its lease only on paper: another run's lease would still refuse it
+    lease, what = lease_utils.plan(current, "renewed", p["lease_run_id"], now, p["lease_ttl"])
+    if not module.check_mode:
+        fs.write_durable(path, lease_utils.render(lease), 0o644)
+    return [{"action": "renew_lease", "path": path, "what": what}]
+
+
+def run(module: AnsibleModule, fs: HostFS) -> dict:
+    p = module.params
+    now = time.time()
+    running = running_kernel(fs)
+    default, saved = saved_default(fs)
+    base = {"running": running, "default_version": default, "saved_entry": saved}
+    try:
+        validate_version(p["target"], "target")
+        journal = load_journal(fs, p["journal"])
+        lease_actions = renew_lease(module, fs, now)
+        obs = {"event": p["event"], "data": p["data"] or {}, "preflight": p["preflight"] or {}, "running": running, "default": default,
+               "boot_id": boot_id(fs), "now": now, "target": p["target"], "run_id": p["run_id"],
+               "installed_packages": installed_packages(fs.read_optional(DPKG_STATUS)), "health": health_result(fs),
+               "settings": {"reboot_ok": p["reboot_ok"], "check_mode": module.check_mode, "lock": p["lock"],
+                            "lock_packages": p["lock_packages"], "verify_pcie": p["verify_pcie"],
+                            "headers": p["headers"],
+                            "commit_timeout": p["commit_timeout"], "gate": p["gate"] or {}}}
+        new, action = step(journal, obs)
+    except (FlowError, lease_utils.LeaseError, KernelUpgradeError) as err:
+        action = finish("refused", str(err))
+        return dict(base, changed=False, next_action=action, journal=None, record=record_facts(None, action),
+                    actions=[], diff={})
+    actions = list(lease_actions)
+    if new is not None and new != journal:
+        if module.check_mode:
+            actions.append({"action": "write_journal", "path": p["journal"], "stage": new["stage"]})
+        else:
+            actions += save_journal(fs, new, p["journal"])
+    diff = {"before": dump(journal) if journal else "", "after": dump(new) if new else "",
+            "before_header": p["journal"], "after_header": p["journal"]}
+    return dict(base, changed=bool(actions), next_action=action, journal=new, record=record_facts(new or journal, action),
+                actions=actions, diff=diff)
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec=dict(
+            target=dict(type="str", required=True),
+            event=dict(type="str", choices=EVENTS, default="start"),
+            data=dict(type="dict", default={}),
+            run_id=dict(type="str", default=""),
+            reboot_ok=dict(type="bool", default=False),
+            lock=dict(type="bool", default=True),
+            lock_packages=dict(type="list", elements="str", default=[]),
+            verify_pcie=dict(type="bool", default=True),
+            headers=dict(type="str", choices=["auto", "always", "never"], default="auto"),
+            commit_timeout=dict(type="int", default=1800),
+            gate=dict(type="dict", default={}),
+            journal=dict(type="path", default="/var/lib/gpufleet/kernel_upgrade/journal.json"),
+            lease_run_id=dict(type="str", default=""),
+            lease_ttl=dict(type="int", default=7200),
+            preflight=dict(type="dict", default={}),
+            root=dict(type="path", default="/"),
+        ),
+        supports_check_mode=True,
+    )
+    fs = HostFS(module.params["root"])
+    try:
+        result = run(module, fs)
+    except HostFSError as err:
+        module.fail_json(msg=f"kernel_rollout_step under root {fs.root} failed: {err}. The module reads /proc, /boot/grub "
+                             "and /var/lib/dpkg and writes /var/lib/gpufleet: run it as root (become: true) on the host.")
+    except FlowError as err:
+        module.fail_json(msg=str(err), changed=False)
+    diff = result.pop("diff")
+    if module._diff and diff:  # pylint: disable=protected-access
+        result["diff"] = diff
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,264 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""kernel_upgrade_flow.step(): the YAML cases (every transition, resume from every stage, errors,
+foreign load), whole runs on the simulated host of flow_sim.py, and a controller killed after every
+single action of every scenario: the re-run must end the host exactly as the uninterrupted run."""
+
+from __future__ import annotations
+
+import copy
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ansible_collections.gpufleet.inference.plugins.module_utils import kernel_upgrade_flow as flow
+from tests.unit.plugins.module_utils.flow_sim import NEW, OLD, SETTINGS, Host, drive
+
+HERE = Path(__file__).resolve().parent
+CASES = yaml.safe_load((HERE / "test_kernel_upgrade_flow.yaml").read_text())["test_cases"]
+SCENARIOS = {
+    "pass": {},
+    "regression": {"speed_new": 0.5},
+    "inconclusive": {"speed_new": 0.95},
+    "failed_boot": {"boots": False},
+    "verify_failed": {"verify_ok": False},
+    "preflight_failed": {"post_ok": False},
+    "contaminated": {"foreign_load": "candidate"},
+    "baseline_contaminated": {"foreign_load": "baseline"},
+}
+OUTCOME = {"pass": ("pass", NEW), "regression": ("regression", OLD), "failed_boot": ("failed_boot", OLD),
+           "verify_failed": ("verify_failed", OLD), "preflight_failed": ("preflight_failed", OLD),
+           "contaminated": ("inconclusive", OLD), "baseline_contaminated": ("inconclusive", OLD)}
+
+
+class Recorder(Host):
+    """A simulated host that keeps every journal written, in order."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.writes: list[dict] = []
+
+    def write(self, journal):
+        if journal is not None:
+            self.writes.append(copy.deepcopy(journal))
+        super().write(journal)
+
+
+def journal_at(spec: str) -> tuple[dict, Recorder]:
+    """``STAGE[@SCENARIO][#N]``: the Nth journal the scenario's run wrote at STAGE, and the host
+    as it was then (kernel, default, boot)."""
+    stage, _s, rest = spec.partition("@")
+    scenario, _h, nth = (rest or "pass").partition("#")
+    nth = int(nth or 1)
+    host = Recorder(**SCENARIOS[scenario])
+    state = {}
+
+    def write(journal, _orig=host.write):
+        _orig(journal)
+        if journal is not None and journal["stage"] == stage:
+            state.setdefault("count", 0)
+            state["count"] += 1
+            if state["count"] == nth and "journal" not in state:
+                state["journal"] = copy.deepcopy(journal)
+                state["host"] = (host.running, host.default, host.boot)
+
+    host.write = write
+    drive(host)
+    assert "journal" in state, f"the {scenario} run never wrote stage {stage} #{nth}"
+    return state["journal"], state["host"]
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key != "data":
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def subset(expected, actual, where="result"):
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{where}: {actual!r} is not a dict"
+        for key, value in expected.items():
+            assert key in actual, f"{where}: no key {key!r} (keys {sorted(actual)})"
+            subset(value, actual[key], f"{where}.{key}")
+    elif isinstance(expected, list) and any(isinstance(e, dict) for e in expected):
+        assert len(actual) == len(expected), f"{where}: {actual!r} != {expected!r}"
+        for i, (e, a) in enumerate(zip(expected, actual)):
+            subset(e, a, f"{where}[{i}]")
+    else:
+        assert actual == expected, f"{where}: {actual!r} != {expected!r}"
+
+
+def observation(case: dict, host_state) -> dict:
+    running, default, boot = host_state
+    obs = {"event": "start", "data": {}, "running": running, "default": default, "boot_id": f"boot-{boot}",
+           "now": 1_796_100_000.0, "target": NEW, "run_id": "run1", "health": None,
+           "preflight": {"ok": True, "msg": "preflight passed", "running_entry": f"adv>{OLD}",
+                         "package": f"linux-image-{NEW}", "target_installed": False},
+           "installed_packages": sorted(["linux-image-" + OLD, "linux-image-" + NEW, "linux-image-cloud-amd64",
+                                         "nvidia-driver", "nvidia-kernel-dkms", "gpufleet-lab-dkms", "openssh-server"]),
+           "settings": copy.deepcopy(SETTINGS)}
+    given = copy.deepcopy(case.get("obs") or {})
+    obs["settings"].update(given.pop("settings", {}))
+    obs.update(given)
+    return obs
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["id"] for c in CASES])
+def test_step_case(case):
+    spec = case.get("journal")
+    if spec is None:
+        journal, host_state = None, (OLD, OLD, 0)
+        if "journal_set" in case:
+            raise AssertionError("journal_set needs a journal")
+    else:
+        journal, host_state = journal_at(spec)
+        journal = merge(journal, case.get("journal_set") or {})
+    obs = observation(case, host_state)
+    before = copy.deepcopy(journal)
+    if "raises" in case:
+        with pytest.raises(flow.FlowError, match=None) as err:
+            flow.step(journal, obs)
+        assert case["raises"] in str(err.value)
+        assert journal == before, "step() must not change the journal it was given"
+        return
+    new, action = flow.step(journal, obs)
+    assert journal == before, "step() must not change the journal it was given"
+    expect = case.get("expect") or {}
+    if "action" in expect:
+        subset(expect["action"], action, "action")
+    for text in expect.get("reason") or []:
+        assert text in action.get("reason", ""), f"{text!r} not in {action.get('reason')!r}"
+    if "journal" in expect:
+        if expect["journal"] is None:
+            assert new is None, new
+        else:
+            assert new is not None
+            subset(expect["journal"], new, "journal")
+    for text in case.get("reason_in_journal") or []:
+        assert text in new["verdict"]["reason"], f"{text!r} not in {new['verdict']['reason']!r}"
+    if "candidate_runs" in case:
+        assert len(new["candidate"]["samples"]) == case["candidate_runs"]
+    if new is not None:
+        assert new["format"] == flow.JOURNAL_FORMAT and new["stage"] in flow.STAGES
+        flow.check_journal(new, "journal.json")
+
+
+@pytest.mark.parametrize("scenario", sorted(OUTCOME))
+def test_whole_run(scenario):
+    host = Host(**SCENARIOS[scenario])
+    result = drive(host)
+    decision, kernel = OUTCOME[scenario]
+    assert result["finish"]["decision"] == decision, result["finish"]
+    assert (host.running, host.default) == (kernel, kernel)
+    assert host.journal is None and len(host.history) == 1
+    assert host.history[0]["finished"] is True
+    assert all(b["kernel"] == b["default"] == OLD for b in host.benchmarks if b["label"] == "baseline")
+    assert f"linux-image-{kernel}" in host.held and "nvidia-kernel-dkms" in host.held
+
+
+def test_inconclusive_rounds_stop_at_the_cap():
+    host = Host(speed_new=0.95)
+    result = drive(host)
+    rounds = [a for a in result["actions"] if a["name"] == "benchmark" and a["label"] == "candidate"]
+    assert sum(a["runs"] for a in rounds) <= SETTINGS["gate"]["max_runs"]
+    assert result["finish"]["decision"] in ("pass", "regression")
+    assert host.history[0]["gate"]["decided_by"] in ("test", "median-at-cap")
+
+
+def uninterrupted_actions(scenario: str) -> int:
+    return sum(1 for a in drive(Host(**SCENARIOS[scenario]))["actions"] if a["name"] != "finish")
+
+
+@pytest.mark.parametrize("scenario,crash_after", [(s, k) for s in sorted(OUTCOME)
+                                                  for k in range(1, uninterrupted_actions(s) + 1)])
+def test_a_controller_killed_after_any_action_is_finished_by_a_plain_rerun(scenario, crash_after):
+    reference = Host(**SCENARIOS[scenario])
+    drive(reference)
+    host = Host(**SCENARIOS[scenario])
+    result = drive(host, crash_after=crash_after)
+    decision, kernel = OUTCOME[scenario]
+    assert result["finish"]["decision"] == decision, (crash_after, result["finish"])
+    assert (host.running, host.default) == (kernel, kernel)
+    assert host.journal is None
+    assert all(b["kernel"] == b["default"] == OLD for b in host.benchmarks if b["label"] == "baseline")
+    # a baseline is measured again only when the controller died before the journal held one (the
+    # lock, then the baseline runs); after that the gate judges the ORIGINAL baseline
+    baselines = sum(b["label"] == "baseline" for b in host.benchmarks)
+    if crash_after > 2:
+        assert baselines == 1
+        assert host.history[-1]["baseline"]["samples"] == reference.history[-1]["baseline"]["samples"]
+    else:
+        assert baselines == (2 if crash_after == 2 else 1)
+    assert host.reboots <= reference.reboots + 1
+
+
+def test_lock_packages_and_the_unattended_upgrades_blacklist():
+    installed = ["linux-image-6.1.0-56-cloud-amd64", "linux-image-6.1.0-50-cloud-amd64", "linux-image-cloud-amd64",
+                 "linux-generic-hwe-22.04", "nvidia-driver-550", "nvidia-dkms-550", "gpufleet-lab-dkms", "dkms", "vim"]
+    hold = flow.lock_packages("6.1.0-56-cloud-amd64", installed, ["vim-tiny"])
+    assert hold == ["gpufleet-lab-dkms", "linux-generic-hwe-22.04", "linux-image-6.1.0-56-cloud-amd64",
+                    "linux-image-cloud-amd64", "nvidia-dkms-550", "nvidia-driver-550"]
+    text = flow.render_uu_dropin(hold)
+    assert "Unattended-Upgrade::Package-Blacklist {" in text
+    assert '"^linux-image-6[.]1[.]0-56-cloud-amd64$";' in text and text.rstrip().endswith("};")
+
+
+def test_findings_difference_ignores_what_the_old_kernel_had():
+    before = flow.finding_keys([{"code": "a", "device": "x"}])
+    assert flow.new_findings(before, [{"code": "a", "device": "x"}, {"code": "b", "device": "x"},
+                                      {"code": "a", "device": "y"}]) == ["a@y", "b@x"]
+    assert flow.new_findings(None, []) == []
+
+
+@pytest.mark.parametrize("bad,text", [
+    ([], "is not a JSON object"),
+    ({"format": "other"}, "has format 'other'"),
+    ({"format": flow.JOURNAL_FORMAT, "target": NEW, "old": OLD}, "lacks 'stage'"),
+    ({"format": flow.JOURNAL_FORMAT, "target": NEW, "old": OLD, "stage": "flying"}, "has stage 'flying'"),
+    ({"format": flow.JOURNAL_FORMAT, "target": NEW, "old": OLD, "stage": "pinned"}, "holds no baseline samples"),
+])
+def test_a_journal_that_cannot_be_trusted_is_refused_with_the_fix(bad, text):
+    with pytest.raises(flow.FlowError) as err:
+        flow.check_journal(bad, "/var/lib/gpufleet/kernel_upgrade/journal.json")
+    assert text in str(err.value) and "Nothing was changed" in str(err.value) and ".broken" in str(err.value)
+
+
+@pytest.mark.parametrize("data,expected", [
+    ({"samples": {"4": [1.0, 2.0], "16": [3.0, 4.0]}, "contaminated": {"16": [1]}}, (16, [3.0, 4.0], ["1"])),
+    ({"samples": {"4": [1.0, 2.0], "16": [3.0, 4.0]}, "concurrency": 4, "contaminated": {"16": [1]}}, (4, [1.0, 2.0], [])),
+    ({"samples": [5.0], "contaminated": [0]}, (None, [5.0], ["0"])),
+])
+def test_the_gated_level_of_a_benchmark(data, expected):
+    assert flow.gated_level(data) == expected
+
+
+def test_a_gated_level_that_was_not_measured_is_an_error():
+    with pytest.raises(flow.FlowError, match="set kernel_upgrade_gate_concurrency"):
+        flow.gated_level({"samples": {"4": [1.0]}, "concurrency": 8})
+
+
+@pytest.mark.skipif(shutil.which("apt-config") is None, reason="apt-config (apt) is not installed on this machine")
+def test_apt_reads_the_blacklist_as_unattended_upgrades_matches_it(tmp_path):
+    """apt's own parser (apt-config) reads the drop-in; unattended-upgrades 2.9.1 (bookworm) skips a package
+    when re.match(entry, name) matches an entry of that list (is_pkgname_in_blacklist)."""
+    hold = ["linux-image-6.1.0-56-cloud-amd64", "linux-image-cloud-amd64", "nvidia-driver-550", "libstdc++6"]
+    dropin = tmp_path / "51gpufleet-kernel-lock"
+    dropin.write_text(flow.render_uu_dropin(hold))
+    out = subprocess.run(["apt-config", "-c", str(dropin), "dump", "Unattended-Upgrade::Package-Blacklist"],
+                         capture_output=True, text=True, check=True, env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"}).stdout
+    entries = re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', out, re.M)
+    assert len(entries) >= len(hold)
+    mine = [e for e in entries if any(re.match(e, name) for name in hold)]
+    assert all(any(re.match(e, name) for e in mine) for name in hold)
+    for other in ("linux-image-6.1.0-56-cloud-amd64-dbg", "linux-image-6x1x0-56-cloud-amd64", "nvidia-driver-5500",
+                  "libstdc6"):
+        assert not any(re.match(e, other) for e in mine), other
