@@ -25,6 +25,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils import history_
 from ansible_collections.gpufleet.inference.plugins.modules import bench_history as bench_history_module
 from ansible_collections.gpufleet.inference.plugins.modules import inference_benchmark
 from tests.unit.plugins.modules.uthelper import target_side
+from tests.unit.browser import inspect_charts
 from tests.unit.test_lab_inference_server import LabServer
 
 
@@ -139,7 +140,7 @@ def test_e_divisive_finds_a_level_shift_and_not_noise():
 
 def _bench(lab, tmp_path, capsys, label, tuning):
     target_side_result = run_module(inference_benchmark, {
-        "url": lab.url, "prompt_tokens": 16, "output_tokens": 32, "concurrency": [4], "requests": 16, "warmup": 4,
+        "url": lab.url, "prompt_tokens": 16, "output_tokens": 48, "concurrency": [4], "requests": 32, "warmup": 8,
         "repetitions": 5, "settle_runs": 0, "results_dir": str(tmp_path / "results"), "label": label,
         "tuning": tuning}, capsys)
     assert target_side_result["benchmarked"] is True
@@ -162,12 +163,15 @@ def test_history_from_real_runs_flags_the_induced_drop(tmp_path, capsys, monkeyp
     again = run_module(bench_history_module, {"path": db, "results": files, "host": "lab-host"}, capsys)
     assert again["changed"] is False and again["added"] == [] and again["run_ids"] == stored["run_ids"]
 
-    # A threshold of 0.85: this shared 2-core machine's run-to-run CV reaches 10-15% on runs this short;
-    # the induced drop halves throughput (batch 4 -> 1).
+    # A threshold of 0.75: this shared 2-core machine's run-to-run CV reaches 10-15% on runs this short
+    # (other work lands on the cores), and whole A/A runs differ by up to 20%; the induced drop more
+    # than halves throughput (batch 4 -> 1), so the gate at 0.75 separates the two.
     report = run_module(bench_history_module, {"path": db, "state": "report", "dest": str(tmp_path / "report"),
-                                               "threshold": 0.85}, capsys)
+                                               "threshold": 0.75}, capsys)
     drops = [d for d in report["drops"] if d["decision"] == "regression"]
-    assert [d["run_id"] for d in drops] == [stored["run_ids"][2]], report["drops"]
+    medians = [(s["median"], round(s["cv"], 3)) for s in json.loads(json.dumps(run_module(
+        bench_history_module, {"path": db, "state": "query"}, capsys)["series"]))[0]["runs"]]
+    assert [d["run_id"] for d in drops] == [stored["run_ids"][2]], (medians, report["drops"])
     assert drops[0]["ratio"] < 0.75 and drops[0]["p_value"] <= 0.01
     assert any("vllm_max_num_seqs: 8 -> 1" in c for c in drops[0]["changes"])
     md = (tmp_path / "report" / "history.md").read_text()
@@ -175,8 +179,13 @@ def test_history_from_real_runs_flags_the_induced_drop(tmp_path, capsys, monkeyp
     assert "**DROP**" in md and "lab-host" in md
     assert page.count("<svg") == 1 and 'class="drop"' in page and "http" not in page.replace(
         'xmlns="http://www.w3.org/2000/svg"', "")
+    # The page in a real headless browser: one chart, laid out, with the four runs and the drop marked.
+    seen = inspect_charts(str(tmp_path / "report" / "history.html"))
+    assert seen["resources"] == []
+    assert [(c["id"], c["polylines"], c["points"], c["drops"]) for c in seen["charts"]] == [("history-lab-host", 1, 4, 1)]
+    assert seen["charts"][0]["width"] > 300 and seen["charts"][0]["height"] > 100
     second = run_module(bench_history_module, {"path": db, "state": "report", "dest": str(tmp_path / "report"),
-                                               "threshold": 0.85}, capsys)
+                                               "threshold": 0.75}, capsys)
     assert second["changed"] is False
 
 
