@@ -41,7 +41,8 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 PROFILE_KEYS = ("prompt_tokens", "output_tokens", "concurrency", "requests", "repetitions", "warmup", "settle_runs",
                 "seed", "prompt_mode", "ignore_eos", "token_id_range")
-GATE_DEFAULTS = {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.05, "min_runs": 5, "max_runs": 15}
+GATE_DEFAULTS = {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.05, "min_runs": 5, "max_runs": 15,
+                 "auto_k": 3.0, "auto_floor": 0.5}
 
 
 class TuneError(ValueError):
@@ -116,6 +117,20 @@ def check_stage(stage: Any, i: int) -> dict[str, Any]:
             "files": list(stage.get("files") or []), "members": [name]}
 
 
+def vllm_stages(profiles: Sequence[Any], role: str = "gpufleet.inference.vllm_service") -> list[dict[str, Any]]:
+    """vLLM flag profiles ``[{name, vars: {vllm_service_*: value}, description}]`` -> stages of kind vllm."""
+    out = []
+    for i, p in enumerate(profiles or []):
+        if not isinstance(p, dict) or not p.get("name") or not isinstance(p.get("vars"), dict) or not p["vars"]:
+            raise TuneError(f"vllm profile {i} must be a dict with name and vars (vllm_service_* variables), got {p!r}")
+        bad = sorted(k for k in p["vars"] if not k.startswith("vllm_service_"))
+        if bad:
+            raise TuneError(f"vllm profile {p['name']!r} sets {', '.join(bad)}: only vllm_service_* variables are flags")
+        out.append({"name": p["name"], "kind": "vllm", "role": role, "vars": dict(p["vars"]),
+                    "description": p.get("description", "")})
+    return out
+
+
 def plan_stages(stages: Sequence[Any], skip: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Checked stages in the user's order, skipped ones dropped, reboot stages grouped into one."""
     checked = [check_stage(s, i) for i, s in enumerate(stages)]
@@ -172,6 +187,16 @@ def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, 
     unknown = sorted(set(g) - set(GATE_DEFAULTS))
     if unknown:
         raise TuneError(f"gate settings {', '.join(unknown)} are unknown; known: {', '.join(GATE_DEFAULTS)}")
+    if g["threshold"] == "auto":
+        g["threshold_basis"] = "auto"
+    else:
+        try:
+            g["threshold"] = float(g["threshold"])
+        except (TypeError, ValueError):
+            raise TuneError(f"gate threshold must be a ratio in (0, 1] or auto, got {g['threshold']!r}") from None
+        if not 0.0 < g["threshold"] <= 1.0:
+            raise TuneError(f"gate threshold must be in (0, 1] or auto, got {g['threshold']}")
+        g["threshold_basis"] = "given"
     entries = [{"name": "baseline", "kind": "baseline", "description": "as found", "apply": [], "revert": [],
                 "reboot": False, "record": [], "files": [], "members": [], "status": "pending"}]
     for s in stages:
@@ -319,6 +344,31 @@ def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def fit_threshold(state: dict[str, Any], baseline: dict[str, Any]) -> None:
+    """Say how the threshold fits the baseline's run-to-run CV; with ``threshold: auto`` set it from that CV.
+
+    auto: ``1 - auto_k x (largest CV of any profile and level)``, at least ``auto_floor``, at most 0.95. A
+    gate can only see drops several times larger than the run-to-run noise (k = 3 by default).
+    """
+    g = state["gate"]
+    cvs = [(lv.get("cv") or 0.0, f"{name} c={key}") for name, m in baseline["measurements"].items()
+           for key, lv in m["levels"].items()]
+    cv, where = max(cvs) if cvs else (0.0, "none")
+    g["baseline_cv"] = round(cv, 4)
+    g["baseline_cv_at"] = where
+    if g.get("threshold_basis") == "auto":
+        g["threshold"] = round(min(0.95, max(float(g["auto_floor"]), 1.0 - float(g["auto_k"]) * cv)), 3)
+        g["threshold_basis"] = (f"auto: 1 - {g['auto_k']:g} x the baseline's largest run-to-run CV {cv:.1%} "
+                                f"({where}) = {g['threshold']}" + (f", floor {g['auto_floor']}" if
+                                                                  g["threshold"] == g["auto_floor"] else ""))
+    else:
+        fits = 1.0 - g["threshold"] >= 3.0 * cv
+        g["threshold_basis"] = (f"given {g['threshold']}; the baseline's largest run-to-run CV is {cv:.1%} ({where}): "
+                                + ("the drop it looks for is at least 3 CVs" if fits else
+                                   f"a drop of {1 - g['threshold']:.0%} is under 3 CVs, so expect inconclusive "
+                                   "answers; lengthen the runs or use threshold: auto"))
+
+
 def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
     """Gate every profile and level of ``e`` against its reference; set verdict, decision and status."""
     ref = reference_of(state, e)
@@ -397,6 +447,7 @@ def complete(state: dict[str, Any], action_id: int, documents: Sequence[dict[str
         if e["kind"] == "baseline":
             e["status"] = "baseline"
             e["decision"] = "baseline"
+            fit_threshold(state, e)
         else:
             judge(state, e)
     state["pending"] = None

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: tune_measured
 short_description: The decisions of measured tuning (baseline, one stage at a time, keep or revert) over a host-side state file
-version_added: 0.2.0
+version_added: 0.1.0
 description:
   - Drives C(playbooks/tune_measured.yml). The play asks what to do next (O(op=next)), does it (apply or revert a stage
     through its roles, reboot once for the grouped reboot stage, benchmark every profile) and reports back
@@ -76,7 +76,11 @@ options:
     description: The server's max_model_len, for profiles whose prompt is C(near_max) (V(long_context)).
     type: int
   gate:
-    description: Throughput gate settings (C(threshold), C(alpha), C(pass_alpha), C(min_runs), C(max_runs)).
+    description:
+      - Throughput gate settings C(threshold), C(alpha), C(pass_alpha), C(min_runs), C(max_runs) (see
+        M(gpufleet.inference.throughput_gate)).
+      - C(threshold=auto) sets it from the baseline's largest run-to-run CV, C(1 - auto_k x CV) (C(auto_k) 3), at least
+        C(auto_floor) (0.5), at most 0.95. With a threshold given, the state says whether it fits that CV.
     type: dict
     default: {}
   inconclusive:
