@@ -170,8 +170,8 @@ def changed_text(stage: dict[str, Any]) -> str:
     for t in stage["apply"]:
         if "role" in t:
             short = t["role"].rsplit(".", 1)[-1]
-            parts.append(short + " " + ", ".join(f"{k}={v}" for k, v in t["vars"].items()
-                                                 if not k.endswith("_reboot_ok")))
+            parts.append(short + ": " + ", ".join(f"{k[len(short) + 1:] if k.startswith(short + '_') else k}={v}"
+                                                  for k, v in t["vars"].items() if not k.endswith("_reboot_ok")))
         else:
             parts.append(f"restart {t['restart']}")
     return "; ".join(parts)
