@@ -358,9 +358,9 @@ def fit_threshold(state: dict[str, Any], baseline: dict[str, Any]) -> None:
     g["baseline_cv_at"] = where
     if g.get("threshold_basis") == "auto":
         g["threshold"] = round(min(0.95, max(float(g["auto_floor"]), 1.0 - float(g["auto_k"]) * cv)), 3)
+        floor = f", floor {g['auto_floor']}" if g["threshold"] == g["auto_floor"] else ""
         g["threshold_basis"] = (f"auto: 1 - {g['auto_k']:g} x the baseline's largest run-to-run CV {cv:.1%} "
-                                f"({where}) = {g['threshold']}" + (f", floor {g['auto_floor']}" if
-                                                                  g["threshold"] == g["auto_floor"] else ""))
+                                f"({where}) = {g['threshold']}{floor}")
     else:
         fits = 1.0 - g["threshold"] >= 3.0 * cv
         g["threshold_basis"] = (f"given {g['threshold']}; the baseline's largest run-to-run CV is {cv:.1%} ({where}): "

@@ -13,7 +13,7 @@ version_added: 0.1.0
 description:
   - Stores benchmark result documents of M(gpufleet.inference.inference_benchmark) in an SQLite file, with the host, time,
     kernel, GPU driver, vLLM version, model, tuning state, benchmark profile, the tuning stage and the full result JSON.
-    Meant to run on the controller (C(delegate_to: localhost)); the site benchmark, measured tuning, the kernel upgrade,
+    Meant to run on the controller (C(delegate_to=localhost)); the site benchmark, measured tuning, the kernel upgrade,
     the health check and on-demand runs all feed the same file.
   - The schema is versioned; an older file is migrated in place. The same document stored twice is kept once.
   - O(state=report) renders per-host curves over time, annotated with what changed between runs (kernel, driver, vLLM,

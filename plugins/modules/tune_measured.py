@@ -18,8 +18,8 @@ description:
   - The baseline is benchmarked before any change. Each stage is judged by the throughput gate per profile and
     concurrency level against the state before it (the last kept measurement) - any regression reverts it, all pass keep
     it, and an inconclusive answer measures more runs (up to O(more_rounds) times) and then follows O(inconclusive).
-  - Before a stage is applied the module records what its revert needs (O(stages[].record) readings such as the ASPM
-    policy or the 2 MiB pages per node, and copies of O(stages[].files)); before a revert it puts those files back.
+  - Before a stage is applied the module records what its revert needs (C(record) readings such as the ASPM
+    policy or the 2 MiB pages per node, and copies of C(files)); before a revert it puts those files back.
   - Stages with C(reboot=true) are grouped into one stage named C(reboot), applied, rebooted and measured as one.
 author:
   - gpufleet.inference contributors (@gpufleet)
@@ -55,7 +55,7 @@ options:
   stages:
     description:
       - For O(op=start), the stages in order. Each has C(name), either C(role) with C(vars) or C(apply) (a list of
-        C({role, vars}) or C({restart: unit})), C(revert) in the same form (values written C(@name) are the readings
+        tasks, each with C(role) and C(vars), or C(restart) naming a systemd unit), C(revert) in the same form (values written C(@name) are the readings
         recorded before the stage), C(kind) (V(host) or V(vllm); vLLM stages revert to the kept flags), C(reboot),
         C(record) (V(aspm_policy), V(hugepages_2m_per_node)), C(files) (paths to copy before and put back on revert)
         and C(description).
@@ -101,7 +101,7 @@ options:
     type: bool
     default: false
   action_id:
-    description: For O(op=complete), the RV(next.id) that was done.
+    description: For O(op=complete), the C(id) of RV(next) that was done.
     type: int
   results:
     description: For O(op=complete) of a benchmark, one result document per profile, in order.
