@@ -64,8 +64,9 @@ def consecutive_drops(runs: Sequence[dict[str, Any]], threshold: float = 0.95, a
             out.append(entry)
             continue
         try:
+            # never "at the cap": a stored run cannot be extended, so only the test may flag a drop
             verdict = decide(prev["samples"], cur["samples"], threshold=threshold, alpha=alpha, min_runs=min_runs,
-                             max_runs=max(min_runs, len(cur["samples"])), bootstrap=1000)
+                             max_runs=max(min_runs, len(cur["samples"])) + 1, bootstrap=1000)
         except GateError as err:
             entry["reason"] = f"not judged: {err}"
             out.append(entry)

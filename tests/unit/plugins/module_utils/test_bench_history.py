@@ -207,3 +207,12 @@ def test_query_on_a_missing_history_says_so(tmp_path, capsys):
     result = run_module(bench_history_module, {"path": str(tmp_path / "none.sqlite"), "state": "query"}, capsys)
     assert result["failed"] and "no throughput history" in result["msg"]
     assert not os.path.exists(tmp_path / "none.sqlite")
+
+
+def test_a_lower_median_without_a_significant_test_is_not_flagged():
+    """Stored runs cannot be extended, so the gate's median-at-the-cap rule never flags a drop here."""
+    runs = [{"id": 1, "samples": [1000.0, 700.0, 1300.0, 900.0, 1100.0], "median": 1000.0},
+            {"id": 2, "samples": [600.0, 1200.0, 800.0, 700.0, 900.0], "median": 800.0}]
+    step = cp.consecutive_drops(runs)[0]
+    assert step["ratio"] == 0.8 and step["p_value"] > 0.01
+    assert (step["drop"], step["decision"]) == (False, "inconclusive")
