@@ -289,6 +289,17 @@ def load(fs: HostFS, path: str) -> dict | None:
     return state
 
 
+def read_exact(fs: HostFS, path: str):
+    """A file's exact text (trailing newlines kept), or None when it does not exist."""
+    if not fs.exists(path):
+        return None
+    try:
+        with open(fs.path(path), encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as err:
+        raise HostFSError("read", path, err) from None
+
+
 def prepare(fs: HostFS, state: dict, act: dict, check: bool, actions: list) -> None:
     """Record what the revert needs before an apply; put files back before a revert."""
     stage = next((s for s in state["stages"] if s["name"] == act["stage"]), None)
@@ -299,10 +310,10 @@ def prepare(fs: HostFS, state: dict, act: dict, check: bool, actions: list) -> N
             stage["recorded"].setdefault(name, READERS[name](fs))
         for path in act["files"]:
             if path not in stage["snapshots"]:
-                stage["snapshots"][path] = fs.read_text(path) + "\n" if fs.exists(path) else None
+                stage["snapshots"][path] = read_exact(fs, path)
     elif act["action"] == "revert":
         for path, content in stage["snapshots"].items():
-            current = fs.read_text(path) + "\n" if fs.exists(path) else None
+            current = read_exact(fs, path)
             if current == content:
                 continue
             actions.append(f"restore {path}" if content is not None else f"remove {path}")
