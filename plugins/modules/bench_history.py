@@ -52,6 +52,12 @@ options:
     type: list
     elements: path
     default: []
+  skip_invalid:
+    description:
+      - Skip, with a warning, result files that are not benchmark results (other JSON in a results directory) instead
+        of failing.
+    type: bool
+    default: false
   documents:
     description: Result documents to store as they are (the module's RV(gpufleet.inference.inference_benchmark#module:benchmark) return).
     type: list
@@ -187,6 +193,7 @@ ARGUMENT_SPEC = dict(
     path=dict(type="path", required=True),
     state=dict(type="str", choices=["append", "report", "query"], default="append"),
     results=dict(type="list", elements="path", default=[]),
+    skip_invalid=dict(type="bool", default=False),
     documents=dict(type="list", elements="dict", default=[]),
     host=dict(type="str"),
     source=dict(type="str", choices=list(bh.SOURCES), default="on_demand"),
@@ -207,8 +214,17 @@ ARGUMENT_SPEC = dict(
 def _append(module, p, result):
     docs = [(f"document {i}", d) for i, d in enumerate(p["documents"])]
     docs += bh.load_documents(p["results"])
+    checked = []
     for where, doc in docs:
-        bh.check_document(doc, where)
+        try:
+            bh.check_document(doc, where)
+        except bh.HistoryError as err:
+            if not (p["skip_invalid"] and where in p["results"]):
+                raise
+            module.warn(f"Not stored: {err}")
+            continue
+        checked.append((where, doc))
+    docs = checked
     if module.check_mode:
         result["actions"] = [f"store {p['host'] or doc.get('host')} {p['source']} {doc.get('finished_at')}"
                              for _w, doc in docs]

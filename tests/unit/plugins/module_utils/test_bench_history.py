@@ -140,8 +140,8 @@ def test_e_divisive_finds_a_level_shift_and_not_noise():
 
 def _bench(lab, tmp_path, capsys, label, tuning):
     target_side_result = run_module(inference_benchmark, {
-        "url": lab.url, "prompt_tokens": 16, "output_tokens": 48, "concurrency": [4], "requests": 32, "warmup": 8,
-        "repetitions": 5, "settle_runs": 0, "results_dir": str(tmp_path / "results"), "label": label,
+        "url": lab.url, "prompt_tokens": 16, "output_tokens": 16, "concurrency": [8], "requests": 16, "warmup": 8,
+        "repetitions": 8, "settle_runs": 0, "results_dir": str(tmp_path / "results"), "label": label,
         "tuning": tuning}, capsys)
     assert target_side_result["benchmarked"] is True
     return target_side_result["results_file"]
@@ -154,7 +154,7 @@ def test_history_from_real_runs_flags_the_induced_drop(tmp_path, capsys, monkeyp
     model.mkdir()
     files = []
     for i, seqs in enumerate(("8", "8", "1", "8")):
-        with LabServer(model, "--work", "16", "--step-work", "256", "--max-num-seqs", seqs) as lab:
+        with LabServer(model, "--work", "8", "--step-work", "4096", "--max-num-seqs", seqs) as lab:
             files.append(_bench(lab, tmp_path, capsys, f"run{i}", {"vllm_max_num_seqs": int(seqs)}))
     db = str(tmp_path / "history.sqlite")
     stored = run_module(bench_history_module, {"path": db, "results": files, "host": "lab-host", "source": "on_demand",
@@ -163,16 +163,18 @@ def test_history_from_real_runs_flags_the_induced_drop(tmp_path, capsys, monkeyp
     again = run_module(bench_history_module, {"path": db, "results": files, "host": "lab-host"}, capsys)
     assert again["changed"] is False and again["added"] == [] and again["run_ids"] == stored["run_ids"]
 
-    # A threshold of 0.75: this shared 2-core machine's run-to-run CV reaches 10-15% on runs this short
-    # (other work lands on the cores), and whole A/A runs differ by up to 20%; the induced drop more
-    # than halves throughput (batch 4 -> 1), so the gate at 0.75 separates the two.
+    # A threshold of 0.5: this shared 2-core machine's run-to-run CV reaches 10-60% on runs this short
+    # when the lab's VMs run beside (load average 8-11), and whole A/A runs differed by up to 30% (0.71
+    # flagged at 0.75 once); the induced drop cuts throughput about 8 times (batch 8 -> 1, the step's
+    # fixed work dominates: 0.11 measured), and 8 runs per side let the test reach p <= 0.01 through
+    # that noise.
     report = run_module(bench_history_module, {"path": db, "state": "report", "dest": str(tmp_path / "report"),
-                                               "threshold": 0.75}, capsys)
+                                               "threshold": 0.5}, capsys)
     drops = [d for d in report["drops"] if d["decision"] == "regression"]
     medians = [(s["median"], round(s["cv"], 3)) for s in json.loads(json.dumps(run_module(
         bench_history_module, {"path": db, "state": "query"}, capsys)["series"]))[0]["runs"]]
     assert [d["run_id"] for d in drops] == [stored["run_ids"][2]], (medians, report["drops"])
-    assert drops[0]["ratio"] < 0.75 and drops[0]["p_value"] <= 0.01
+    assert drops[0]["ratio"] < 0.4 and drops[0]["p_value"] <= 0.01
     assert any("vllm_max_num_seqs: 8 -> 1" in c for c in drops[0]["changes"])
     md = (tmp_path / "report" / "history.md").read_text()
     page = (tmp_path / "report" / "history.html").read_text()
@@ -185,7 +187,7 @@ def test_history_from_real_runs_flags_the_induced_drop(tmp_path, capsys, monkeyp
     assert [(c["id"], c["polylines"], c["points"], c["drops"]) for c in seen["charts"]] == [("history-lab-host", 1, 4, 1)]
     assert seen["charts"][0]["width"] > 300 and seen["charts"][0]["height"] > 100
     second = run_module(bench_history_module, {"path": db, "state": "report", "dest": str(tmp_path / "report"),
-                                               "threshold": 0.75}, capsys)
+                                               "threshold": 0.5}, capsys)
     assert second["changed"] is False
 
 
@@ -216,3 +218,18 @@ def test_a_lower_median_without_a_significant_test_is_not_flagged():
     step = cp.consecutive_drops(runs)[0]
     assert step["ratio"] == 0.8 and step["p_value"] > 0.01
     assert (step["drop"], step["decision"]) == (False, "inconclusive")
+
+
+def test_other_json_in_a_results_directory_is_skipped_only_when_asked(tmp_path, capsys):
+    good, other = tmp_path / "site-k-1.json", tmp_path / "record.json"
+    good.write_text(json.dumps(doc("2026-12-01T10:00:00Z", STEADY)))
+    other.write_text(json.dumps({"host": "gpu-01", "decision": "pass"}))
+    db = str(tmp_path / "h.sqlite")
+    refused = run_module(bench_history_module, {"path": db, "results": [str(good), str(other)]}, capsys)
+    assert refused["failed"] and "record.json has format 'none'" in refused["msg"]
+    target_side_args = {"path": db, "results": [str(good), str(other)], "skip_invalid": True, "_ansible_check_mode": True}
+    checked = run_module(bench_history_module, target_side_args, capsys)
+    assert checked["changed"] is True and len(checked["actions"]) == 1 and not os.path.exists(db)
+    stored = run_module(bench_history_module, {"path": db, "results": [str(good), str(other)], "skip_invalid": True},
+                        capsys)
+    assert len(stored["added"]) == 1 and any("Not stored" in str(w) for w in stored.get("warnings", []))
