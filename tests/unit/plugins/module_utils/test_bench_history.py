@@ -220,7 +220,8 @@ def test_a_lower_median_without_a_significant_test_is_not_flagged():
     assert (step["drop"], step["decision"]) == (False, "inconclusive")
 
 
-def test_other_json_in_a_results_directory_is_skipped_only_when_asked(tmp_path, capsys):
+def test_other_json_in_a_results_directory_is_skipped_only_when_asked(tmp_path, capsys, monkeypatch):
+    target_side(monkeypatch)  # warnings in the result, as on a target, even after controller code was imported
     good, other = tmp_path / "site-k-1.json", tmp_path / "record.json"
     good.write_text(json.dumps(doc("2026-12-01T10:00:00Z", STEADY)))
     other.write_text(json.dumps({"host": "gpu-01", "decision": "pass"}))
