@@ -1,0 +1,251 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The throughput history: every benchmark result document the collection produces, in one SQLite file.
+
+One row per benchmark (``runs``) with where and under what it was taken (host, time, kernel, GPU
+driver, vLLM version, model, tuning state, the benchmark profile and source) and the full result
+JSON; one row per concurrency level (``levels``) with the per-run output tok/s samples and the
+latency percentiles the report draws. A *configuration* is what was measured (model, prompt and
+output tokens, request count, prompt mode, ignore_eos, profile): runs of one host, configuration
+and concurrency level form one series, and the change-point rule (bench_changepoint) judges each
+series. Kernel, driver, vLLM version and tuning are what *changed* between runs: the report
+annotates them, they are not part of the configuration.
+
+The schema is versioned (``schema_version``); ``MIGRATIONS`` upgrade an older file in place in one
+transaction each, so a history written by an earlier release keeps its rows. Appends are
+idempotent: a document's SHA-256 is unique, so feeding the same result file twice stores it once.
+Standard library only (sqlite3); runs on the controller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+from typing import Any, Iterable
+
+FORMAT = "gpufleet.bench_history/1"
+SOURCES = ("site", "tune_measured", "kernel_upgrade", "health", "on_demand")
+
+# (version, statements). Never edit a released step; add the next one.
+MIGRATIONS: list[tuple[int, list[str]]] = [
+    (1, [
+        """CREATE TABLE runs (
+            id INTEGER PRIMARY KEY,
+            digest TEXT NOT NULL UNIQUE,
+            host TEXT NOT NULL,
+            started_at TEXT,
+            finished_at TEXT NOT NULL,
+            source TEXT NOT NULL,
+            label TEXT,
+            kernel TEXT,
+            gpu_driver TEXT,
+            vllm_version TEXT,
+            model TEXT,
+            tuning_json TEXT NOT NULL,
+            tuning_key TEXT NOT NULL,
+            config_json TEXT NOT NULL,
+            config_key TEXT NOT NULL,
+            result_json TEXT NOT NULL)""",
+        "CREATE INDEX runs_host_config ON runs (host, config_key, finished_at)",
+        """CREATE TABLE levels (
+            run_id INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+            concurrency INTEGER NOT NULL,
+            output_tps_median REAL,
+            output_tps_cv REAL,
+            samples_json TEXT NOT NULL,
+            ttft_p50_ms REAL, ttft_p99_ms REAL, tpot_p50_ms REAL, tpot_p99_ms REAL,
+            errors INTEGER,
+            PRIMARY KEY (run_id, concurrency))""",
+    ]),
+    # 2: the benchmark profile (serving, latency, long_context) and the tuning stage a run measured.
+    (2, [
+        "ALTER TABLE runs ADD COLUMN profile TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE runs ADD COLUMN stage TEXT NOT NULL DEFAULT ''",
+        "CREATE INDEX runs_profile ON runs (host, profile, finished_at)",
+    ]),
+]
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+CONFIG_KEYS = ("model", "prompt_tokens", "output_tokens", "requests", "prompt_mode", "ignore_eos")
+
+
+class HistoryError(Exception):
+    """A history file that cannot be used, or a document that is not a benchmark result."""
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+
+
+def _key(value: Any) -> str:
+    return hashlib.sha256(_canonical(value).encode()).hexdigest()[:16]
+
+
+def schema_version(conn: sqlite3.Connection) -> int:
+    """The file's schema version; 0 for a new file."""
+    have = conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
+    if not have:
+        return 0
+    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+    return int(row[0] or 0)
+
+
+def migrate(conn: sqlite3.Connection) -> list[int]:
+    """Bring the file to SCHEMA_VERSION, one transaction per step; returns the steps applied."""
+    current = schema_version(conn)
+    if current > SCHEMA_VERSION:
+        raise HistoryError(f"the history file has schema version {current}, newer than this collection's "
+                           f"{SCHEMA_VERSION}: update gpufleet.inference on the controller, or point the history at "
+                           "another file")
+    applied = []
+    for version, statements in MIGRATIONS:
+        if version <= current:
+            continue
+        with conn:
+            if version == 1:
+                conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at TEXT)")
+            for sql in statements:
+                conn.execute(sql)
+            conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, strftime('%Y-%m-%dT%H:%M:%SZ'))",
+                         (version,))
+        applied.append(version)
+    return applied
+
+
+def connect(path: str, create: bool = True) -> sqlite3.Connection:
+    """Open (and migrate) the history at ``path``; HistoryError saying why it cannot be used."""
+    if not create and not os.path.exists(path):
+        raise HistoryError(f"no throughput history at {path}: run a benchmark with the history enabled first")
+    parent = os.path.dirname(os.path.abspath(path))
+    if create and not os.path.isdir(parent):
+        os.makedirs(parent, exist_ok=True)
+    try:
+        conn = sqlite3.connect(path, timeout=30.0)
+        conn.execute("PRAGMA foreign_keys = ON")
+        conn.execute("PRAGMA journal_mode = WAL")
+        migrate(conn)
+    except sqlite3.DatabaseError as err:
+        raise HistoryError(f"cannot use {path} as the throughput history: {err}. Is it an SQLite file written by "
+                           "gpufleet.inference? Move it away to start a new history.") from err
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+def config_of(doc: dict[str, Any], profile: str = "") -> dict[str, Any]:
+    """The configuration a result measured (not where or under what it ran)."""
+    cfg = doc.get("config") or {}
+    out = {k: cfg.get(k) for k in CONFIG_KEYS}
+    out["model"] = (doc.get("server") or {}).get("model") or cfg.get("model")
+    out["profile"] = profile
+    return out
+
+
+def check_document(doc: Any, where: str = "document") -> dict[str, Any]:
+    """A benchmark result as inference_benchmark writes it, or HistoryError naming what is missing."""
+    if not isinstance(doc, dict):
+        raise HistoryError(f"{where} is a {type(doc).__name__}, not a benchmark result (a JSON object)")
+    fmt = str(doc.get("format") or "")
+    if not fmt.startswith("gpufleet.inference_benchmark/"):
+        raise HistoryError(f"{where} has format {fmt or 'none'!r}, not gpufleet.inference_benchmark/N: only results "
+                           "of gpufleet.inference.inference_benchmark go into the history")
+    for key in ("levels", "finished_at", "config"):
+        if key not in doc:
+            raise HistoryError(f"{where} has no {key!r}: it is not a complete benchmark result")
+    return doc
+
+
+def append(conn: sqlite3.Connection, doc: dict[str, Any], host: str | None = None, source: str = "on_demand",
+           gpu_driver: str | None = None, vllm_version: str | None = None, profile: str = "", stage: str = "",
+           kernel: str | None = None, where: str = "document") -> tuple[int, bool]:
+    """Store one result document; returns (run id, added). The same document twice is stored once."""
+    check_document(doc, where)
+    if source not in SOURCES:
+        raise HistoryError(f"source {source!r} is not one of {', '.join(SOURCES)}")
+    host = host or doc.get("host")
+    if not host:
+        raise HistoryError(f"{where} names no host and none was given")
+    digest = hashlib.sha256(_canonical(doc).encode()).hexdigest()
+    row = conn.execute("SELECT id FROM runs WHERE digest = ?", (digest,)).fetchone()
+    if row:
+        return int(row[0]), False
+    tuning = doc.get("tuning") or {}
+    config = config_of(doc, profile)
+    with conn:
+        cur = conn.execute(
+            "INSERT INTO runs (digest, host, started_at, finished_at, source, label, kernel, gpu_driver, vllm_version, "
+            "model, tuning_json, tuning_key, config_json, config_key, result_json, profile, stage) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (digest, host, doc.get("started_at"), doc["finished_at"], source, doc.get("label"),
+             kernel or doc.get("kernel"), gpu_driver or None, vllm_version or None, config["model"],
+             _canonical(tuning), _key(tuning), _canonical(config), _key(config), _canonical(doc), profile, stage))
+        run_id = int(cur.lastrowid)
+        for lv in doc["levels"]:
+            out = lv.get("output_throughput") or {}
+            ttft, tpot = lv.get("ttft_ms") or {}, lv.get("tpot_ms") or {}
+            conn.execute(
+                "INSERT INTO levels (run_id, concurrency, output_tps_median, output_tps_cv, samples_json, ttft_p50_ms, "
+                "ttft_p99_ms, tpot_p50_ms, tpot_p99_ms, errors) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (run_id, int(lv["concurrency"]), out.get("median"), out.get("cv"), json.dumps(list(out.get("values") or [])),
+                 ttft.get("p50"), ttft.get("p99"), tpot.get("p50"), tpot.get("p99"), lv.get("errors")))
+    return run_id, True
+
+
+def hosts(conn: sqlite3.Connection) -> list[str]:
+    return [r[0] for r in conn.execute("SELECT DISTINCT host FROM runs ORDER BY host")]
+
+
+def series(conn: sqlite3.Connection, host: str | None = None, config_key: str | None = None,
+           profile: str | None = None) -> list[dict[str, Any]]:
+    """Per (host, configuration, concurrency) the runs in time order, each with its samples and what it ran under."""
+    where, args = [], []
+    for column, value in (("r.host", host), ("r.config_key", config_key), ("r.profile", profile)):
+        if value is not None:
+            where.append(f"{column} = ?")
+            args.append(value)
+    sql = ("SELECT r.id, r.host, r.finished_at, r.source, r.label, r.kernel, r.gpu_driver, r.vllm_version, r.model, "
+           "r.tuning_json, r.tuning_key, r.config_json, r.config_key, r.profile, r.stage, l.concurrency, "
+           "l.output_tps_median, l.output_tps_cv, l.samples_json, l.ttft_p50_ms, l.ttft_p99_ms, l.tpot_p50_ms, "
+           "l.tpot_p99_ms, l.errors FROM runs r JOIN levels l ON l.run_id = r.id"
+           + (" WHERE " + " AND ".join(where) if where else "")
+           + " ORDER BY r.host, r.config_key, l.concurrency, r.finished_at, r.id")
+    grouped: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for row in conn.execute(sql, args):
+        key = (row["host"], row["config_key"], int(row["concurrency"]))
+        entry = grouped.setdefault(key, {"host": row["host"], "config_key": row["config_key"],
+                                         "config": json.loads(row["config_json"]), "concurrency": key[2], "runs": []})
+        entry["runs"].append({
+            "id": row["id"], "finished_at": row["finished_at"], "source": row["source"], "label": row["label"],
+            "kernel": row["kernel"], "gpu_driver": row["gpu_driver"], "vllm_version": row["vllm_version"],
+            "model": row["model"], "tuning": json.loads(row["tuning_json"]), "tuning_key": row["tuning_key"],
+            "profile": row["profile"], "stage": row["stage"], "median": row["output_tps_median"],
+            "cv": row["output_tps_cv"], "samples": json.loads(row["samples_json"]),
+            "ttft_p50_ms": row["ttft_p50_ms"], "ttft_p99_ms": row["ttft_p99_ms"], "tpot_p50_ms": row["tpot_p50_ms"],
+            "tpot_p99_ms": row["tpot_p99_ms"], "errors": row["errors"]})
+    return list(grouped.values())
+
+
+def result_document(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
+    """The full result JSON of one stored run."""
+    row = conn.execute("SELECT result_json FROM runs WHERE id = ?", (run_id,)).fetchone()
+    if not row:
+        raise HistoryError(f"no run {run_id} in the history")
+    return json.loads(row[0])
+
+
+def count(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+
+
+def load_documents(paths: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:
+    """(path, document) for each JSON file; HistoryError naming a file that is not JSON."""
+    out = []
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                out.append((path, json.load(fh)))
+        except (OSError, ValueError) as err:
+            raise HistoryError(f"cannot read the benchmark result {path}: {err}") from err
+    return out

@@ -1,0 +1,170 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The throughput history report: per host, the curves over time, what changed, and the flagged drops.
+
+Pure functions from bench_history.series() entries (analysed by bench_changepoint.analyse) to a
+report model, Markdown and a self-contained HTML page with one inline SVG chart per host.
+"""
+
+from __future__ import annotations
+
+import calendar
+import html
+import time
+from typing import Any, Sequence
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench_changepoint import analyse
+from ansible_collections.gpufleet.inference.plugins.module_utils.svg_chart import line_chart
+
+CSS = """
+body{font-family:system-ui,sans-serif;margin:2rem;color:#1b1f24;background:#fafbfc}
+h1{font-size:1.5rem}h2{font-size:1.15rem;margin-top:2rem}
+table{border-collapse:collapse;margin:.5rem 0 1rem;background:#fff;box-shadow:0 1px 2px #0001}
+th,td{border:1px solid #d0d7de;padding:.35rem .6rem;text-align:left;vertical-align:top;font-size:.9rem}
+th{background:#f3f5f7}.bad{color:#a40e26;font-weight:600}.ok{color:#1a7f37}.note{color:#57606a}
+"""
+
+
+def epoch(iso: str | None) -> float:
+    """Seconds since the epoch of a ``YYYY-MM-DDTHH:MM:SSZ`` time (0 when missing or malformed)."""
+    try:
+        return float(calendar.timegm(time.strptime(str(iso), "%Y-%m-%dT%H:%M:%SZ")))
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def series_name(s: dict[str, Any]) -> str:
+    cfg = s.get("config") or {}
+    profile = cfg.get("profile") or "benchmark"
+    return f"{profile} c={s['concurrency']} ({cfg.get('prompt_tokens')}/{cfg.get('output_tokens')} tok)"
+
+
+def build(series_list: Sequence[dict[str, Any]], **rule: Any) -> dict[str, Any]:
+    """The report model: per host its series, each analysed, and the fleet's flagged drops."""
+    hosts: dict[str, list[dict[str, Any]]] = {}
+    for s in series_list:
+        entry = dict(s)
+        entry["name"] = series_name(s)
+        entry["analysis"] = analyse(s, **rule)
+        hosts.setdefault(s["host"], []).append(entry)
+    drops = []
+    for host, entries in hosts.items():
+        for e in entries:
+            for d in e["analysis"]["drops"]:
+                drops.append({"host": host, "series": e["name"], **d})
+            for p in e["analysis"]["change_points"]:
+                if (p.get("change") or 0) < 0:
+                    drops.append({"host": host, "series": e["name"], "index": p["index"], "run_id": p["run_id"],
+                                  "finished_at": p["finished_at"], "changes": p["changes"], "drop": True,
+                                  "decision": "change point (E-divisive)", "ratio": 1 + p["change"],
+                                  "p_value": p["p_value"], "ci": None,
+                                  "reason": f"level shift of {p['change']:+.1%} (mean {p['mean_before']:.1f} -> "
+                                            f"{p['mean_after']:.1f} tok/s), permutation p={p['p_value']}"})
+    return {"hosts": hosts, "drops": drops, "runs": sum(len(e["runs"]) for v in hosts.values() for e in v)}
+
+
+def _host_chart(host: str, entries: Sequence[dict[str, Any]]) -> str:
+    chart_series, annotations, markers, seen = [], [], [], set()
+    for e in entries:
+        pts = [(epoch(r["finished_at"]), r["median"]) for r in e["runs"]]
+        chart_series.append({"name": e["name"], "points": pts})
+        for step in e["analysis"]["steps"]:
+            x = epoch(step["finished_at"])
+            if step["changes"] and (x, tuple(step["changes"])) not in seen:
+                seen.add((x, tuple(step["changes"])))
+                annotations.append({"x": x, "text": "; ".join(step["changes"])})
+            if step["drop"]:
+                markers.append({"x": x, "y": e["runs"][step["index"]]["median"],
+                                "text": f"drop: {step['reason']}"})
+    xs = sorted({p[0] for s in chart_series for p in s["points"]})
+    ticks = [(x, time.strftime("%m-%d %H:%M", time.gmtime(x))) for x in xs]
+    return line_chart(chart_series, title=f"{host}: median output tok/s per run", x_ticks=ticks,
+                      annotations=annotations, markers=markers, chart_id=f"history-{host}")
+
+
+def _ratio(v: Any) -> str:
+    return f"{v:.3f}" if isinstance(v, (int, float)) else "-"
+
+
+def _p(v: Any) -> str:
+    return f"{v:.4f}" if isinstance(v, (int, float)) else "-"
+
+
+def _md(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(model: dict[str, Any], title: str = "GPU fleet throughput history") -> str:
+    out = [f"# {title}", "", f"{len(model['hosts'])} host(s), {model['runs']} stored run-levels; "
+           f"{len(model['drops'])} flagged drop(s).", ""]
+    if model["drops"]:
+        out += ["| host | series | at | ratio | p | rule | changed with it |", "|---|---|---|---|---|---|---|"]
+        for d in model["drops"]:
+            out.append("| " + " | ".join(_md(c) for c in (
+                d["host"], d["series"], d["finished_at"], _ratio(d["ratio"]), _p(d["p_value"]), d["decision"],
+                "; ".join(d["changes"]) or "nothing recorded")) + " |")
+        out.append("")
+    for host, entries in model["hosts"].items():
+        out += [f"## {host}", ""]
+        for e in entries:
+            out += [f"### {e['name']}", "", "| time | source | stage | kernel | driver | vLLM | median tok/s | CV | "
+                    "TTFT p50/p99 ms | TPOT p50/p99 ms | vs previous | changed |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            steps = {s["index"]: s for s in e["analysis"]["steps"]}
+            for i, r in enumerate(e["runs"]):
+                st = steps.get(i)
+                vs = "-" if st is None else (f"{_ratio(st['ratio'])} ({st['decision'] or 'not judged'}"
+                                             + (f", p={_p(st['p_value'])}" if st["p_value"] is not None else "") + ")")
+                if st and st["drop"]:
+                    vs = "**DROP** " + vs
+                out.append("| " + " | ".join(_md(c) for c in (
+                    r["finished_at"], r["source"], r["stage"] or "-", r["kernel"] or "?", r["gpu_driver"] or "-",
+                    r["vllm_version"] or "-", f"{r['median']:.1f}" if r["median"] is not None else "-",
+                    f"{r['cv']:.3f}" if r["cv"] is not None else "-",
+                    f"{r['ttft_p50_ms']}/{r['ttft_p99_ms']}", f"{r['tpot_p50_ms']}/{r['tpot_p99_ms']}", vs,
+                    "; ".join(st["changes"]) if st else "")) + " |")
+            if e["analysis"]["note"]:
+                out += ["", e["analysis"]["note"] + "."]
+            out.append("")
+    out += ["Rule: a run is flagged when the throughput gate finds it a regression against the previous run of the "
+            "same configuration (median ratio below the threshold and one-sided Mann-Whitney U p <= alpha over the "
+            "per-run samples), or when E-divisive means finds a downward level shift in the series of run medians "
+            "(permutation p <= cp_alpha). See docs/measured_tuning.md.", ""]
+    return "\n".join(out)
+
+
+def render_html(model: dict[str, Any], title: str = "GPU fleet throughput history") -> str:
+    e_ = html.escape
+    parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{e_(title)}</title>",
+             f"<style>{CSS}</style></head><body>", f"<h1>{e_(title)}</h1>",
+             f"<p>{len(model['hosts'])} host(s), {model['runs']} stored run-levels, "
+             f'<span class="{"bad" if model["drops"] else "ok"}">{len(model["drops"])} flagged drop(s)</span>.</p>']
+    if model["drops"]:
+        parts.append('<table id="drops"><tr><th>host</th><th>series</th><th>at</th><th>ratio</th><th>p</th>'
+                     "<th>rule</th><th>changed with it</th></tr>")
+        for d in model["drops"]:
+            parts.append("<tr>" + "".join(f"<td>{e_(str(c))}</td>" for c in (
+                d["host"], d["series"], d["finished_at"], _ratio(d["ratio"]), _p(d["p_value"]), d["decision"],
+                "; ".join(d["changes"]) or "nothing recorded")) + "</tr>")
+        parts.append("</table>")
+    for host, entries in model["hosts"].items():
+        parts.append(f'<h2 id="{e_(host)}">{e_(host)}</h2>')
+        parts.append(_host_chart(host, entries))
+        for e in entries:
+            parts.append(f"<h3>{e_(e['name'])}</h3><table><tr><th>time</th><th>source</th><th>stage</th>"
+                         "<th>kernel</th><th>median tok/s</th><th>vs previous</th><th>changed</th></tr>")
+            steps = {s["index"]: s for s in e["analysis"]["steps"]}
+            for i, r in enumerate(e["runs"]):
+                st = steps.get(i)
+                vs = "-" if st is None else f"{_ratio(st['ratio'])} {st['decision'] or 'not judged'}"
+                cls = ' class="bad"' if st and st["drop"] else ""
+                parts.append(f"<tr{cls}>" + "".join(f"<td>{e_(str(c))}</td>" for c in (
+                    r["finished_at"], r["source"], r["stage"] or "-", r["kernel"] or "?",
+                    f"{r['median']:.1f}" if r["median"] is not None else "-", vs,
+                    "; ".join(st["changes"]) if st else "")) + "</tr>")
+            parts.append("</table>")
+            if e["analysis"]["note"]:
+                parts.append(f'<p class="note">{e_(e["analysis"]["note"])}.</p>')
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"

@@ -1,0 +1,304 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: bench_history
+short_description: Keep every benchmark result in one throughput history (SQLite) and report on it
+version_added: 0.1.0
+description:
+  - Stores benchmark result documents of M(gpufleet.inference.inference_benchmark) in an SQLite file, with the host, time,
+    kernel, GPU driver, vLLM version, model, tuning state, benchmark profile, the tuning stage and the full result JSON.
+    Meant to run on the controller (C(delegate_to=localhost)); the site benchmark, measured tuning, the kernel upgrade,
+    the health check and on-demand runs all feed the same file.
+  - The schema is versioned; an older file is migrated in place. The same document stored twice is kept once.
+  - O(state=report) renders per-host curves over time, annotated with what changed between runs (kernel, driver, vLLM,
+    tuning), and flags drops between consecutive runs of the same configuration (the throughput gate against the previous
+    run) and downward level shifts (E-divisive means with a permutation test), as Markdown and a self-contained HTML page
+    with inline SVG charts.
+  - O(state=query) returns the series without writing anything.
+author:
+  - gpufleet.inference contributors (@gpufleet)
+requirements:
+  - Python 3.8 or later with the standard library's sqlite3.
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: In check mode nothing is stored or written; RV(actions) lists what would be.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+options:
+  path:
+    description: The history file (created with its directory when missing, for O(state=append)).
+    type: path
+    required: true
+  state:
+    description: V(append) stores results, V(report) writes the report, V(query) returns the series.
+    type: str
+    choices: [append, report, query]
+    default: append
+  results:
+    description: Result files (JSON written by M(gpufleet.inference.inference_benchmark)) to store, on the machine the module runs on.
+    type: list
+    elements: path
+    default: []
+  skip_invalid:
+    description:
+      - Skip, with a warning, result files that are not benchmark results (other JSON in a results directory) instead
+        of failing.
+    type: bool
+    default: false
+  documents:
+    description: Result documents to store as they are (the module's RV(gpufleet.inference.inference_benchmark#module:benchmark) return).
+    type: list
+    elements: dict
+    default: []
+  host:
+    description: Host the results belong to; default the document's own C(host) (the target's host name).
+    type: str
+  source:
+    description: What ran the benchmark.
+    type: str
+    choices: [site, tune_measured, kernel_upgrade, health, on_demand]
+    default: on_demand
+  gpu_driver:
+    description: GPU driver version during the benchmark (for example C(/sys/module/nvidia/version)).
+    type: str
+  vllm_version:
+    description: vLLM version of the server (its C(GET /version)).
+    type: str
+  profile:
+    description: Benchmark profile name (V(serving), V(latency), V(long_context) or your own); part of the configuration.
+    type: str
+    default: ""
+  stage:
+    description: The measured-tuning stage the run measured (empty for other runs).
+    type: str
+    default: ""
+  hosts:
+    description: For O(state=report) and O(state=query), only these hosts (empty for all).
+    type: list
+    elements: str
+    default: []
+  dest:
+    description: Directory for C(history.md) and C(history.html), for O(state=report).
+    type: path
+  title:
+    description: Title of the report.
+    type: str
+    default: GPU fleet throughput history
+  threshold:
+    description: Median ratio below which a significant drop between consecutive runs is flagged.
+    type: float
+    default: 0.95
+  alpha:
+    description: Significance level of the consecutive-drop test (one-sided Mann-Whitney U).
+    type: float
+    default: 0.01
+  min_runs:
+    description: Per-run samples each of two consecutive runs needs before the drop test judges them.
+    type: int
+    default: 5
+  cp_alpha:
+    description: Significance level of the E-divisive change-point permutation test.
+    type: float
+    default: 0.05
+notes:
+  - A configuration is what was measured (model, prompt and output tokens, requests per run, prompt mode, ignore_eos,
+    profile); a series is one host, configuration and concurrency level. docs/measured_tuning.md explains the rules.
+seealso:
+  - module: gpufleet.inference.inference_benchmark
+  - module: gpufleet.inference.throughput_gate
+"""
+
+EXAMPLES = r"""
+- name: Store the fetched site benchmark in the history
+  gpufleet.inference.bench_history:
+    path: "{{ playbook_dir }}/../reports/history.sqlite"
+    results: ["{{ fetched.dest }}"]
+    host: "{{ inventory_hostname }}"
+    source: site
+    vllm_version: "{{ vllm_version.json.version | default(omit) }}"
+  delegate_to: localhost
+  become: false
+
+- name: Render the per-host curves and the flagged drops
+  gpufleet.inference.bench_history:
+    path: reports/history.sqlite
+    state: report
+    dest: reports/history
+  delegate_to: localhost
+  run_once: true
+"""
+
+RETURN = r"""
+actions:
+  description: What was or would be stored or written.
+  returned: always
+  type: list
+  elements: str
+  sample: ["store gpu-01 site 2026-12-01T20:00:00Z", "write reports/history/history.html"]
+added:
+  description: Run ids stored now (documents already in the history are not stored again).
+  returned: state=append
+  type: list
+  elements: int
+  sample: [12]
+run_ids:
+  description: Run id of every given result, new or already stored, in the order given.
+  returned: state=append
+  type: list
+  elements: int
+schema_version:
+  description: Schema version of the file after the call.
+  returned: always
+  type: int
+  sample: 2
+drops:
+  description: Flagged drops (consecutive-run regressions and downward change points), with host, series, time, ratio, p-value and what changed.
+  returned: state=report or state=query
+  type: list
+  elements: dict
+series:
+  description: Per host, configuration and concurrency level, the runs in time order with their medians and samples.
+  returned: state=query
+  type: list
+  elements: dict
+files:
+  description: The report files written.
+  returned: state=report
+  type: list
+  elements: str
+"""
+
+import os
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils import bench_history as bh
+from ansible_collections.gpufleet.inference.plugins.module_utils import history_report as hr
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+
+ARGUMENT_SPEC = dict(
+    path=dict(type="path", required=True),
+    state=dict(type="str", choices=["append", "report", "query"], default="append"),
+    results=dict(type="list", elements="path", default=[]),
+    skip_invalid=dict(type="bool", default=False),
+    documents=dict(type="list", elements="dict", default=[]),
+    host=dict(type="str"),
+    source=dict(type="str", choices=list(bh.SOURCES), default="on_demand"),
+    gpu_driver=dict(type="str"),
+    vllm_version=dict(type="str"),
+    profile=dict(type="str", default=""),
+    stage=dict(type="str", default=""),
+    hosts=dict(type="list", elements="str", default=[]),
+    dest=dict(type="path"),
+    title=dict(type="str", default="GPU fleet throughput history"),
+    threshold=dict(type="float", default=0.95),
+    alpha=dict(type="float", default=0.01),
+    min_runs=dict(type="int", default=5),
+    cp_alpha=dict(type="float", default=0.05),
+)
+
+
+def _append(module, p, result):
+    docs = [(f"document {i}", d) for i, d in enumerate(p["documents"])]
+    docs += bh.load_documents(p["results"])
+    checked = []
+    for where, doc in docs:
+        try:
+            bh.check_document(doc, where)
+        except bh.HistoryError as err:
+            if not (p["skip_invalid"] and where in p["results"]):
+                raise
+            module.warn(f"Not stored: {err}")
+            continue
+        checked.append((where, doc))
+    docs = checked
+    if module.check_mode:
+        result["actions"] = [f"store {p['host'] or doc.get('host')} {p['source']} {doc.get('finished_at')}"
+                             for _w, doc in docs]
+        result["schema_version"] = bh.SCHEMA_VERSION
+        return
+    conn = bh.connect(p["path"])
+    try:
+        for where, doc in docs:
+            run_id, added = bh.append(conn, doc, host=p["host"], source=p["source"], gpu_driver=p["gpu_driver"],
+                                      vllm_version=p["vllm_version"], profile=p["profile"], stage=p["stage"],
+                                      where=where)
+            result["run_ids"].append(run_id)
+            if added:
+                result["added"].append(run_id)
+                result["actions"].append(f"store {p['host'] or doc.get('host')} {p['source']} {doc['finished_at']} "
+                                         f"as run {run_id}")
+        result["schema_version"] = bh.schema_version(conn)
+    finally:
+        conn.close()
+
+
+def _series(p):
+    conn = bh.connect(p["path"], create=False)
+    try:
+        out = []
+        for host in (p["hosts"] or bh.hosts(conn)):
+            out += bh.series(conn, host=host)
+        return out, bh.schema_version(conn)
+    finally:
+        conn.close()
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
+                           required_if=[("state", "report", ["dest"])])
+    p = module.params
+    result = dict(changed=False, actions=[])
+    try:
+        if p["state"] == "append":
+            result.update(added=[], run_ids=[])
+            _append(module, p, result)
+        else:
+            if p["state"] == "report" and module.check_mode and not os.path.exists(p["path"]):
+                result.update(actions=[f"write {p['dest']}/history.md", f"write {p['dest']}/history.html"],
+                              drops=[], files=[], schema_version=bh.SCHEMA_VERSION, changed=True)
+                module.exit_json(**result)
+            series, version = _series(p)
+            model = hr.build(series, threshold=p["threshold"], alpha=p["alpha"], min_runs=p["min_runs"],
+                             cp_alpha=p["cp_alpha"])
+            result.update(schema_version=version, drops=model["drops"])
+            if p["state"] == "query":
+                result["series"] = series
+            else:
+                fs = HostFS("/")
+                files = {"history.md": hr.render_markdown(model, p["title"]),
+                         "history.html": hr.render_html(model, p["title"])}
+                result["files"] = []
+                for name, text in files.items():
+                    path = os.path.join(os.path.abspath(p["dest"]), name)
+                    current = fs.read_optional(path) if os.path.exists(path) else None
+                    if current is not None and current == text.rstrip("\n"):
+                        continue
+                    result["actions"].append(f"write {path}")
+                    result["files"].append(path)
+                    if not module.check_mode:
+                        fs.write_atomic(path, text, mode=0o644)
+    except bh.HistoryError as err:
+        module.fail_json(msg=f"Throughput history {p['path']}: {err}", **result)
+    except HostFSError as err:
+        module.fail_json(msg=f"Cannot write the history report under {p['dest']}: {err}. Check the directory's "
+                             "permissions.", **result)
+    result["changed"] = bool(result["actions"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

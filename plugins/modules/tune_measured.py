@@ -1,0 +1,382 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: tune_measured
+short_description: The decisions of measured tuning (baseline, one stage at a time, keep or revert) over a host-side state file
+version_added: 0.1.0
+description:
+  - Drives C(playbooks/tune_measured.yml). The play asks what to do next (O(op=next)), does it (apply or revert a stage
+    through its roles, reboot once for the grouped reboot stage, benchmark every profile) and reports back
+    (O(op=complete)) with the benchmark results; this module decides everything in between and keeps the progress in
+    O(state_file) on the host, written atomically and durably, so a play that dies resumes where it stopped.
+  - The baseline is benchmarked before any change. Each stage is judged by the throughput gate per profile and
+    concurrency level against the state before it (the last kept measurement) - any regression reverts it, all pass keep
+    it, and an inconclusive answer measures more runs (up to O(more_rounds) times) and then follows O(inconclusive).
+  - Before a stage is applied the module records what its revert needs (C(record) readings such as the ASPM
+    policy or the 2 MiB pages per node, and copies of C(files)); before a revert it puts those files back.
+  - Stages with C(reboot=true) are grouped into one stage named C(reboot), applied, rebooted and measured as one.
+author:
+  - gpufleet.inference contributors (@gpufleet)
+attributes:
+  check_mode:
+    description: Can run in check_mode and return changed status prediction without modifying target.
+    support: full
+    details: In check mode the state file is read but never written, and no file is restored; RV(next) is the first action.
+  diff_mode:
+    description: Will return details on what has changed (or possibly needs changing in check_mode), when in diff mode.
+    support: none
+  platform:
+    description: Target OS/families that can be operated against.
+    support: full
+    platforms: posix
+options:
+  op:
+    description:
+      - V(start) creates the state from O(stages) and O(profiles), or resumes a state file made from the same plan.
+      - V(next) returns the pending or next action. V(complete) reports the pending action O(action_id) done.
+      - V(reset) removes the state file.
+    type: str
+    choices: [start, next, complete, reset]
+    default: next
+  state_file:
+    description: The host-side state (JSON).
+    type: path
+    default: /var/lib/gpufleet/tune_measured/state.json
+  root:
+    description: Root of the host's file system, for tests against a fake tree.
+    type: path
+    default: /
+  stages:
+    description:
+      - For O(op=start), the stages in order. Each has C(name), either C(role) with C(vars) or C(apply) (a list of
+        tasks, each with C(role) and C(vars), or C(restart) naming a systemd unit), C(revert) in the same form (values written C(@name) are the readings
+        recorded before the stage), C(kind) (V(host) or V(vllm); vLLM stages revert to the kept flags), C(reboot),
+        C(record) (V(aspm_policy), V(hugepages_2m_per_node)), C(files) (paths to copy before and put back on revert)
+        and C(description).
+    type: list
+    elements: dict
+    default: []
+  skip:
+    description: Stage names to leave out (for example the IRQ stage on a host without irq_affinity_devices).
+    type: list
+    elements: str
+    default: []
+  profiles:
+    description: Benchmark profiles, names (V(serving), V(latency), V(long_context)) or dicts with C(name) and overrides.
+    type: list
+    elements: raw
+    default: [serving]
+  max_model_len:
+    description: The server's max_model_len, for profiles whose prompt is C(near_max) (V(long_context)).
+    type: int
+  gate:
+    description:
+      - Throughput gate settings C(threshold), C(alpha), C(pass_alpha), C(min_runs), C(max_runs) (see
+        M(gpufleet.inference.throughput_gate)).
+      - C(threshold=auto) sets it from the baseline's largest run-to-run CV, C(1 - auto_k x CV) (C(auto_k) 3), at least
+        C(auto_floor) (0.5), at most 0.95. With a threshold given, the state says whether it fits that CV.
+    type: dict
+    default: {}
+  inconclusive:
+    description: What to do with a stage the gate cannot decide once the extra rounds are spent.
+    type: str
+    choices: [keep, revert]
+    default: revert
+  more_rounds:
+    description: Extra rounds of candidate runs an inconclusive stage gets (the gate says how many runs each).
+    type: int
+    default: 1
+  vllm_defaults:
+    description: The vLLM flag values a vLLM stage reverts to when no earlier stage kept a value (the role's defaults).
+    type: dict
+    default: {}
+  restart:
+    description: For O(op=start), discard a state file made from another plan instead of failing.
+    type: bool
+    default: false
+  action_id:
+    description: For O(op=complete), the C(id) of RV(next) that was done.
+    type: int
+  results:
+    description: For O(op=complete) of a benchmark, one result document per profile, in order.
+    type: list
+    elements: dict
+    default: []
+  host:
+    description: Host name stored in the state.
+    type: str
+    default: ""
+  now:
+    description: Time stamp of this call (UTC, for example C(ansible_date_time.iso8601)), stored as the state's
+      C(started_at) when it is created and C(finished_at) when the last stage is decided.
+    type: str
+    default: ""
+seealso:
+  - module: gpufleet.inference.throughput_gate
+  - module: gpufleet.inference.inference_benchmark
+  - name: docs/measured_tuning.md
+    description: The loop, the stages and their reverts, the table.
+    link: https://example.invalid/gpufleet/inference/docs/measured_tuning.md
+"""
+
+EXAMPLES = r"""
+- name: Start (or resume) measured tuning
+  gpufleet.inference.tune_measured:
+    op: start
+    stages:
+      - name: aspm
+        role: gpufleet.inference.pcie_link
+        vars: {pcie_link_aspm_policy: performance, pcie_link_mps: "", pcie_link_mrrs: 0, pcie_link_aspm_cmdline: ""}
+        record: [aspm_policy]
+        revert:
+          - role: gpufleet.inference.pcie_link
+            vars: {pcie_link_aspm_policy: "@aspm_policy", pcie_link_mps: "", pcie_link_mrrs: 0, pcie_link_aspm_cmdline: ""}
+      - name: max_num_seqs_256
+        kind: vllm
+        role: gpufleet.inference.vllm_service
+        vars: {vllm_service_max_num_seqs: 256}
+    profiles: [serving, latency]
+    vllm_defaults: {vllm_service_max_num_seqs: 0}
+  register: tm
+
+- name: Report a benchmark done
+  gpufleet.inference.tune_measured:
+    op: complete
+    action_id: "{{ tm.next.id }}"
+    results: "{{ bench.results | map(attribute='benchmark') | list }}"
+  register: tm
+"""
+
+RETURN = r"""
+actions:
+  description: What the module wrote or would write (the state file, restored files).
+  returned: always
+  type: list
+  elements: str
+next:
+  description:
+    - The action to do now, C(id), C(action) (V(benchmark), V(apply), V(revert), V(done)), C(stage), C(tasks) (C({role,
+      vars}) or C({restart})), C(reboot), C(profiles) (complete benchmark settings per profile) and C(repetitions) (set
+      for extra rounds).
+  returned: always
+  type: dict
+  sample: {id: 3, action: apply, stage: aspm, reboot: false, profiles: [], repetitions: null,
+           tasks: [{role: gpufleet.inference.pcie_link, vars: {pcie_link_aspm_policy: performance}}]}
+stages:
+  description: One line per stage with C(stage), C(status), C(verdict), C(decision), C(reference) and C(reason).
+  returned: always
+  type: list
+  elements: dict
+state:
+  description: The whole state document (stages with measurements, gate verdicts, recorded readings).
+  returned: always
+  type: dict
+state_file:
+  description: Path of the state file.
+  returned: always
+  type: str
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+
+from ansible_collections.gpufleet.inference.plugins.module_utils import tune_measured as tm
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+
+ARGUMENT_SPEC = dict(
+    op=dict(type="str", choices=["start", "next", "complete", "reset"], default="next"),
+    state_file=dict(type="path", default="/var/lib/gpufleet/tune_measured/state.json"),
+    root=dict(type="path", default="/"),
+    stages=dict(type="list", elements="dict", default=[]),
+    skip=dict(type="list", elements="str", default=[]),
+    profiles=dict(type="list", elements="raw", default=["serving"]),
+    max_model_len=dict(type="int"),
+    gate=dict(type="dict", default={}),
+    inconclusive=dict(type="str", choices=["keep", "revert"], default="revert"),
+    more_rounds=dict(type="int", default=1),
+    vllm_defaults=dict(type="dict", default={}),
+    restart=dict(type="bool", default=False),
+    action_id=dict(type="int"),
+    results=dict(type="list", elements="dict", default=[]),
+    host=dict(type="str", default=""),
+    now=dict(type="str", default=""),
+)
+
+
+def write_durable(fs: HostFS, path: str, text: str) -> None:
+    """Temp file, fsync, rename, fsync of the directory: the state survives a crash or a reboot."""
+    real = fs.path(path)
+    parent = os.path.dirname(real)
+    try:
+        os.makedirs(parent, mode=0o755, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".state-", dir=parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, real)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        dfd = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as err:
+        raise HostFSError("write", path, err) from None
+
+
+def read_aspm_policy(fs: HostFS) -> str:
+    text = fs.read_optional("/sys/module/pcie_aspm/parameters/policy")
+    if not text:
+        raise tm.TuneError("cannot record the ASPM policy: /sys/module/pcie_aspm/parameters/policy is missing (a kernel "
+                           "without ASPM support); leave the ASPM stage out (skip: [aspm])")
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    raise tm.TuneError(f"cannot tell the ASPM policy from {text!r} in /sys/module/pcie_aspm/parameters/policy")
+
+
+def read_hugepages_2m(fs: HostFS) -> dict:
+    base = "/sys/devices/system/node"
+    out = {}
+    for name in sorted(fs.listdir(base)) if fs.isdir(base) else []:
+        if not name.startswith("node") or not name[4:].isdigit():
+            continue
+        value = fs.read_optional(f"{base}/{name}/hugepages/hugepages-2048kB/nr_hugepages")
+        if value is not None and value.strip().isdigit():
+            out[int(name[4:])] = {"pages_2m": int(value)}
+    if not out:
+        raise tm.TuneError(f"cannot record the 2 MiB pages: no {base}/node*/hugepages/hugepages-2048kB/nr_hugepages")
+    return out
+
+
+READERS = {"aspm_policy": read_aspm_policy, "hugepages_2m_per_node": read_hugepages_2m}
+
+
+def plan_key(state: dict) -> str:
+    keep = {k: state[k] for k in ("profiles", "gate", "inconclusive", "more_rounds")}
+    keep["stages"] = [{k: s[k] for k in ("name", "kind", "apply", "revert", "reboot", "record", "files")}
+                      for s in state["stages"]]
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load(fs: HostFS, path: str) -> dict | None:
+    if not fs.exists(path):
+        return None
+    text = fs.read_text(path)
+    try:
+        state = json.loads(text)
+    except ValueError as err:
+        raise tm.TuneError(f"the state file {path} is not JSON ({err}): it was damaged; move it away and start over "
+                           "(the roles' own state: absent undoes what was applied)") from err
+    if state.get("format") != tm.FORMAT:
+        raise tm.TuneError(f"{path} holds {state.get('format')!r}, not {tm.FORMAT}: not a measured-tuning state")
+    return state
+
+
+def read_exact(fs: HostFS, path: str):
+    """A file's exact text (trailing newlines kept), or None when it does not exist."""
+    if not fs.exists(path):
+        return None
+    try:
+        with open(fs.path(path), encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as err:
+        raise HostFSError("read", path, err) from None
+
+
+def prepare(fs: HostFS, state: dict, act: dict, check: bool, actions: list) -> None:
+    """Record what the revert needs before an apply; put files back before a revert."""
+    stage = next((s for s in state["stages"] if s["name"] == act["stage"]), None)
+    if stage is None:
+        return
+    if act["action"] == "apply":
+        for name in act["record"]:
+            stage["recorded"].setdefault(name, READERS[name](fs))
+        for path in act["files"]:
+            if path not in stage["snapshots"]:
+                stage["snapshots"][path] = read_exact(fs, path)
+    elif act["action"] == "revert":
+        for path, content in stage["snapshots"].items():
+            current = read_exact(fs, path)
+            if current == content:
+                continue
+            actions.append(f"restore {path}" if content is not None else f"remove {path}")
+            if not check:
+                if content is None:
+                    fs.remove(path)
+                else:
+                    fs.write_atomic(path, content, mode=0o644)
+
+
+def main():
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
+                           required_if=[("op", "complete", ["action_id"])])
+    p = module.params
+    fs = HostFS(p["root"])
+    path = p["state_file"]
+    result = dict(changed=False, actions=[], state_file=path)
+    try:
+        state = load(fs, path)
+        if p["op"] == "reset":
+            if state is not None:
+                result["actions"].append(f"remove {path}")
+                if not module.check_mode:
+                    fs.remove(path)
+            result.update(changed=bool(result["actions"]), next={"action": "done"}, stages=[], state={})
+            module.exit_json(**result)
+        before = json.dumps(state, sort_keys=True) if state is not None else None
+        if p["op"] == "start":
+            fresh = tm.new_state(p["host"], tm.plan_stages(p["stages"], p["skip"]),
+                                 tm.resolve_profiles(p["profiles"], p["max_model_len"]), p["gate"], p["inconclusive"],
+                                 p["more_rounds"], p["vllm_defaults"], p["now"])
+            fresh["plan_key"] = plan_key(fresh)
+            if state is not None and state.get("plan_key") != fresh["plan_key"]:
+                finished = all(s["status"] in ("kept", "reverted", "baseline") for s in state["stages"])
+                if not (p["restart"] or finished):
+                    raise tm.TuneError(
+                        f"{path} holds an unfinished measured-tuning run made from another stage list, profiles or "
+                        "gate settings; resume it with the same settings, or set restart: true to discard it (what "
+                        "it applied stays applied until the roles undo it)")
+                state = None
+            state = state or fresh
+        elif state is None:
+            raise tm.TuneError(f"no measured-tuning state at {path}: run op=start first")
+        if p["op"] == "complete":
+            tm.complete(state, p["action_id"], p["results"])
+        act = tm.next_action(state)
+        prepare(fs, state, act, module.check_mode, result["actions"])
+        if act["action"] == "done" and not state.get("finished_at"):
+            state["finished_at"] = p["now"] or "unknown"
+        after = json.dumps(state, sort_keys=True)
+        if after != before:
+            result["actions"].append(f"write {path}")
+            if not module.check_mode:
+                write_durable(fs, path, json.dumps(state, indent=1, sort_keys=True) + "\n")
+        result.update(next=act, stages=tm.summary(state), state=state)
+    except tm.TuneError as err:
+        module.fail_json(msg=f"Measured tuning: {err}", **result)
+    except HostFSError as err:
+        module.fail_json(msg=f"Measured tuning could not keep its state: {err}. The state file must be on a writable "
+                             "local file system (become: true).", **result)
+    result["changed"] = bool(result["actions"])
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""health_compare: audits of fake sysfs trees (and a real capture) compared with their previous audit."""
+
+from __future__ import annotations
+
+from ansible_collections.gpufleet.inference.plugins.module_utils import health_compare as hc
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
+from tests.unit.fakesysfs import FakeHost, load_capture, two_numa_nodes
+
+CMDLINE = "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro quiet"
+XID_LOG = """\
+2026-12-01T20:01:02+0000 gpu-01 kernel: NVRM: Xid (PCI:0000:97:00): 79, pid=1234, name=python3, GPU has fallen off the bus.
+2026-12-01T20:01:03+0000 gpu-01 kernel: NVRM: Xid (PCI:0000:17:00): 13, pid=1234, Graphics Exception
+2026-12-01T20:01:04+0000 gpu-01 kernel: nvme nvme0: something else
+"""
+
+
+def audit(root) -> dict:
+    facts, _warnings = pcie_facts.gather(HostFS(str(root)), {"include_nvml": "never"})
+    return facts
+
+
+def test_same_host_twice_has_no_findings(tmp_path):
+    two_numa_nodes(tmp_path / "a", remote_irqs=False)
+    two_numa_nodes(tmp_path / "b", remote_irqs=False)
+    assert hc.compare(audit(tmp_path / "a"), audit(tmp_path / "b")) == []
+
+
+def test_a_real_capture_against_itself_has_no_findings(tmp_path):
+    a, b = load_capture("lab-vm-q35", tmp_path / "a"), load_capture("lab-vm-q35", tmp_path / "b")
+    assert hc.compare(audit(a), audit(b)) == []
+
+
+def test_changed_host_is_flagged_with_fixes(tmp_path):
+    two_numa_nodes(tmp_path / "before", remote_irqs=False)
+    # after: the node-1 GPU is gone, the node-0 GPU trained at Gen4 x8, its IRQs moved to CPU 8 (node 1),
+    # its AER counters grew, and someone put pcie_aspm=off on the command line
+    host = FakeHost(tmp_path / "after", nodes={0: "0-7", 1: "8-15"}, cmdline=CMDLINE + " pcie_aspm=off")
+    hb0 = host.host_bridge(0, 0x16, numa_node=0)
+    host.host_bridge(0, 0x96, numa_node=1)
+    host.add("0000:16:01.0", hb0, kind="root_port", acs_cap=("SV", "RR", "CR", "UF"),
+             acs_ctrl=("SV", "RR", "CR", "UF"), link_sta=(16.0, 8))
+    host.gpu("0000:17:00.0", "0000:16:01.0", irq_cpus="8", link_sta=(16.0, 8))
+    host.write(f"{host.dirs['0000:17:00.0']}/aer_dev_correctable", "RxErr 0\nBadTLP 5\nBadDLLP 2\nTOTAL_ERR_COR 7")
+    findings = hc.compare(audit(tmp_path / "before"), audit(tmp_path / "after"), XID_LOG,
+                          previous_kernel="6.1.0-50-cloud-amd64", current_kernel="6.1.0-56-cloud-amd64")
+    got = {(f["code"], f["severity"], f["device"]) for f in findings}
+    assert got == {
+        ("xid", "critical", "0000:97:00.0"), ("xid", "warning", "0000:17:00.0"),
+        ("gpu_missing", "critical", "0000:97:00.0"),
+        ("link_degraded", "critical", "0000:17:00.0"), ("link_degraded", "critical", "0000:16:01.0"),
+        ("aer_new", "warning", "0000:17:00.0"), ("irq_off_numa", "warning", "0000:17:00.0"),
+        ("cmdline_changed", "warning", None), ("kernel_changed", "info", None)}
+    by_code = {f["code"]: f for f in findings}
+    assert "Gen4 (16GT/s) x8" in by_code["link_degraded"]["message"] and "was Gen5 (32GT/s) x16" in by_code["link_degraded"]["message"]
+    assert "correctable.BadTLP +5" in by_code["aer_new"]["message"]
+    assert "+pcie_aspm=off" in by_code["cmdline_changed"]["message"]
+    assert all(f["fix"] for f in findings)
+    assert [f["severity"] for f in findings] == sorted((f["severity"] for f in findings),
+                                                       key=["critical", "warning", "info"].index)
+
+
+def test_first_run_reports_only_xids(tmp_path):
+    two_numa_nodes(tmp_path / "a", remote_irqs=False)
+    findings = hc.compare(None, audit(tmp_path / "a"), XID_LOG)
+    assert [f["code"] for f in findings] == ["xid", "xid"]
+
+
+def test_a_link_that_trained_higher_is_info(tmp_path):
+    from tests.unit.fakesysfs import degraded_link
+    degraded_link(tmp_path / "a", link_sta=(16.0, 8))
+    degraded_link(tmp_path / "b", link_sta=(32.0, 16))
+    findings = hc.compare(audit(tmp_path / "a"), audit(tmp_path / "b"))
+    assert {(f["code"], f["severity"]) for f in findings} == {("link_changed", "info")}
+
+
+def test_xid_parser():
+    xids = hc.parse_xids(XID_LOG)
+    assert [(x["bdf"], x["xid"]) for x in xids] == [("0000:97:00.0", 79), ("0000:17:00.0", 13)]
+    assert xids[0]["text"].startswith("pid=1234")
