@@ -122,7 +122,7 @@ seealso:
   - module: gpufleet.inference.inference_benchmark
   - name: docs/measured_tuning.md
     description: The loop, the stages and their reverts, the table.
-    link: https://example.invalid/gpufleet/inference/docs/measured_tuning.md
+    link: https://github.com/gpufleet/inference/blob/main/docs/measured_tuning.md
 """
 
 EXAMPLES = r"""
