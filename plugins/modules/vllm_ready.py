@@ -151,26 +151,58 @@ kernel_path:
   returned: always
   type: dict
   contains:
-    version: {description: vLLM's version., type: str}
-    platform: {description: "The platform vLLM ran on (C(cuda), C(cpu), ...).", type: str}
-    starts: {description: How many starts the text held (the last is read)., type: int}
-    attention_backend: {description: The attention backend chosen (C(FLASH_ATTN), C(TRITON_ATTN), C(CPU_ATTN), ...)., type: str}
-    attention_candidates: {description: The backends vLLM chose from, in its order of preference., type: list, elements: str}
-    flash_attention_version: {description: FlashAttention's version when FLASH_ATTN is used., type: int}
-    enforce_eager: {description: Whether --enforce-eager was set., type: bool}
+    version:
+      description: "vLLM's version."
+      type: str
+    platform:
+      description: "The platform vLLM ran on (C(cuda), C(cpu), ...)."
+      type: str
+    starts:
+      description: "How many starts the text held (the last is read)."
+      type: int
+    attention_backend:
+      description: "The attention backend chosen (C(FLASH_ATTN), C(TRITON_ATTN), C(CPU_ATTN), ...)."
+      type: str
+    attention_candidates:
+      description: "The backends vLLM chose from, in its order of preference."
+      type: list
+      elements: str
+    flash_attention_version:
+      description: "FlashAttention's version when FLASH_ATTN is used."
+      type: int
+    enforce_eager:
+      description: "Whether --enforce-eager was set."
+      type: bool
     cuda_graphs:
-      description: C(mode) (CUDAGraphMode), C(captured), C(capture_modes), C(capture_sizes) (batch sizes), C(seconds), C(memory_gib).
+      description: "C(mode) (CUDAGraphMode), C(captured), C(capture_modes), C(capture_sizes) (batch sizes), C(seconds), C(memory_gib)."
       type: dict
-    torch_compile_s: {description: Seconds torch.compile took., type: float}
-    quantization: {description: The quantization method, null for none., type: str}
-    kv_cache_dtype: {description: The KV cache's data type., type: str}
-    kernels: {description: "Linear/MoE/quantization kernels the log names (C(kernel), C(for))", type: list, elements: dict}
-    kv_cache: {description: "C(tokens), C(memory_gib), C(max_concurrency) at C(for_tokens) tokens per request.", type: dict}
-    started: {description: Whether the log shows the server started., type: bool}
-    failed: {description: Whether the log shows the engine failed to start., type: bool}
-    error: {description: The exception that stopped the start, or null., type: str}
+    torch_compile_s:
+      description: "Seconds torch.compile took."
+      type: float
+    quantization:
+      description: "The quantization method, null for none."
+      type: str
+    kv_cache_dtype:
+      description: "The KV cache's data type."
+      type: str
+    kernels:
+      description: "Linear, MoE and quantization kernels the log names (C(kernel), C(for))."
+      type: list
+      elements: dict
+    kv_cache:
+      description: "C(tokens), C(memory_gib), C(max_concurrency) at C(for_tokens) tokens per request."
+      type: dict
+    started:
+      description: "Whether the log shows the server started."
+      type: bool
+    failed:
+      description: "Whether the log shows the engine failed to start."
+      type: bool
+    error:
+      description: "The exception that stopped the start, or null."
+      type: str
     findings:
-      description: Fallbacks, emulations and failures, each with C(id), C(severity) (info, warning, error), C(message), C(fix), C(line).
+      description: "Fallbacks, emulations and failures, each with C(id), C(severity) (info, warning, error), C(message), C(fix), C(line)."
       type: list
       elements: dict
   sample:

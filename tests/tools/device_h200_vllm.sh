@@ -34,7 +34,7 @@ trap finish EXIT
 cd "$ROOT" || exit 1
 mkdir -p .collections/ansible_collections/gpufleet
 ln -sfn ../../.. .collections/ansible_collections/gpufleet/inference
-D="python3 tests/tools/h200_vllm.py"
+D=(python3 tests/tools/h200_vllm.py)
 
 case $PHASE in
 stage1)
@@ -48,28 +48,29 @@ main)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ansite whl/*.whl || exit 2
   python3 "$CHUNKS/scripts/make_model.py" /tmp/model 2>&1 | grep -v Writing
   echo "installed and model made at t=$(( $(date +%s) - S ))"
-  $D render --host-vars tests/tools/h200/host_vars.yml --profiles tests/tools/h200/profiles.yml --out "$W/rendered" || exit 2
+  "${D[@]}" render --host-vars tests/tools/h200/host_vars.yml --profiles tests/tools/h200/profiles.yml --out "$W/rendered" || exit 2
   python3 - "$W/rendered" "$W/rendered.json" <<'PY'
 import json, os, sys
 d = sys.argv[1]
 json.dump({f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d))}, open(sys.argv[2], "w"), indent=1)
 PY
-  $D serve --rendered "$W/rendered/baseline.json" --log "$W/server-baseline.log" --record "$W/server-baseline.json" --timeout 300 \
+  "${D[@]}" serve --rendered "$W/rendered/baseline.json" --log "$W/server-baseline.log" --record "$W/server-baseline.json" --timeout 300 \
     || { tail -60 "$W/server-baseline.log"; exit 1; }
   echo "baseline ready at t=$(( $(date +%s) - S ))"
   VB=".vllmbench"; printf '#!/bin/sh\nexec python3 -c "%s" "$@"\n' \
     "import sys; from vllm.benchmarks import serve; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; p=P(prog='vllm bench serve'); serve.add_cli_args(p); serve.main(p.parse_args(sys.argv[1:]))" > $VB
   chmod +x $VB
-  timeout $((DL - $(date +%s) + 30)) $D compare --out "$W/compare.json" --vllm-cmd "./$VB" --tokenizer /tmp/model \
+  timeout $((DL - $(date +%s) + 30)) "${D[@]}" compare --out "$W/compare.json" --vllm-cmd "./$VB" --tokenizer /tmp/model \
     --concurrency 16 64 256 --requests-per-slot 8 --rounds 3 --deadline $((DL - 170))
   echo "compare rc=$? at t=$(( $(date +%s) - S ))"
   # pcie_facts with the bandwidth probe while one run at c=64 streams from the server
   echo '{"ANSIBLE_MODULE_ARGS": {"bandwidth_probe": true, "probe_size_mb": 256}}' > "$W/pcie-args.json"
   ( sleep 3; python3 plugins/modules/pcie_facts.py "$W/pcie-args.json" > "$W/pcie_facts.json" 2> "$W/pcie_facts.err" ) &
-  $D noise --out "$W/pcie_run.json" --concurrency 64 --lengths 16 --runs 2 --deadline $((DL - 120))
-  wait
+  probe=$!
+  "${D[@]}" noise --out "$W/pcie_run.json" --concurrency 64 --lengths 16 --runs 2 --deadline $((DL - 120))
+  wait "$probe"   # not a bare wait: the copier runs in the background until the end (the H200 run lost its noise step to that)
   tail -3 "$W/pcie_facts.err"
-  timeout $((DL - $(date +%s) + 20)) $D noise --out "$W/noise.json" --concurrency 16 64 256 --lengths 2 8 --runs 8 --deadline $((DL - 10))
+  timeout $((DL - $(date +%s) + 20)) "${D[@]}" noise --out "$W/noise.json" --concurrency 16 64 256 --lengths 2 8 --runs 8 --deadline $((DL - 10))
   echo "noise rc=$?"
   ;;
 gate)
@@ -77,13 +78,13 @@ gate)
   rec=$(python3 -c "import json;print(json.load(open('$W/server-baseline.json'))['pid'])")
   curl -sf http://127.0.0.1:8000/health > /dev/null || {
     echo "baseline server $rec not answering: starting it again"
-    $D serve --rendered "$W/rendered/baseline.json" --log "$W/server-baseline.log" --record "$W/server-baseline.json" --timeout 300 || exit 1; }
+    "${D[@]}" serve --rendered "$W/rendered/baseline.json" --log "$W/server-baseline.log" --record "$W/server-baseline.json" --timeout 300 || exit 1; }
   if [ ! -f "$W/gate.done" ]; then
-    timeout $((DL - $(date +%s) + 30)) $D gate --out "$W/gate.json" --rendered-dir "$W/rendered" --logdir "$W" \
+    timeout $((DL - $(date +%s) + 30)) "${D[@]}" gate --out "$W/gate.json" --rendered-dir "$W/rendered" --logdir "$W" \
       --concurrency 64 --requests-per-slot 8 --candidates eager seqs8 --deadline $((DL - 60)) && touch "$W/gate.done"
     echo "gate rc=$? at t=$(( $(date +%s) - S ))"
   fi
-  timeout $((DL - $(date +%s) + 30)) $D tune --out "$W/tune.json" --profiles tests/tools/h200/profiles.yml \
+  timeout $((DL - $(date +%s) + 30)) "${D[@]}" tune --out "$W/tune.json" --profiles tests/tools/h200/profiles.yml \
     --host-vars tests/tools/h200/host_vars.yml --logdir "$W" --concurrency 64 --requests-per-slot 8 --deadline "$DL"
   echo "tune rc=$?"
   ;;

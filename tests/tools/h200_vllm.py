@@ -28,7 +28,6 @@ Every result is a JSON file written as soon as it is known (a killed call still 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import resource
@@ -293,7 +292,7 @@ def gate_ab(base_url: str, cand_url: str, level: int, requests: int, args, label
     """Interleaved runs (baseline, candidate, ...) until decide() is not inconclusive or the cap."""
     base: list[dict] = []
     cand: list[dict] = []
-    for url in {base_url, cand_url}:
+    for url in sorted({base_url, cand_url}):
         run_once(url, level, requests, 7, args, warmup=max(args.warmup, level))  # warm each server's path once
     seed = 1000
     want = args.min_runs
