@@ -27,7 +27,7 @@ _LINE = re.compile(r"(?:\((?P<proc>[A-Za-z_]+)(?:[ _]pid=\d+)?\)\s+)?(?P<level>D
 _START = re.compile(r"non-default args: ")
 _VERSION = re.compile(r"(?:vLLM API server version |version |LLM engine \(v)(?P<v>\d+\.\d+\.\d+[\w.+-]*)")
 _BACKEND = re.compile(r"Using (?P<b>[A-Z][A-Z0-9_]+) attention backend(?: out of potential backends: (?P<pot>\[[^\]]*\]))?")
-_BACKEND_CPU = re.compile(r"Using (?P<b>[A-Za-z0-9_ ]*?) (?:attention )?backend(?: on (?:V1 engine|CPU))?\.?$")
+_BACKEND_PLAIN = re.compile(r"^Using (?P<b>[A-Z][A-Z0-9_]+) backend\.$")  # the CPU platform's MLA choice
 _FA_VERSION = re.compile(r"Using FlashAttention version (?P<v>\d)")
 _CAPTURE_SIZES = re.compile(r"'cudagraph_capture_sizes': (?P<s>\[[\d, ]*\])")
 _CG_MODE = re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(?P<m>[A-Z_]+)")
@@ -41,14 +41,15 @@ _ENFORCE = re.compile(r"enforce_eager=(?P<e>True|False)")
 _KERNEL = re.compile(r"(?:Using|Selected) (?P<k>\w*(?:Kernel|GEMM|Gemm|MoE|Marlin|Machete|Cutlass|CUTLASS)\w*)"
                      r"(?: (?:kernel )?for (?P<for>[\w .-]+))?")
 _KV_TOKENS = re.compile(r"(?P<dev>GPU|CPU) KV cache size: (?P<t>[\d,]+) tokens")
-_KV_MEM = re.compile(r"Available KV cache memory: (?P<g>[\d.]+) GiB")
+_KV_MEM = re.compile(r"Available KV cache memory: (?P<g>[\d.]+) GiB|Explicitly set \((?P<c>[\d.]+)/[\d.]+\) GiB for KV cache")
 _MAX_CONC = re.compile(r"Maximum concurrency for (?P<t>[\d,]+) tokens per request: (?P<x>[\d.]+)x")
 _PLATFORM = re.compile(r"Automatically detected platform (?P<p>\w+)")
 _NO_MODULE = re.compile(r"No module named '(?P<m>[\w.]+)'")
+_PRELOAD = re.compile(r"(?P<lib>lib\w+) is not found in LD_PRELOAD")
 _ULIMIT = re.compile(r"Found ulimit of (?P<n>\d+) and failed to automatically increase")
 
 # messages that are a fallback, an emulation or a disabled fast path, even at INFO
-_SOFT = re.compile(r"fall(?:ing)? ?back|emulat|not (?:available|supported)|unsupported|disabl|slow|will be ignored|"
+_SOFT = re.compile(r"fall(?:ing)? ?back|emulat|instead|not (?:available|supported)|unsupported|disabl|slow|will be ignored|"
                    r"Weight-only|does not have native support", re.IGNORECASE)
 
 
@@ -127,8 +128,8 @@ def parse(text: str) -> dict[str, Any]:
             res["attention_backend"] = m["b"]
             if m["pot"]:
                 res["attention_candidates"] = ast.literal_eval(m["pot"])
-        elif res["attention_backend"] is None and ln["src"] and "attn" in ln["src"].lower() and (m := _BACKEND_CPU.search(msg)):
-            res["attention_backend"] = m["b"].strip().replace(" ", "_").upper()
+        elif (m := _BACKEND_PLAIN.search(msg)):
+            res["attention_backend"] = m["b"]
         if (m := _FA_VERSION.search(msg)):
             res["flash_attention_version"] = int(m["v"])
         for m in _CAPTURING.finditer(raw):
@@ -145,7 +146,7 @@ def parse(text: str) -> dict[str, Any]:
         if (m := _KV_TOKENS.search(msg)):
             res["kv_cache"]["tokens"] = int(m["t"].replace(",", ""))
         if (m := _KV_MEM.search(msg)):
-            res["kv_cache"]["memory_gib"] = float(m["g"])
+            res["kv_cache"]["memory_gib"] = float(m["g"] or m["c"])
         if (m := _MAX_CONC.search(msg)):
             res["kv_cache"].update(max_concurrency=float(m["x"]), for_tokens=int(m["t"].replace(",", "")))
         if "Application startup complete" in msg or "Starting vLLM API server" in msg or "Starting vLLM server on" in msg:
@@ -159,6 +160,8 @@ def parse(text: str) -> dict[str, Any]:
         res["failed"] = True
         res["error"] = errors[-1] if errors else "the engine did not start (no exception line in the log)"
         add(_error_finding(res["error"]))
+    if res["platform"] == "cpu" and res["attention_backend"] is None and res["started"]:
+        res["attention_backend"] = "CPU_ATTN"  # vllm/platforms/cpu.py: the only non-MLA backend, chosen silently
     _config_findings(res, add)
     return res
 
@@ -182,6 +185,11 @@ def _line_findings(ln: dict[str, Any], add) -> None:
         add(_finding("nofile_limit", "warning", f"vLLM could not raise its open-file limit above {m['n']}",
                      "raise the hard limit the service starts under (vllm_service_limit_nofile, LimitNOFILE=, and the "
                      "host's or container's hard limit): many concurrent clients need one descriptor each", ln["raw"]))
+        return
+    if (m := _PRELOAD.search(msg)):
+        add(_finding(f"cpu_preload_{m['lib']}", "warning", f"vLLM's CPU build runs without {m['lib']} preloaded",
+                     f"preload it through vllm_service_env (LD_PRELOAD: the path of {m['lib']}, e.g. from the "
+                     "libtcmalloc-minimal4 / libomp packages), as vLLM's CPU install guide asks", ln["raw"]))
         return
     if "FlashInfer top-p/top-k sampling disabled" in msg:
         add(_finding("sampler_flashinfer_off", "info", "top-p/top-k sampling runs in PyTorch, not FlashInfer",

