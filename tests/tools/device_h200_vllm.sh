@@ -81,7 +81,8 @@ gate)
     "${D[@]}" serve --rendered "$W/rendered/baseline.json" --log "$W/server-baseline.log" --record "$W/server-baseline.json" --timeout 300 || exit 1; }
   if [ ! -f "$W/gate.done" ]; then
     timeout $((DL - $(date +%s) + 30)) "${D[@]}" gate --out "$W/gate.json" --rendered-dir "$W/rendered" --logdir "$W" \
-      --concurrency 64 --requests-per-slot 8 --candidates eager seqs8 --deadline $((DL - 60)) && touch "$W/gate.done"
+      --concurrency 64 --requests-per-slot 8 --candidates eager seqs8 hog --server-record "$W/server-baseline.json" \
+      --deadline $((DL - 60)) && touch "$W/gate.done"
     echo "gate rc=$? at t=$(( $(date +%s) - S ))"
   fi
   timeout $((DL - $(date +%s) + 30)) "${D[@]}" tune --out "$W/tune.json" --profiles tests/tools/h200/profiles.yml \

@@ -288,8 +288,34 @@ def cmd_noise(args) -> int:
     return 0
 
 
-def gate_ab(base_url: str, cand_url: str, level: int, requests: int, args, label: str) -> dict:
-    """Interleaved runs (baseline, candidate, ...) until decide() is not inconclusive or the cap."""
+class Hog:
+    """CPU contention as a regression of known kind: one busy loop per CPU the server may run on
+    (its affinity), each in its own session, for the length of a candidate run; stopped after it."""
+
+    def __init__(self, pid: int | None, per_cpu: int = 1) -> None:
+        self.cpus = sorted(os.sched_getaffinity(pid or 0))
+        self.per_cpu = per_cpu
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> "Hog":
+        for cpu in self.cpus * self.per_cpu:
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"],
+                start_new_session=True))
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        for proc in self.procs:
+            proc.kill()
+        for proc in self.procs:
+            proc.wait()
+        self.procs = []
+
+
+def gate_ab(base_url: str, cand_url: str, level: int, requests: int, args, label: str, during=None) -> dict:
+    """Interleaved runs (baseline, candidate, ...) until decide() is not inconclusive or the cap.
+
+    ``during``: a context manager factory wrapped around each candidate run (the CPU hog)."""
     base: list[dict] = []
     cand: list[dict] = []
     for url in sorted({base_url, cand_url}):
@@ -302,9 +328,14 @@ def gate_ab(base_url: str, cand_url: str, level: int, requests: int, args, label
             if time.time() > args.deadline:
                 return {"label": label, "deadline_hit": True, "baseline_runs": base, "candidate_runs": cand,
                         "decision": decision}
-            for side, url in (("b", base_url), ("c", cand_url)):
-                seed += 1
-                (base if side == "b" else cand).append(run_once(url, level, requests, seed, args)["runs"][0])
+            seed += 1
+            base.append(run_once(base_url, level, requests, seed, args)["runs"][0])
+            seed += 1
+            if during is None:
+                cand.append(run_once(cand_url, level, requests, seed, args)["runs"][0])
+            else:
+                with during():
+                    cand.append(run_once(cand_url, level, requests, seed, args)["runs"][0])
         decision = tg.decide([r["output_throughput"] for r in base], [r["output_throughput"] for r in cand],
                              min_runs=args.min_runs, max_runs=args.max_runs)
         print("gate", label, len(base), len(cand), decision["decision"], round(decision["ratio"] or 0, 4),
@@ -334,7 +365,16 @@ def cmd_gate(args) -> int:
         out["gates"].append(gate_ab(args.url, args.url, level, requests, args, "A/A"))
         dump(args.out, out)
     for name in args.candidates:
-        if name in done or time.time() > args.deadline - 60:
+        # a candidate server takes 40-70 s to start on the H200 and 10 interleaved runs about a minute more
+        if name in done or time.time() > args.deadline - args.candidate_s:
+            continue
+        if name == "hog":  # the baseline server itself, with its CPUs busy during each candidate run
+            pid = (load(args.server_record) or {}).get("pid") if args.server_record else None
+            g = gate_ab(args.url, args.url, level, requests, args, name,
+                        during=lambda: Hog(pid, args.hog_per_cpu))  # noqa: B023 - used before the next iteration
+            g.update(hog={"cpus": sorted(os.sched_getaffinity(pid or 0)), "per_cpu": args.hog_per_cpu, "server_pid": pid})
+            out["gates"].append(g)
+            dump(args.out, out)
             continue
         rendered = load(os.path.join(args.rendered_dir, f"{name}.json"))
         rec = start_profile(rendered, args.logdir, name, args.start_timeout)
@@ -367,7 +407,7 @@ def cmd_tune(args) -> int:
         dump(args.out, state)
     port = 8100 + len(state["records"])
     for stage in stages[len(state["records"]) - 1:]:
-        if time.time() > args.deadline - 90:
+        if time.time() > args.deadline - 150:  # a stage server starts in 40-70 s, its gate runs take a minute more
             state["deadline_hit"] = True
             break
         cur = state["current"]
@@ -445,7 +485,11 @@ def main() -> int:
             q.add_argument("--runs", type=int, default=8)
             q.add_argument("--lengths", type=int, nargs="+", default=[2, 8], help="run lengths, requests per slot")
         if name == "gate":
-            q.add_argument("--candidates", nargs="*", default=["eager", "seqs8"])
+            q.add_argument("--candidates", nargs="*", default=["eager", "seqs8", "hog"],
+                           help="profiles of the rendered dir, and 'hog' (CPU contention on the baseline's CPUs)")
+            q.add_argument("--candidate-s", type=float, default=150, help="seconds a candidate needs; skipped with less left")
+            q.add_argument("--server-record", default="", help="serve's record of the baseline (its pid, for the hog)")
+            q.add_argument("--hog-per-cpu", type=int, default=1)
         if name == "tune":
             q.add_argument("--profiles", required=True)
             q.add_argument("--host-vars", required=True)
