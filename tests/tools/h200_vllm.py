@@ -202,7 +202,7 @@ def run_once(url: str, level: int, requests: int, seed: int, args, warmup: int =
     """One ic.benchmark call; its runs with the client's CPU (getrusage of this process) around it."""
     cfg = ic.BenchmarkConfig(url=url, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                              concurrency=[level], requests=requests, warmup=warmup, repetitions=repetitions, seed=seed,
-                             timeout=600)
+                             timeout=600, per_chunk_usage=getattr(args, "per_chunk_usage", True))
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     result = ic.run(ic.benchmark(cfg))
     r1 = resource.getrusage(resource.RUSAGE_SELF)
@@ -471,6 +471,8 @@ def main() -> int:
         q.add_argument("--output-tokens", type=int, default=128)
         q.add_argument("--warmup", type=int, default=32)
         q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--no-per-chunk-usage", dest="per_chunk_usage", action="store_false",
+                       help="our client without stream_options.continuous_usage_stats (as vllm bench serve sends)")
         q.add_argument("--deadline", type=float, default=time.time() + 3600, help="epoch seconds: stop starting work")
         q.add_argument("--min-runs", type=int, default=5)
         q.add_argument("--max-runs", type=int, default=15)
