@@ -17,6 +17,11 @@ description:
     not wait out O(timeout)).
   - Every failure message ends with the unit's last O(journal_lines) journal lines, so the cause (a missing library,
     a bad flag, out of memory) shows in the Ansible output.
+  - With O(start_log) or O(start_log_journal) it also reads vLLM's kernel path from the server's own start log (the
+    attention backend, whether CUDA graphs were captured and for which batch sizes, torch.compile, quantization and
+    its kernels, the KV cache) and reports every fallback, emulation or start failure as a finding with its fix, on
+    every host, the CPU build included. Findings of severity warning or error are also Ansible warnings; they never
+    fail the module.
   - Never changes the host.
 author:
   - gpufleet.inference contributors (@gpufleet)
@@ -67,6 +72,20 @@ options:
     description: Journal lines shown on failure.
     type: int
     default: 50
+  start_log:
+    description:
+      - A file vLLM's output goes to (a unit's C(StandardOutput=append:) file, a container's log); its last start is
+        read for RV(kernel_path).
+    type: path
+  start_log_journal:
+    description:
+      - Read RV(kernel_path) from the journal of O(unit) (C(journalctl -u UNIT -o cat)); its last start is read.
+    type: bool
+    default: false
+  start_log_lines:
+    description: How many journal lines O(start_log_journal) reads (the start must lie within them).
+    type: int
+    default: 20000
 """
 
 EXAMPLES = r"""
@@ -84,6 +103,17 @@ EXAMPLES = r"""
     served_model_name: tiny
     unit: vllm.service
     checks: [health, models, completion]
+
+- name: Readiness, and the kernel path vLLM chose, from its journal
+  gpufleet.inference.vllm_ready:
+    served_model_name: tiny
+    unit: vllm.service
+    start_log_journal: true
+  register: ready
+
+- name: Show the attention backend and the CUDA graph sizes
+  ansible.builtin.debug:
+    msg: "{{ ready.kernel_path.attention_backend }} {{ ready.kernel_path.cuda_graphs.capture_sizes }}"
 """
 
 RETURN = r"""
@@ -114,6 +144,76 @@ metrics:
   returned: success
   type: int
   sample: 212
+kernel_path:
+  description:
+    - What vLLM's last start in the log chose, or null without O(start_log) and O(start_log_journal). Fields the log
+      does not show are null.
+  returned: always
+  type: dict
+  contains:
+    version:
+      description: "vLLM's version."
+      type: str
+    platform:
+      description: "The platform vLLM ran on (C(cuda), C(cpu), ...)."
+      type: str
+    starts:
+      description: "How many starts the text held (the last is read)."
+      type: int
+    attention_backend:
+      description: "The attention backend chosen (C(FLASH_ATTN), C(TRITON_ATTN), C(CPU_ATTN), ...)."
+      type: str
+    attention_candidates:
+      description: "The backends vLLM chose from, in its order of preference."
+      type: list
+      elements: str
+    flash_attention_version:
+      description: "FlashAttention's version when FLASH_ATTN is used."
+      type: int
+    enforce_eager:
+      description: "Whether --enforce-eager was set."
+      type: bool
+    cuda_graphs:
+      description: "C(mode) (CUDAGraphMode), C(captured), C(capture_modes), C(capture_sizes) (batch sizes), C(seconds), C(memory_gib)."
+      type: dict
+    torch_compile_s:
+      description: "Seconds torch.compile took."
+      type: float
+    quantization:
+      description: "The quantization method, null for none."
+      type: str
+    kv_cache_dtype:
+      description: "The KV cache's data type."
+      type: str
+    kernels:
+      description: "Linear, MoE and quantization kernels the log names (C(kernel), C(for))."
+      type: list
+      elements: dict
+    kv_cache:
+      description: "C(tokens), C(memory_gib), C(max_concurrency) at C(for_tokens) tokens per request."
+      type: dict
+    started:
+      description: "Whether the log shows the server started."
+      type: bool
+    failed:
+      description: "Whether the log shows the engine failed to start."
+      type: bool
+    error:
+      description: "The exception that stopped the start, or null."
+      type: str
+    findings:
+      description: "Fallbacks, emulations and failures, each with C(id), C(severity) (info, warning, error), C(message), C(fix), C(line)."
+      type: list
+      elements: dict
+  sample:
+    version: 0.26.0
+    platform: cuda
+    attention_backend: FLASH_ATTN
+    attention_candidates: [FLASH_ATTN, TRITON_ATTN, FLEX_ATTENTION]
+    flash_attention_version: 3
+    cuda_graphs: {mode: FULL_AND_PIECEWISE, captured: true, capture_modes: [PIECEWISE, FULL], capture_sizes: [1, 2, 4, 8], seconds: 3.0, memory_gib: 0.33}
+    findings:
+      - {id: nofile_limit, severity: warning, message: vLLM could not raise its open-file limit above 20000, fix: raise the hard limit}
 unit:
   description: The unit's state when the checks passed.
   returned: success
@@ -123,6 +223,8 @@ unit:
 
 import json
 import time
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_startlog import parse as parse_start_log
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import fetch_url
@@ -262,6 +364,9 @@ def main():
             prompt=dict(type="str", default="The capital of France is"),
             max_tokens=dict(type="int", default=4, no_log=False),
             journal_lines=dict(type="int", default=50),
+            start_log=dict(type="path"),
+            start_log_journal=dict(type="bool", default=False),
+            start_log_lines=dict(type="int", default=20000),
         ),
         supports_check_mode=True,
     )
@@ -289,6 +394,32 @@ def main():
                                            "-o", "short-iso"])
         return out if rc == 0 else f"(journalctl failed: {err.strip()})"
 
+    def kernel_path():
+        text = None
+        if p["start_log"]:
+            try:
+                with open(p["start_log"], encoding="utf-8", errors="replace") as fh:
+                    text = fh.read()
+            except OSError as err:
+                module.warn(f"start_log {p['start_log']} could not be read ({err.strerror}); kernel_path is null")
+        elif p["start_log_journal"]:
+            if not journalctl or not p["unit"]:
+                module.warn("start_log_journal needs journalctl and unit; kernel_path is null")
+            else:
+                rc, out, err = module.run_command([journalctl, "-u", p["unit"], "-n", str(p["start_log_lines"]),
+                                                   "--no-pager", "-o", "cat"])
+                if rc == 0:
+                    text = out
+                else:
+                    module.warn(f"journalctl -u {p['unit']} failed ({err.strip()}); kernel_path is null")
+        if text is None:
+            return None
+        path = parse_start_log(text)
+        for f in path["findings"]:
+            if f["severity"] in ("warning", "error"):
+                module.warn(f"vLLM start log: {f['message']}. Fix: {f['fix']}")
+        return path
+
     first = unit_state(module.run_command, systemctl, p["unit"])
 
     def watch():
@@ -301,8 +432,9 @@ def main():
         lines = journal()
         tail = f"\nLast {p['journal_lines']} journal lines of {p['unit']}:\n{lines}" if lines else ""
         module.fail_json(msg=f"{p['unit'] or p['url']} is not ready: {err}{tail}", actions=[],
-                         unit=unit_state(module.run_command, systemctl, p["unit"]))
-    module.exit_json(changed=False, actions=[], unit=unit_state(module.run_command, systemctl, p["unit"]), **result)
+                         unit=unit_state(module.run_command, systemctl, p["unit"]), kernel_path=kernel_path())
+    module.exit_json(changed=False, actions=[], unit=unit_state(module.run_command, systemctl, p["unit"]),
+                     kernel_path=kernel_path(), **result)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,127 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Summaries of measured vLLM runs: client against client, run-to-run noise, and the stage table of
+vLLM flag profiles kept or reverted by the throughput gate. Pure functions, standard library only.
+
+Every input is what tests/tools/h200_vllm.py stores (docs/examples/h200-vllm/): a run is a dict with
+``output_throughput`` (tok/s), ``duration_s`` and the client's ``ttft_ms``/``tpot_ms`` summaries
+(``p50``/``p99``). The stage table follows the measured-tuning format: stage, what changed, tok/s per
+concurrency, TTFT and TPOT p50/p99, ratio to the baseline and to the previous stage, the gate's verdict
+and p-value, kept or reverted. A stage is kept only on ``pass``; ``inconclusive`` reverts (the default
+of measured tuning). The verdicts are recomputed from the stored runs with throughput_gate.decide(),
+so a change to the gate changes this table in one place.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ansible_collections.gpufleet.inference.plugins.module_utils import throughput_gate as tg
+
+
+def _tput(runs: Sequence[dict]) -> list[float]:
+    return [float(r["output_throughput"]) for r in runs if r.get("output_throughput")]
+
+
+def compare_summary(ours: Sequence[dict], theirs: Sequence[dict], target: float = 0.03) -> dict[str, Any]:
+    """Our client against ``vllm bench serve`` on one level: medians, their ratio, and the CPU per request."""
+    a, b = _tput(ours), _tput(theirs)
+    out: dict[str, Any] = {"ours_median": tg.median(a) if a else None, "vllm_median": tg.median(b) if b else None,
+                           "ratio": None, "within_target": None, "ours_lower": None}
+    if a and b:
+        ratio = out["ours_median"] / out["vllm_median"]
+        out.update(ratio=round(ratio, 4), within_target=abs(ratio - 1.0) <= target, ours_lower=ratio < 1.0)
+    cpu = [r["client_cpu_s_per_request"] for r in ours if r.get("client_cpu_s_per_request") is not None]
+    out["ours_cpu_s_per_request_median"] = tg.median(cpu) if cpu else None
+    pcpu = [r["process_cpu_s_per_request"] for r in theirs if r.get("process_cpu_s_per_request") is not None]
+    out["vllm_process_cpu_s_per_request_median"] = tg.median(pcpu) if pcpu else None
+    return out
+
+
+def noise_cell(values: Sequence[float], durations: Sequence[float]) -> dict[str, Any]:
+    """Run-to-run spread of whole runs at one level and run length: n, median, CV, mean run length.
+
+    Whether the gate can decide a 5% drop at that CV is the simulation's answer (tests/benchmarks/
+    bench_throughput_gate.py simulate(), as tests/tools/h200_report.py tabulates it), not a rule of thumb.
+    """
+    stats = tg.sample_stats(list(values)) if values else {"n": 0, "cv": None, "median": None}
+    return {"n": stats["n"], "median": stats.get("median"), "cv": stats.get("cv"),
+            "mean_duration_s": round(sum(durations) / len(durations), 3) if durations else None}
+
+
+def _pct(runs: Sequence[dict], key: str, q: str) -> float | None:
+    vals = [r[key][q] for r in runs if isinstance(r.get(key), dict) and r[key].get(q) is not None]
+    return tg.median(vals) if vals else None
+
+
+def stage_table(records: Sequence[dict], gate_level: int, threshold: float = 0.95) -> list[dict[str, Any]]:
+    """One row per stage record (the first is the baseline), the gate's verdict recomputed from the stored runs.
+
+    A record: ``stage``, ``changed`` (the role variables it set), ``levels`` ({concurrency: [runs]}) and
+    ``gate`` ({baseline_runs, candidate_runs}: the interleaved runs against the configuration before it), or
+    None for the baseline. The gate level's figures are the candidate's gate runs.
+    """
+    rows: list[dict[str, Any]] = []
+    if not records:
+        return rows
+    # the baseline at the gate level: its own runs and the baseline runs the first stage was gated against
+    # (the first stage is always measured against the untouched configuration, interleaved with it)
+    base_runs = list(records[0]["levels"].get(str(gate_level), []))
+    if len(records) > 1 and records[1].get("gate"):
+        base_runs += records[1]["gate"].get("baseline_runs", [])
+    base_med = tg.median(_tput(base_runs)) if _tput(base_runs) else None
+    for rec in records:
+        by_level = dict(rec["levels"])
+        if rec is records[0]:
+            by_level[str(gate_level)] = base_runs
+        levels = {c: (tg.median(_tput(runs)) if _tput(runs) else None)
+                  for c, runs in sorted(by_level.items(), key=lambda kv: int(kv[0]))}
+        gate_runs = by_level.get(str(gate_level), [])
+        row: dict[str, Any] = {
+            "stage": rec["stage"], "changed": rec.get("changed") or {}, "tok_s": levels,
+            "ttft_ms_p50": _pct(gate_runs, "ttft_ms", "p50"), "ttft_ms_p99": _pct(gate_runs, "ttft_ms", "p99"),
+            "tpot_ms_p50": _pct(gate_runs, "tpot_ms", "p50"), "tpot_ms_p99": _pct(gate_runs, "tpot_ms", "p99"),
+            "ratio_to_baseline": None, "ratio_to_previous": None, "verdict": None, "p_value": None,
+            "candidate_runs": 0, "kept": None, "error": rec.get("error")}
+        gate = rec.get("gate")
+        if gate is None and rec is records[0]:
+            row.update(verdict="baseline", kept=True, ratio_to_baseline=1.0)
+        elif gate and len(gate.get("baseline_runs", [])) and len(gate.get("candidate_runs", [])):
+            b, c = _tput(gate["baseline_runs"]), _tput(gate["candidate_runs"])
+            st = gate.get("settings") or {}
+            d = tg.decide(b, c, threshold=st.get("threshold", threshold), min_runs=st.get("min_runs", 5),
+                          max_runs=st.get("max_runs", 15), bootstrap=0)
+            cmed = tg.median(c)
+            row.update(verdict=d["decision"], p_value=d["p_value"], candidate_runs=len(c), kept=d["decision"] == "pass",
+                       ratio_to_previous=round(d["ratio"], 4) if d["ratio"] else None,
+                       ratio_to_baseline=round(cmed / base_med, 4) if base_med else None)
+        else:
+            row.update(verdict="not measured", kept=False)
+        rows.append(row)
+    return rows
+
+
+def _fmt(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def stage_table_markdown(rows: Sequence[dict], levels: Sequence[int]) -> str:
+    """The stage table as Markdown (docs/gpu_h200.md)."""
+    head = (["stage", "what changed"] + [f"tok/s c={c}" for c in levels] +
+            ["TTFT p50/p99 ms", "TPOT p50/p99 ms", "x baseline", "x previous", "verdict", "p", "runs", "kept"])
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        changed = ", ".join(f"{k.replace('vllm_service_', '')}={v}" for k, v in r["changed"].items()) or "-"
+        cells = [r["stage"], changed] + [_fmt(r["tok_s"].get(str(c))) for c in levels] + [
+            f"{_fmt(r['ttft_ms_p50'], 1)} / {_fmt(r['ttft_ms_p99'], 1)}",
+            f"{_fmt(r['tpot_ms_p50'], 2)} / {_fmt(r['tpot_ms_p99'], 2)}",
+            _fmt(r["ratio_to_baseline"], 3), _fmt(r["ratio_to_previous"], 3), _fmt(r["verdict"]),
+            "-" if r["p_value"] is None else f"{r['p_value']:.4f}", _fmt(r["candidate_runs"]),
+            "kept" if r["kept"] else "reverted"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"

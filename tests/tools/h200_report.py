@@ -1,0 +1,145 @@
+#!/usr/bin/env python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The tables of docs/gpu_h200.md, recomputed from the stored runs (docs/examples/h200-vllm/*.json).
+
+Client against ``vllm bench serve``, run-to-run noise with the gate's simulated false-rollback and
+5%-drop detection at each measured CV, the gate's verdicts (throughput_gate.decide() on the stored
+runs), the measured-tuning stage table (module_utils/vllm_flag_stages.py) and the PCIe probe. The unit
+test tests/unit/plugins/module_utils/test_h200_replay.py checks these against expected.yml.
+
+    . scripts/lib.sh; gpufleet_env
+    python tests/tools/h200_report.py [docs/examples/h200-vllm] [--trials 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+for _path in (os.path.join(REPO, ".collections"), REPO, os.path.join(REPO, "tests", "benchmarks")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from ansible_collections.gpufleet.inference.plugins.module_utils import throughput_gate as tg  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_flag_stages as vfs  # noqa: E402
+
+DIR = os.path.join(REPO, "docs", "examples", "h200-vllm")
+GATE = {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.05, "min_runs": 5, "max_runs": 15}
+# a cell can decide a 5% drop when the simulated gate (5 baseline runs, 5+ candidate runs at that CV)
+# rolls back at most 1% of unchanged servers and catches at least 90% of 5% drops
+DECIDES = {"false_rollback_max": 0.01, "caught_min": 0.90, "drop": 0.05}
+
+
+def load(name: str, folder: str = DIR):
+    with open(os.path.join(folder, name), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def noise_rows(noise: dict, trials: int = 2000, seed: int = 1) -> list[dict]:
+    from bench_throughput_gate import simulate
+    rows = []
+    for cell in noise["cells"]:
+        values = [r["output_throughput"] for r in cell["runs"]]
+        stats = tg.sample_stats(values)
+        cv = stats["cv"]
+        fr = simulate(trials, 0.0, cv, GATE, 5, seed)
+        caught = simulate(trials, DECIDES["drop"], cv, GATE, 5, seed)
+        rows.append({"concurrency": cell["concurrency"], "requests": cell["requests"], "n": stats["n"],
+                     "median": stats["median"], "min": stats["min"], "max": stats["max"], "cv": cv,
+                     "run_s": sum(r["duration_s"] for r in cell["runs"]) / len(cell["runs"]),
+                     "false_rollback": fr["regression_rate"], "caught_5pct": caught["regression_rate"],
+                     "decides_5pct": fr["regression_rate"] <= DECIDES["false_rollback_max"]
+                     and caught["regression_rate"] >= DECIDES["caught_min"]})
+    return rows
+
+
+def gate_rows(gate: dict) -> list[dict]:
+    rows = []
+    for g in gate["gates"]:
+        b = [r["output_throughput"] for r in g.get("baseline_runs", [])]
+        c = [r["output_throughput"] for r in g.get("candidate_runs", [])]
+        if not b or not c:
+            rows.append({"label": g["label"], "decision": "not measured", "why": "deadline" if g.get("deadline_hit") else g.get("error")})
+            continue
+        st = g.get("settings") or {}
+        d = tg.decide(b, c, threshold=st.get("threshold", 0.95), min_runs=st.get("min_runs", 5),
+                      max_runs=st.get("max_runs", 15), bootstrap=0)
+        rows.append({"label": g["label"], "decision": d["decision"], "ratio": d["ratio"], "p_value": d["p_value"],
+                     "p_value_pass": d["p_value_pass"], "baseline_runs": len(b), "candidate_runs": len(c),
+                     "baseline_median": d["baseline"]["median"], "candidate_median": d["candidate"]["median"],
+                     "baseline_cv": d["baseline"]["cv"], "candidate_cv": d["candidate"]["cv"]})
+    return rows
+
+
+def compare_rows(compare: dict) -> list[dict]:
+    rows = []
+    for level, rec in sorted(compare["levels"].items(), key=lambda kv: int(kv[0])):
+        s = vfs.compare_summary(rec["ours"], rec["vllm"])
+        s.update(concurrency=int(level), requests=rec["requests"],
+                 ours=[r["output_throughput"] for r in rec["ours"]], vllm=[r["output_throughput"] for r in rec["vllm"]],
+                 ours_cpu_pct_max=max(r["client_cpu_pct"] for r in rec["ours"]))
+        rows.append(s)
+    return rows
+
+
+def markdown(folder: str = DIR, trials: int = 2000) -> str:
+    out = ["### Client against vllm bench serve", "",
+           "| c | requests/run | ours tok/s (runs) | vllm bench tok/s (runs) | ours / vllm | ours CPU s/request | "
+           "ours CPU % of a core (max) | vllm bench process CPU s/request |", "|---|---|---|---|---|---|---|---|"]
+    for r in compare_rows(load("compare.json", folder)):
+        ours = ", ".join(f"{v:,.0f}" for v in r["ours"])
+        theirs = ", ".join(f"{v:,.0f}" for v in r["vllm"])
+        out.append(f"| {r['concurrency']} | {r['requests']} | {r['ours_median']:,.0f} ({ours}) | "
+                   f"{r['vllm_median']:,.0f} ({theirs}) | {r['ratio']:.3f} | "
+                   f"{r['ours_cpu_s_per_request_median'] * 1000:.2f} ms | {r['ours_cpu_pct_max']:.0f} | "
+                   f"{r['vllm_process_cpu_s_per_request_median'] * 1000:.1f} ms |")
+    out += ["", "### Run-to-run noise", "",
+            "| c | requests/run | run length | runs | median tok/s (min-max) | CV | simulated false rollbacks | "
+            "5% drop caught | can decide 5% |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in noise_rows(load("noise.json", folder), trials):
+        out.append(f"| {r['concurrency']} | {r['requests']} | {r['run_s']:.1f} s | {r['n']} | {r['median']:,.0f} "
+                   f"({r['min']:,.0f}-{r['max']:,.0f}) | {r['cv']:.1%} | {r['false_rollback']:.1%} | {r['caught_5pct']:.1%} | "
+                   f"{'yes' if r['decides_5pct'] else 'no'} |")
+    out += ["", "### The gate at 0.95", "",
+            "| case | baseline tok/s (runs, CV) | candidate tok/s (runs, CV) | true ratio | verdict | p (drop) | p (pass) |",
+            "|---|---|---|---|---|---|---|"]
+    for r in gate_rows(load("gate.json", folder)):
+        if "ratio" not in r:
+            out.append(f"| {r['label']} | - | - | - | {r['decision']} ({r['why']}) | - | - |")
+            continue
+        out.append(f"| {r['label']} | {r['baseline_median']:,.0f} ({r['baseline_runs']}, {r['baseline_cv']:.1%}) | "
+                   f"{r['candidate_median']:,.0f} ({r['candidate_runs']}, {r['candidate_cv']:.1%}) | {r['ratio']:.3f} | "
+                   f"{r['decision']} | {r['p_value']:.4f} | {r['p_value_pass']:.4f} |")
+    tune = load("tune.json", folder)
+    out += ["", "### Measured-tuning stages (gate level c=64)", "",
+            vfs.stage_table_markdown(vfs.stage_table(tune["records"], 64), [16, 64, 256]).rstrip()]
+    facts = load("pcie_facts.json", folder)["pcie"]
+    bw = facts["bandwidth"]
+    run = load("pcie_run.json", folder)["cells"][0]
+    out += ["", "### PCIe during the run", "", "| GPU | H2D pinned | D2H pinned | H2D pageable | D2H pageable | link | "
+            "tok/s of the c=64 runs beside it |", "|---|---|---|---|---|---|---|"]
+    beside = ", ".join(f"{r['output_throughput']:,.0f}" for r in run["runs"])
+    for bdf, g in bw["gpus"].items():
+        out.append(f"| {bdf} | {g['h2d_pinned_gbps']} GB/s ({g['h2d_pinned_pct']}%) | {g['d2h_pinned_gbps']} GB/s "
+                   f"({g['d2h_pinned_pct']}%) | {g['h2d_pageable_gbps']} GB/s | {g['d2h_pageable_gbps']} GB/s | "
+                   f"{g['theoretical_gbps']} GB/s | {beside} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    p.add_argument("folder", nargs="?", default=DIR)
+    p.add_argument("--trials", type=int, default=2000)
+    args = p.parse_args()
+    sys.stdout.write(markdown(args.folder, args.trials))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,506 @@
+#!/usr/bin/env python
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Device driver (not a test): the vllm_service role's vLLM on a real GPU, measured by the collection's client.
+
+Subcommands (tests/tools/device_h200_vllm.sh chains them on the device tool's H200; every one also runs
+here against the lab stand-in, extras/lab_inference_server.py, through a vllm_service_command override):
+
+* ``render``: the argv and environment the role renders for a host, from roles/vllm_service/defaults,
+  a host-vars file and a profile's overrides: the role's own ``__vllm_service_params`` mapping
+  (tasks/main.yml) templated by Ansible, then the role's ``vllm_args`` filter. Nothing is re-spelled here.
+* ``serve``: start a rendered command the way its systemd unit would (clean environment plus the rendered
+  EnvironmentFile, WorkingDirectory, LimitNOFILE), under setsid (start_new_session), with the log beside it.
+* ``ready``: wait for /health and /v1/models, watching the process.
+* ``compare``: our client (inference_client, the inference_benchmark module's code) and ``vllm bench serve``
+  in turns against one server, at each level; output tok/s and the client's CPU seconds per request.
+* ``noise``: whole benchmark runs back to back per level and run length; CV, and the gate's simulated
+  false-rollback and 5%-drop detection at that CV.
+* ``gate``: interleaved A/B runs between two servers (or A/A on one), decided by throughput_gate.decide()
+  at its defaults, adding candidate runs while it answers inconclusive.
+* ``tune``: the measured-tuning stages of a profiles file: each stage's server started beside the current one,
+  gated, kept or reverted; the stage table from module_utils/vllm_flag_stages.py.
+
+Every result is a JSON file written as soon as it is known (a killed call still leaves the finished parts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+for _path in (os.path.join(REPO, ".collections"), REPO, os.path.join(REPO, "tests", "benchmarks")):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+from ansible_collections.gpufleet.inference.plugins.module_utils import inference_client as ic  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils import throughput_gate as tg  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_flag_stages as vfs  # noqa: E402
+
+# the environment systemd gives a unit before its EnvironmentFile= lines (systemd.exec(5): PATH, LANG)
+SYSTEMD_BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+# what the device image needs to find its driver and CUDA (a real host has them in ld.so.conf); inherited
+# from the caller, and recorded as such in the server's record
+INHERITED_ENV = ("LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES")
+
+
+def dump(path: str, data) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=1, sort_keys=True, default=str)
+    os.replace(tmp, path)
+
+
+def load(path: str, default=None):
+    if default is not None and not os.path.exists(path):
+        return default
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+# ---- render ----------------------------------------------------------------------------------------
+def role_vars(host_vars: str, overrides: dict) -> dict:
+    from ansible.parsing.dataloader import DataLoader
+    loader = DataLoader()
+    variables = dict(loader.load_from_file(os.path.join(REPO, "roles/vllm_service/defaults/main.yml")))
+    variables.pop("vllm_service_controller_cache", None)  # a lookup on the controller; not a serving setting
+    variables.update(loader.load_from_file(host_vars) or {})
+    variables.update(overrides)
+    return variables
+
+
+def render(host_vars: str, overrides: dict) -> dict:
+    """The role's rendered command for a host: tasks/main.yml's parameter mapping, templated, through the filter."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+    from ansible_collections.gpufleet.inference.plugins.filter.vllm_args import FilterModule
+    loader = DataLoader()
+    tasks = loader.load_from_file(os.path.join(REPO, "roles/vllm_service/tasks/main.yml"))
+    task = next(t for t in tasks if "__vllm_service_params" in (t.get("vars") or {}))
+    mapping = {k: trust_as_template(v) if isinstance(v, str) else v for k, v in task["vars"]["__vllm_service_params"].items()}
+    variables = role_vars(host_vars, overrides)
+    params = Templar(loader=loader, variables=variables).template(mapping)
+    out = FilterModule().filters()["vllm_args"](json.loads(json.dumps(params, default=str)))
+    keep = ("argv", "exec_start", "environment", "env_file", "ready_url", "served_model_name", "port", "uses_vllm",
+            "unit_settings")
+    rendered = {k: out[k] for k in keep}
+    rendered.update(overrides=overrides, base_dir=variables["vllm_service_base_dir"],
+                    state_dir=variables["vllm_service_state_dir"], limit_nofile=int(variables["vllm_service_limit_nofile"]))
+    return json.loads(json.dumps(rendered, default=str))
+
+
+def cmd_render(args) -> int:
+    with open(args.profiles, encoding="utf-8") as fh:
+        import yaml
+        prof = yaml.safe_load(fh)
+    os.makedirs(args.out, exist_ok=True)
+    extra = {k: _yaml(v) for k, v in (s.split("=", 1) for s in args.set)}
+    for name, overrides in prof["profiles"].items():
+        r = render(args.host_vars, {**extra, **overrides})
+        dump(os.path.join(args.out, f"{name}.json"), r)
+        print(name, r["exec_start"])
+    return 0
+
+
+def _yaml(text: str):
+    import yaml
+    return yaml.safe_load(text)
+
+
+# ---- serve / ready / stop ---------------------------------------------------------------------------
+def serve(rendered: dict, log: str, venv: str | None = None) -> dict:
+    """Start the rendered command as its unit would, in a new session; returns the server record."""
+    if rendered["uses_vllm"]:
+        venv = venv or os.path.dirname(os.path.dirname(sys.executable))
+        os.makedirs(rendered["base_dir"], exist_ok=True)
+        link = os.path.join(rendered["base_dir"], "current")
+        if os.path.islink(link) and os.readlink(link) != venv:
+            os.unlink(link)
+        if not os.path.islink(link):
+            os.symlink(venv, link)  # the role's install links its venv here
+    os.makedirs(rendered["state_dir"], exist_ok=True)
+    env = dict(SYSTEMD_BASE_ENV)
+    inherited = {k: os.environ[k] for k in INHERITED_ENV if k in os.environ}
+    env.update(inherited)
+    env.update(rendered["environment"])
+    for key, value in (("NCCL_NVLS_ENABLE", "0"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1"), ("NVSHMEM_DISABLE_NVLS", "1")):
+        if env.get(key) != value:
+            raise SystemExit(f"refusing to start: {key} is {env.get(key)!r} in the rendered environment, not {value!r} "
+                             "(NVLink multicast stays off on these machines)")
+    nofile = rendered["limit_nofile"]
+
+    def limits() -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = nofile if hard == resource.RLIM_INFINITY else min(nofile, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(hard, want) if hard != resource.RLIM_INFINITY else hard))
+
+    fh = open(log, "ab")  # noqa: SIM115 - handed to the child
+    proc = subprocess.Popen(rendered["argv"], env=env, cwd=rendered["state_dir"], stdout=fh, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=limits)
+    return {"pid": proc.pid, "argv": rendered["argv"], "url": rendered["ready_url"], "log": log,
+            "environment": rendered["environment"], "inherited_env": sorted(inherited), "started": time.time()}
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def ready(url: str, pid: int | None, timeout: float) -> dict:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if pid and not alive(pid):
+            return {"ready": False, "why": f"process {pid} exited", "wait_s": round(time.time() - t0, 1)}
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=3) as r1, urllib.request.urlopen(url + "/v1/models", timeout=3) as r2:
+                if r1.status == 200 and r2.status == 200:
+                    return {"ready": True, "wait_s": round(time.time() - t0, 1), "models": json.load(r2)}
+        except OSError:
+            pass
+        time.sleep(1)
+    return {"ready": False, "why": f"not ready after {timeout:g} s", "wait_s": round(time.time() - t0, 1)}
+
+
+def stop(pid: int, wait: float = 40) -> None:
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except OSError:
+        return
+    t0 = time.time()
+    while time.time() - t0 < wait and alive(pid):
+        time.sleep(0.5)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:
+        pass
+    time.sleep(1)
+
+
+def cmd_serve(args) -> int:
+    rec = serve(load(args.rendered), args.log, args.venv)
+    rec["ready"] = ready(rec["url"], rec["pid"], args.timeout)
+    dump(args.record, rec)
+    print(json.dumps({k: rec[k] for k in ("pid", "url", "ready")}, default=str)[:400])
+    return 0 if rec["ready"]["ready"] else 1
+
+
+# ---- measuring --------------------------------------------------------------------------------------
+def run_once(url: str, level: int, requests: int, seed: int, args, warmup: int = 0, repetitions: int = 1) -> dict:
+    """One ic.benchmark call; its runs with the client's CPU (getrusage of this process) around it."""
+    cfg = ic.BenchmarkConfig(url=url, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
+                             concurrency=[level], requests=requests, warmup=warmup, repetitions=repetitions, seed=seed,
+                             timeout=600, per_chunk_usage=getattr(args, "per_chunk_usage", True))
+    r0 = resource.getrusage(resource.RUSAGE_SELF)
+    result = ic.run(ic.benchmark(cfg))
+    r1 = resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    lv = result["levels"][0]
+    runs = []
+    for run in lv["runs"]:
+        window_cpu = run["client_cpu_pct"] / 100.0 * run["duration_s"]
+        runs.append({"output_throughput": run["output_throughput"], "duration_s": run["duration_s"],
+                     "requests": requests, "errors": run["errors"], "client_cpu_pct": run["client_cpu_pct"],
+                     "client_cpu_s_per_request": round(window_cpu / requests, 6),
+                     "ttft_ms": run["ttft_ms"], "tpot_ms": run["tpot_ms"], "itl_ms": run["itl_ms"]})
+    return {"runs": runs, "process_cpu_s": round(cpu, 3), "process_cpu_s_per_request": round(cpu / (requests * repetitions + warmup), 6),
+            "server": {k: result["server"].get(k) for k in ("model", "max_model_len", "root")}}
+
+
+def _bench_args(args, url: str, requests: int):
+    return argparse.Namespace(url=url, model=None, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
+                              requests=requests, warmup=args.warmup, seed=args.seed, prompt_mode="token_ids",
+                              token_id_range=list(ic.DEFAULT_TOKEN_ID_RANGE), vllm_cmd=args.vllm_cmd, vllm_venv=None)
+
+
+def cmd_compare(args) -> int:
+    """Ours and vllm bench serve in turns (which goes first alternates), at each level."""
+    import bench_client_vs_vllm as bcv
+    out = load(args.out, {"levels": {}, "settings": vars(args)})
+    help_text = bcv.vllm_help(_bench_args(args, args.url, 1))
+    with urllib.request.urlopen(args.url + "/v1/models", timeout=10) as resp:
+        entry = json.load(resp)["data"][0]
+    model, tokenizer = entry["id"], args.tokenizer or entry.get("root")
+    for level in args.concurrency:
+        requests = args.requests_per_slot * level
+        rec = out["levels"].setdefault(str(level), {"requests": requests, "ours": [], "vllm": []})
+        for rnd in range(args.rounds):
+            if time.time() > args.deadline:
+                out["deadline_hit"] = True
+                dump(args.out, out)
+                return 3
+            order = ("ours", "vllm") if rnd % 2 == 0 else ("vllm", "ours")
+            for who in order:
+                if who == "ours":
+                    got = run_once(args.url, level, requests, args.seed + 100 * rnd, args, warmup=args.warmup)
+                    run = dict(got["runs"][0], process_cpu_s=got["process_cpu_s"],
+                               process_cpu_s_per_request=got["process_cpu_s_per_request"])
+                    rec["ours"].append(run)
+                else:
+                    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    with __import__("tempfile").TemporaryDirectory() as wd:
+                        run = bcv.theirs(_bench_args(args, args.url, requests), level, model, tokenizer, help_text, wd)
+                    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+                    run.update(process_cpu_s=round(cpu, 3), process_cpu_s_per_request=round(cpu / requests, 6))
+                    rec["vllm"].append(run)
+                print("compare", level, who, rnd, run["output_throughput"], run.get("client_cpu_s_per_request"),
+                      run["process_cpu_s_per_request"], flush=True)
+            rec.update(vfs.compare_summary(rec["ours"], rec["vllm"]))
+            dump(args.out, out)
+    dump(args.out, out)
+    return 0
+
+
+def cmd_noise(args) -> int:
+    out = load(args.out, {"cells": [], "settings": vars(args)})
+    done = {(c["concurrency"], c["requests"]) for c in out["cells"]}
+    for level in args.concurrency:
+        for slots in args.lengths:
+            requests = slots * level
+            if (level, requests) in done:
+                continue
+            if time.time() > args.deadline:
+                out["deadline_hit"] = True
+                dump(args.out, out)
+                return 3
+            got = run_once(args.url, level, requests, args.seed + requests, args, warmup=args.warmup,
+                           repetitions=args.runs)
+            cell = {"concurrency": level, "requests": requests, "runs": got["runs"],
+                    "process_cpu_s": got["process_cpu_s"]}
+            cell.update(vfs.noise_cell([r["output_throughput"] for r in got["runs"]],
+                                       [r["duration_s"] for r in got["runs"]]))
+            out["cells"].append(cell)
+            print("noise", level, requests, cell["cv"], cell["median"], flush=True)
+            dump(args.out, out)
+    return 0
+
+
+class Hog:
+    """CPU contention as a regression of known kind: one busy loop per CPU the server may run on
+    (its affinity), each in its own session, for the length of a candidate run; stopped after it."""
+
+    def __init__(self, pid: int | None, per_cpu: int = 1) -> None:
+        self.cpus = sorted(os.sched_getaffinity(pid or 0))
+        self.per_cpu = per_cpu
+        self.procs: list[subprocess.Popen] = []
+
+    def __enter__(self) -> "Hog":
+        for cpu in self.cpus * self.per_cpu:
+            self.procs.append(subprocess.Popen(
+                [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"],
+                start_new_session=True))
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        for proc in self.procs:
+            proc.kill()
+        for proc in self.procs:
+            proc.wait()
+        self.procs = []
+
+
+def gate_ab(base_url: str, cand_url: str, level: int, requests: int, args, label: str, during=None) -> dict:
+    """Interleaved runs (baseline, candidate, ...) until decide() is not inconclusive or the cap.
+
+    ``during``: a context manager factory wrapped around each candidate run (the CPU hog)."""
+    base: list[dict] = []
+    cand: list[dict] = []
+    for url in sorted({base_url, cand_url}):
+        run_once(url, level, requests, 7, args, warmup=max(args.warmup, level))  # warm each server's path once
+    seed = 1000
+    want = args.min_runs
+    decision = None
+    while True:
+        while len(cand) < want:
+            if time.time() > args.deadline:
+                return {"label": label, "deadline_hit": True, "baseline_runs": base, "candidate_runs": cand,
+                        "decision": decision}
+            seed += 1
+            base.append(run_once(base_url, level, requests, seed, args)["runs"][0])
+            seed += 1
+            if during is None:
+                cand.append(run_once(cand_url, level, requests, seed, args)["runs"][0])
+            else:
+                with during():
+                    cand.append(run_once(cand_url, level, requests, seed, args)["runs"][0])
+        decision = tg.decide([r["output_throughput"] for r in base], [r["output_throughput"] for r in cand],
+                             min_runs=args.min_runs, max_runs=args.max_runs)
+        print("gate", label, len(base), len(cand), decision["decision"], round(decision["ratio"] or 0, 4),
+              decision["p_value"], flush=True)
+        if decision["decision"] != "inconclusive" or not decision["runs_needed"]:
+            break
+        want = len(cand) + decision["runs_needed"]
+    return {"label": label, "concurrency": level, "requests": requests, "baseline_url": base_url,
+            "settings": {"threshold": 0.95, "min_runs": args.min_runs, "max_runs": args.max_runs},
+            "candidate_url": cand_url, "baseline_runs": base, "candidate_runs": cand,
+            "decision": {k: decision[k] for k in ("decision", "ratio", "p_value", "p_value_pass", "decided_by",
+                                                  "reason", "warnings", "ci")}}
+
+
+def start_profile(rendered: dict, logdir: str, name: str, timeout: float) -> dict:
+    rec = serve(rendered, os.path.join(logdir, f"server-{name}.log"))
+    rec["ready"] = ready(rec["url"], rec["pid"], timeout)
+    return rec
+
+
+def cmd_gate(args) -> int:
+    """A/A on the baseline, then each named regression profile against it (server started, gated, stopped)."""
+    out = load(args.out, {"gates": [], "settings": vars(args)})
+    done = {g["label"] for g in out["gates"] if not g.get("deadline_hit")}
+    level, requests = args.concurrency[0], args.requests_per_slot * args.concurrency[0]
+    if "A/A" not in done:
+        out["gates"].append(gate_ab(args.url, args.url, level, requests, args, "A/A"))
+        dump(args.out, out)
+    for name in args.candidates:
+        # a candidate server takes 40-70 s to start on the H200 and 10 interleaved runs about a minute more
+        if name in done or time.time() > args.deadline - args.candidate_s:
+            continue
+        if name == "hog":  # the baseline server itself, with its CPUs busy during each candidate run
+            pid = (load(args.server_record) or {}).get("pid") if args.server_record else None
+            g = gate_ab(args.url, args.url, level, requests, args, name,
+                        during=lambda: Hog(pid, args.hog_per_cpu))  # noqa: B023 - used before the next iteration
+            g.update(hog={"cpus": sorted(os.sched_getaffinity(pid or 0)), "per_cpu": args.hog_per_cpu, "server_pid": pid})
+            out["gates"].append(g)
+            dump(args.out, out)
+            continue
+        rendered = load(os.path.join(args.rendered_dir, f"{name}.json"))
+        rec = start_profile(rendered, args.logdir, name, args.start_timeout)
+        try:
+            if not rec["ready"]["ready"]:
+                out["gates"].append({"label": name, "server": rec, "error": "server not ready"})
+            else:
+                g = gate_ab(args.url, rendered["ready_url"], level, requests, args, name)
+                g.update(argv=rendered["argv"], start_wait_s=rec["ready"]["wait_s"])
+                out["gates"].append(g)
+        finally:
+            stop(rec["pid"])
+        dump(args.out, out)
+    return 0
+
+
+def cmd_tune(args) -> int:
+    """The stages of the profiles file, one at a time, each gated against the current (kept) configuration."""
+    import yaml
+    with open(args.profiles, encoding="utf-8") as fh:
+        stages = yaml.safe_load(fh)["stages"]
+    state = load(args.out, {"records": [], "current": {"vars": {}, "url": args.url, "pid": None, "name": "baseline"},
+                            "settings": vars(args)})
+    level = args.concurrency[0]
+    table_levels = args.table_levels
+    if not state["records"]:  # the baseline's own figures at every table level
+        levels = {str(c): run_once(args.url, c, args.requests_per_slot * c, 11 + c, args, warmup=c)["runs"]
+                  for c in table_levels}
+        state["records"].append({"stage": "baseline", "changed": {}, "levels": levels, "gate": None})
+        dump(args.out, state)
+    port = 8100 + len(state["records"])
+    for stage in stages[len(state["records"]) - 1:]:
+        if time.time() > args.deadline - 150:  # a stage server starts in 40-70 s, its gate runs take a minute more
+            state["deadline_hit"] = True
+            break
+        cur = state["current"]
+        cand_vars = {**cur["vars"], **stage["vars"], "vllm_service_port": port}
+        port += 1
+        rendered = render(args.host_vars, {**{k: _yaml(v) for k, v in (s.split("=", 1) for s in args.set)}, **cand_vars})
+        rec = start_profile(rendered, args.logdir, f"stage{len(state['records'])}", args.start_timeout)
+        entry = {"stage": stage["name"], "changed": stage["vars"], "argv": rendered["argv"], "levels": {}, "gate": None,
+                 "start_wait_s": rec["ready"]["wait_s"]}
+        if not rec["ready"]["ready"]:
+            entry["error"] = rec["ready"]["why"]
+            stop(rec["pid"])
+            state["records"].append(entry)
+            dump(args.out, state)
+            continue
+        entry["gate"] = gate_ab(cur["url"], rendered["ready_url"], level, args.requests_per_slot * level, args, stage["name"])
+        for c in table_levels:
+            if c != level and time.time() < args.deadline - 30:
+                entry["levels"][str(c)] = run_once(rendered["ready_url"], c, args.requests_per_slot * c, 21 + c, args,
+                                                   warmup=c)["runs"]
+        entry["levels"][str(level)] = entry["gate"]["candidate_runs"]
+        verdict = (entry["gate"].get("decision") or {}).get("decision")
+        entry["kept"] = verdict == "pass"  # inconclusive reverts (measured tuning's default)
+        if entry["kept"]:
+            if cur["pid"]:
+                stop(cur["pid"])
+            state["current"] = {"vars": {k: v for k, v in cand_vars.items() if k != "vllm_service_port"},
+                                "url": rendered["ready_url"], "pid": rec["pid"], "name": stage["name"]}
+        else:
+            stop(rec["pid"])
+        state["records"].append(entry)
+        state["table"] = vfs.stage_table(state["records"], level)
+        dump(args.out, state)
+        print("stage", stage["name"], verdict, entry["kept"], flush=True)
+    state["table"] = vfs.stage_table(state["records"], level)
+    dump(args.out, state)
+    return 0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("render")
+    r.add_argument("--host-vars", required=True)
+    r.add_argument("--profiles", required=True)
+    r.add_argument("--out", required=True)
+    r.add_argument("--set", action="append", default=[], help="VAR=YAML, over every profile (a local stand-in command)")
+    s = sub.add_parser("serve")
+    s.add_argument("--rendered", required=True)
+    s.add_argument("--log", required=True)
+    s.add_argument("--record", required=True)
+    s.add_argument("--venv")
+    s.add_argument("--timeout", type=float, default=400)
+    for name in ("compare", "noise", "gate", "tune"):
+        q = sub.add_parser(name)
+        q.add_argument("--url", default="http://127.0.0.1:8000")
+        q.add_argument("--out", required=True)
+        q.add_argument("--concurrency", type=int, nargs="+", default=[16, 64, 256])
+        q.add_argument("--requests-per-slot", type=int, default=8, help="requests per run = this x concurrency")
+        q.add_argument("--prompt-tokens", type=int, default=256)
+        q.add_argument("--output-tokens", type=int, default=128)
+        q.add_argument("--warmup", type=int, default=32)
+        q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--no-per-chunk-usage", dest="per_chunk_usage", action="store_false",
+                       help="our client without stream_options.continuous_usage_stats (as vllm bench serve sends)")
+        q.add_argument("--deadline", type=float, default=time.time() + 3600, help="epoch seconds: stop starting work")
+        q.add_argument("--min-runs", type=int, default=5)
+        q.add_argument("--max-runs", type=int, default=15)
+        q.add_argument("--logdir", default="/tmp")
+        q.add_argument("--rendered-dir", default="")
+        q.add_argument("--start-timeout", type=float, default=300)
+        if name == "compare":
+            q.add_argument("--rounds", type=int, default=3)
+            q.add_argument("--vllm-cmd", required=True)
+            q.add_argument("--tokenizer")
+        if name == "noise":
+            q.add_argument("--runs", type=int, default=8)
+            q.add_argument("--lengths", type=int, nargs="+", default=[2, 8], help="run lengths, requests per slot")
+        if name == "gate":
+            q.add_argument("--candidates", nargs="*", default=["eager", "seqs8", "hog"],
+                           help="profiles of the rendered dir, and 'hog' (CPU contention on the baseline's CPUs)")
+            q.add_argument("--candidate-s", type=float, default=150, help="seconds a candidate needs; skipped with less left")
+            q.add_argument("--server-record", default="", help="serve's record of the baseline (its pid, for the hog)")
+            q.add_argument("--hog-per-cpu", type=int, default=1)
+        if name == "tune":
+            q.add_argument("--profiles", required=True)
+            q.add_argument("--host-vars", required=True)
+            q.add_argument("--table-levels", type=int, nargs="+", default=[16, 64, 256])
+            q.add_argument("--set", action="append", default=[])
+    args = p.parse_args()
+    return {"render": cmd_render, "serve": cmd_serve, "compare": cmd_compare, "noise": cmd_noise, "gate": cmd_gate,
+            "tune": cmd_tune}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
