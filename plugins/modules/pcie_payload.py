@@ -191,11 +191,11 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import normalize_bdf
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload import (
-    APPLY_SCRIPT, PERSIST_CONFIG, RECORD_FILE, UNIT_NAME, UNIT_PATH, UNIT_WANTS, PayloadError, apply_writes,
+    PERSIST_CONFIG, RECORD_FILE, UNIT_WANTS, PayloadError, apply_writes,
     failure_message, gather, gather_recorded, merge_record, parse_mps, parse_persist, parse_record, parse_size,
-    persist_entries, plan_present, plan_restore, read_payload, restore_scope, render_json, render_persist, render_script, render_unit,
-    setpci_argv,
+    persist_entries, plan_present, plan_restore, read_payload, restore_scope, render_json, setpci_argv,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import persistence_plan
 
 C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
 
@@ -232,29 +232,11 @@ class PciePayload:
         return [self.systemctl()] + root + list(args)
 
     def persistence_actions(self, entries: list[dict], persist: bool) -> list[dict]:
-        """File and unit steps that make the boot unit match ``entries`` (or remove it)."""
-        want = bool(persist and entries)
-        files = [(APPLY_SCRIPT, render_script(self.python()), "0755", "apply script"),
-                 (PERSIST_CONFIG, render_persist(entries), "0644", "persisted values"),
-                 (UNIT_PATH, render_unit(), "0644", "systemd unit")]
-        actions = []
-        enabled = self.fs.exists(UNIT_WANTS)
-        if not want and enabled:
-            actions.append({"action": "disable_unit", "unit": UNIT_NAME, "argv": self.systemctl_argv("disable", UNIT_NAME)})
-        unit_changed = False
-        for path, text, mode, what in files:
-            current = self.read(path)
-            if want and current != text:
-                actions.append({"action": "write_file", "path": path, "what": what, "content": text, "mode": mode})
-                unit_changed = unit_changed or path == UNIT_PATH
-            elif not want and current is not None:
-                actions.append({"action": "remove_file", "path": path, "what": what})
-                unit_changed = unit_changed or path == UNIT_PATH
-        if unit_changed and self.fs.root == "/":
-            actions.append({"action": "daemon_reload", "argv": self.systemctl_argv("daemon-reload")})
-        if want and not enabled:
-            actions.append({"action": "enable_unit", "unit": UNIT_NAME, "argv": self.systemctl_argv("enable", UNIT_NAME)})
-        return actions
+        """File and unit steps that make the boot unit match ``entries`` (or remove it); the ACS
+        entries pcie_acs keeps in the same file stay as they are, and keep the unit alive."""
+        acs = list(parse_persist(self.read(PERSIST_CONFIG), "acs").values())
+        return persistence_plan(self.read, self.fs.exists, self.python(), self.systemctl_argv, entries if persist else [],
+                                acs, persist or bool(acs), self.fs.root == "/")
 
     def record_action(self, before_text: str | None, record: dict) -> list[dict]:
         text = render_json(record) if record["devices"] else None
