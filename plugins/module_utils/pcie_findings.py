@@ -166,8 +166,10 @@ def find_aspm(model: dict) -> list[dict[str, Any]]:
                 "aspm_enabled", "warning", gpu["bdf"],
                 f"ASPM is on along the path to {gpu['bdf']}: " + ", ".join(f"{h} {a}" for h, a in on)
                 + f" (kernel ASPM policy: {policy or 'unknown'}). Link power states add wake-up latency to GPU traffic.",
-                "Boot with pcie_aspm=off or pcie_aspm.policy=performance, or clear the ASPM Control bits in LnkCtl on "
-                "these functions; also disable ASPM for the slots in the BIOS.", [h for h, _a in on]))
+                "Set the ASPM policy to performance (the pcie_link role: at runtime and as pcie_aspm.policy=performance on "
+                "the kernel command line), or clear the ASPM Control bits in LnkCtl on these functions; also disable ASPM "
+                "for the slots in the BIOS. pcie_aspm=off does not turn ASPM off: it leaves the firmware's setting as it is "
+                "(docs/tuning_myths.md).", [h for h, _a in on]))
     return out
 
 
@@ -182,8 +184,10 @@ def find_pairs(model: dict, vfio_wanted: bool) -> list[dict[str, Any]]:
                 f"{', '.join(pair['acs_redirect'])}: peer traffic goes up to the root complex instead of across the switch"
                 + ("; with vfio wanted this isolation is what keeps the GPUs in separate IOMMU groups." if vfio_wanted else
                    ", which cuts P2P bandwidth and has hung NCCL all-reduce on PCIe-only GPUs."),
-                "Disable ACS in the BIOS or boot with pci=noacs (per port: clear ACS Control RR/CR with setpci "
-                "ECAP_ACS+6.w) if the GPUs stay on this host; keep it on when they are passed to separate VMs.",
+                f"If the GPUs stay on this host, clear RR/CR/EC on exactly {', '.join(pair['acs_redirect'])} with "
+                "gpufleet.inference.pcie_acs (runtime, re-applied at boot before the GPU driver; its kernel_args give "
+                "pci=disable_acs_redir=<ports> for the kernel command line). pci=noacs does not exist in mainline Linux "
+                "(docs/tuning_myths.md). Keep ACS on when the GPUs are passed to separate VMs.",
                 [a, b] + pair["acs_redirect"]))
         if pair["level"] == "SYS":
             out.append(_finding(

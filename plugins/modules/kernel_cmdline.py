@@ -48,7 +48,7 @@ options:
   args:
     description:
       - The owner's arguments, each C(flag) or C(key=value) as one list item, for example C(iommu=pt), C(pcie_aspm=off),
-        C(hugepagesz=1G), C(hugepages=16), C(pci=noacs), C(vfio-pci.ids=10de:2335).
+        C(hugepagesz=1G), C(hugepages=16), C(pci=disable_acs_redir=0000:02:00.0), C(vfio-pci.ids=10de:2335).
       - "Only letters, digits and these characters: C(_ . , : / + @ % = -)."
       - The list replaces what the owner had; arguments it no longer names are removed.
       - Ignored with O(state=absent).

@@ -323,7 +323,7 @@ pcie:
           type: str
       sample: [{code: acs_redirect, severity: warning, device: "0000:03:00.0", devices: ["0000:03:00.0", "0000:04:00.0"],
                 message: "0000:03:00.0 and 0000:04:00.0 share a PCIe switch (PIX), but ACS P2P redirect ...",
-                fix: "Disable ACS in the BIOS or boot with pci=noacs ..."}]
+                fix: "If the GPUs stay on this host, clear RR/CR/EC on exactly 0000:02:00.0, 0000:02:01.0 with gpufleet.inference.pcie_acs ..."}]
     findings_summary:
       description: Number of findings per severity, and in total.
       type: dict
