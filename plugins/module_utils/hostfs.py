@@ -26,6 +26,15 @@ class HostFSError(Exception):
         super().__init__(f"cannot {op} {path}: {self.strerror}")
 
 
+def fsync_dir(path: str) -> None:
+    """fsync a directory, so that a rename or unlink in it survives a crash."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class HostFS:
     """Read and write host files relative to ``root`` (``/`` on a real host)."""
 
@@ -110,7 +119,9 @@ class HostFS:
             raise HostFSError("write", host_path, err) from None
 
     def write_atomic(self, host_path: str, data: str, mode: int = 0o644) -> None:
-        """Write a regular file through a temp file and rename, creating parent directories."""
+        """Write a regular file durably: a temp file in the same directory, fsync'd, chmod'd, renamed
+        over the target, then the directory fsync'd, so that after a crash or power loss the path
+        holds either the old content or the new one, never an empty or partial file."""
         real = self.path(host_path)
         parent = os.path.dirname(real)
         try:
@@ -119,19 +130,23 @@ class HostFS:
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     fh.write(data)
-                os.chmod(tmp, mode)
+                    fh.flush()
+                    os.fchmod(fh.fileno(), mode)
+                    os.fsync(fh.fileno())
                 os.replace(tmp, real)
             except BaseException:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
                 raise
+            fsync_dir(parent)
         except OSError as err:
             raise HostFSError("write", host_path, err) from None
 
     def remove(self, host_path: str) -> bool:
-        """Remove a file; False when it was not there."""
+        """Remove a file (the removal made durable with a directory fsync); False when it was not there."""
         try:
             os.unlink(self.path(host_path))
+            fsync_dir(os.path.dirname(self.path(host_path)))
             return True
         except FileNotFoundError:
             return False

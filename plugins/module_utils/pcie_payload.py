@@ -370,9 +370,14 @@ def empty_record() -> dict[str, Any]:
 
 
 def parse_record(text: str | None, where: str) -> dict[str, Any]:
-    """The JSON record of original values; an absent file is an empty record."""
-    if text is None or not text.strip():
+    """The JSON record of original values. An absent file (None) is no record; an empty file is an
+    error (a crash or a full disk truncated it), never read as "nothing was changed"."""
+    if text is None:
         return empty_record()
+    if not text.strip():
+        raise PayloadError(f"{where} is empty: it should hold the original MaxPayload/MaxReadReq values that state=default "
+                           "restores, and an empty file means they were lost (a crash or a full disk). Restore it from a "
+                           "backup, or, if the values are known to be the firmware's, remove the file and reboot.")
     try:
         data = json.loads(text)
     except ValueError as err:

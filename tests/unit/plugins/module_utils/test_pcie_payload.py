@@ -240,6 +240,9 @@ def test_merge_record_keeps_the_first_original(switch):
 
 def test_parse_record():
     assert pp.parse_record(None, "x") == pp.empty_record()
+    for empty in ("", "\n", "  "):  # a truncated record is an error, never "nothing was changed"
+        with pytest.raises(pp.PayloadError, match="is empty: it should hold the original"):
+            pp.parse_record(empty, "/var/lib/gpufleet/pcie_payload/originals.json")
     with pytest.raises(pp.PayloadError, match="is not valid JSON"):
         pp.parse_record("{", "/var/lib/gpufleet/pcie_payload/originals.json")
     with pytest.raises(pp.PayloadError, match="is not a gpufleet.inference.pcie_payload record"):
