@@ -13,6 +13,7 @@ from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import link_bandwidth_gbps, link_generation
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import format_cpulist, parse_cpulist
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_p2p import find_groups, find_nvml_p2p
 
 SEVERITIES = ("critical", "warning", "info")
 NVIDIA = "0x10de"
@@ -330,11 +331,11 @@ def find_config(model: dict) -> list[dict[str, Any]]:
     return out
 
 
-def find(model: dict, vfio_wanted: bool = False) -> list[dict[str, Any]]:
-    """Every finding for the model, most severe first."""
+def find(model: dict, vfio_wanted: bool = False, tp_groups=None) -> list[dict[str, Any]]:
+    """Every finding for the model, most severe first. ``tp_groups``: lists of GPU BDFs, one per tensor-parallel group."""
     findings = (find_config(model) + find_links(model) + find_mps(model) + find_aspm(model)
                 + find_pairs(model, vfio_wanted) + find_iommu_groups(model, vfio_wanted) + find_irqs(model)
-                + find_errors(model) + find_host(model, vfio_wanted))
+                + find_errors(model) + find_host(model, vfio_wanted) + find_nvml_p2p(model) + find_groups(model, tp_groups))
     return sorted(findings, key=lambda f: (SEVERITIES.index(f["severity"]), f["code"], f["device"] or ""))
 
 
