@@ -12,8 +12,8 @@ short_description: Clear ACS P2P redirect on exactly the bridges between the GPU
 version_added: 0.1.0
 description:
   - Finds, from the same PCIe model as M(gpufleet.inference.pcie_facts), the bridges whose Access Control Services
-    redirect peer traffic between the GPUs in O(devices) (one tensor-parallel group) up to the root complex: the switch
-    ports below the GPUs' common switch (C(PIX)/C(PXB) pairs), or the two root ports of a pair on one host bridge
+    redirect peer traffic between the GPUs in O(devices) (one tensor-parallel group) up to the root complex. These are the
+    switch ports below the GPUs' common switch (C(PIX)/C(PXB) pairs), or the two root ports of a pair on one host bridge
     (C(PHB)). Pairs across host bridges (C(NODE)/C(SYS)) have no such bridge.
   - Clears ReqRedir (RR), CmpltRedir (CR) and EgressCtrl (EC) in their ACS Control register, and nothing else, with
     C(setpci -A linux-sysfs -s BRIDGE ECAP_ACS+6.w=0000:MASK); reads every write back and rolls all of them back when one
@@ -32,7 +32,7 @@ description:
     (a function bound to vfio-pci, the vfio role's files, C(vfio-pci.ids=) on the command line) unless
     O(force_on_vfio_host=true)."
   - A live write is refused while a process uses a device below the bridges (C(/dev/nvidiaN), C(/dev/dri/*), an open vfio
-    group), with the holders named; O(defer_to_boot=true) leaves the change to the boot unit, O(force=true) writes anyway.
+    group), with the holders named. O(defer_to_boot=true) leaves the change to the boot unit, O(force=true) writes anyway.
 author:
   - gpufleet.inference contributors (@gpufleet)
 requirements:

@@ -22,7 +22,7 @@ description:
     nodes (C(/dev/nvidiaN), C(/dev/nvme*), C(/dev/dri/*), C(/dev/snd/*), C(/dev/vfio/N)), a filesystem or swap on it is
     mounted or active, device mapper or MD holds it, or one of its network interfaces is up. An nvidia-bound GPU whose
     device minor cannot be resolved (no C(/proc/driver/nvidia/gpus/BDF/information)) counts as in use.
-  - Refuses the boot display device (sysfs C(boot_vga) 1) and the display controllers of BMCs (ASPEED, Matrox: the remote
+  - Refuses the boot display device (sysfs C(boot_vga) 1) and the display controllers of BMCs (ASPEED, Matrox; the remote
     console) unless O(force_display=true).
   - Waits until the kernel has really bound the function. It listens for the udev C(bind) event through pyudev, and
     falls back to watching the C(driver) link. It never sleeps for a fixed time.
