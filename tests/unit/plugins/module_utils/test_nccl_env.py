@@ -371,3 +371,8 @@ def test_mixed_result_keeps_the_preferred_mode():
 def test_within_margin_on_both_keeps_the_preferred_mode():
     d = ne.ab_decide({"p2p_on": two([10, 12, 30], [20, 20, 20]), "p2p_off": two([9.8, 11.8, 29.5], [20.5, 20.5, 20.5])})
     assert d["winner"] == "p2p_on" and "not better beyond the margin" in d["reason"]
+
+
+def test_pci_is_not_a_p2p_level():  # docs/tuning_myths.md: NCCL_P2P_LEVEL=PCI is widely copied and means nothing
+    with pytest.raises(ne.NcclEnvError, match="NCCL_P2P_LEVEL"):
+        ne.resolve("custom", {"NCCL_P2P_LEVEL": "PCI"})
