@@ -33,7 +33,7 @@ def test_write_atomic_fsyncs_the_file_then_its_directory(tmp_path, monkeypatch):
     target = tmp_path / "etc/gpufleet/x.json"
     assert target.read_text() == "{}\n" and stat.S_IMODE(target.stat().st_mode) == 0o600
     assert len(calls) == 2, calls
-    (file_path, file_is_dir, _), (dir_path, dir_is_dir, _) = calls
+    (file_path, file_is_dir, _file_exists), (dir_path, dir_is_dir, _dir_exists) = calls
     # first the temp file (same directory, not yet renamed), then the directory that holds the rename
     assert not file_is_dir and os.path.dirname(file_path) == str(tmp_path / "etc/gpufleet") and file_path != str(target)
     assert dir_is_dir and dir_path == str(tmp_path / "etc/gpufleet")

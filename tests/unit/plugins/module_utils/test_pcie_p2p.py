@@ -17,6 +17,7 @@ from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 from tests.unit.fakenvml import FakeNVML
 from tests.unit.fakesysfs import FIXTURES, FakeHost, eight_gpus, load_capture, two_gpus_one_switch, two_numa_nodes
 
+
 def gpu(bus):
     return {"bus": bus, "name": "NVIDIA H100 PCIe"}
 
@@ -65,8 +66,8 @@ def test_status_picks_the_first_bad_of_read_write_pci():
 
 def test_tp_group_across_sockets(tmp_path):
     two_numa_nodes(tmp_path)
-    facts, _w = pcie_facts.gather(HostFS(str(tmp_path)), {"include_nvml": "never",
-                                                           "tp_groups": ["0000:17:00.0,0000:97:00.0"]})
+    params = {"include_nvml": "never", "tp_groups": ["0000:17:00.0,0000:97:00.0"]}
+    facts, _w = pcie_facts.gather(HostFS(str(tmp_path)), params)
     [f] = codes(facts, "tp_group_spans_sockets")
     assert "spans NUMA nodes 0, 1 (node 0: 0000:17:00.0; node 1: 0000:97:00.0)" in f["message"]
     alone = pcie_facts.gather(HostFS(str(tmp_path)), {"include_nvml": "never", "tp_groups": ["0000:17:00.0"]})[0]
@@ -77,8 +78,8 @@ def test_tp_group_across_sockets(tmp_path):
 
 def test_tp_groups_within_one_socket_on_an_eight_gpu_board(tmp_path):
     eight_gpus(tmp_path)
-    facts, _w = pcie_facts.gather(HostFS(str(tmp_path)), {"include_nvml": "never",
-                                                           "tp_groups": ["0000:13:00.0,0000:14:00.0,0000:33:00.0,0000:34:00.0"]})
+    params = {"include_nvml": "never", "tp_groups": ["0000:13:00.0,0000:14:00.0,0000:33:00.0,0000:34:00.0"]}
+    facts, _w = pcie_facts.gather(HostFS(str(tmp_path)), params)
     assert codes(facts, "tp_group_spans_sockets") == []
 
 
