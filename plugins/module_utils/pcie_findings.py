@@ -190,6 +190,19 @@ def find_pairs(model: dict, vfio_wanted: bool) -> list[dict[str, Any]]:
                 "pci=disable_acs_redir=<ports> for the kernel command line). pci=noacs does not exist in mainline Linux "
                 "(docs/tuning_myths.md). Keep ACS on when the GPUs are passed to separate VMs.",
                 [a, b] + pair["acs_redirect"]))
+        if pair["level"] == "PHB":
+            ports = [_root_port_redirecting(model, g) for g in (a, b)]
+            ports = [p for p in ports if p]
+            if ports:
+                out.append(_finding(
+                    "acs_redirect", "info", a,
+                    f"{a} and {b} sit below two root ports of one host bridge (PHB), and ACS P2P redirect (RR/CR/EC) is on "
+                    f"at {', '.join(ports)}: their peer requests go up to the root complex for IOMMU translation"
+                    + ("; with vfio wanted this isolation is what keeps the GPUs in separate IOMMU groups." if vfio_wanted
+                       else "."),
+                    f"If the GPUs stay on this host and the platform routes peer traffic between root ports, clear RR/CR/EC on "
+                    f"exactly {', '.join(ports)} with gpufleet.inference.pcie_acs (pci=disable_acs_redir=<ports> at boot); "
+                    "pci=noacs does not exist in mainline Linux (docs/tuning_myths.md).", [a, b] + ports))
         if pair["level"] == "SYS":
             out.append(_finding(
                 "pair_sys_level", "warning", a,
@@ -198,6 +211,16 @@ def find_pairs(model: dict, vfio_wanted: bool) -> list[dict[str, Any]]:
                 "Keep tensor-parallel groups within one socket (CUDA_VISIBLE_DEVICES / vLLM placement), or expect "
                 "lower all-reduce bandwidth for this pair.", [a, b]))
     return out
+
+
+def _root_port_redirecting(model: dict, bdf: str) -> str | None:
+    """The GPU's root port when its ACS redirects peer traffic (RR, CR or EC on), else None."""
+    for gpu in model["gpus"]:
+        if gpu["bdf"] == bdf and gpu.get("root_port"):
+            acs = ((model["devices"].get(gpu["root_port"]) or {}).get("config") or {}).get("acs") or {}
+            if acs.get("ctrl_raw", 0) & 0x2C:
+                return gpu["root_port"]
+    return None
 
 
 def find_iommu_groups(model: dict, vfio_wanted: bool) -> list[dict[str, Any]]:

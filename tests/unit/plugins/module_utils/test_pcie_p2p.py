@@ -101,3 +101,12 @@ def test_gpu_behind_the_intel_pch_or_an_amd_chipset_switch(tmp_path):
     assert found["0000:05:00.0"]["devices"] == ["0000:05:00.0", "0000:03:00.0"]
     only = pcie_facts.gather(HostFS(str(tmp_path)), {"include_nvml": "never", "tp_groups": ["0000:01:00.0"]})[0]
     assert codes(only, "gpu_behind_chipset") == []  # judged per group when groups are given
+
+
+def test_phb_pair_with_root_port_redirect_is_reported_with_the_exact_ports(tmp_path):
+    from tests.unit.plugins.module_utils.test_pcie_acs import two_root_ports  # pylint: disable=import-outside-toplevel
+    two_root_ports(tmp_path)
+    facts, _w = pcie_facts.gather(HostFS(str(tmp_path)), {"include_nvml": "never"})
+    [f] = codes(facts, "acs_redirect")
+    assert f["severity"] == "info" and f["devices"] == ["0000:01:00.0", "0000:02:00.0", "0000:00:01.0", "0000:00:02.0"]
+    assert "(PHB)" in f["message"] and "exactly 0000:00:01.0, 0000:00:02.0 with gpufleet.inference.pcie_acs" in f["fix"]
