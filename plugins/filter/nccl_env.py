@@ -13,14 +13,17 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.inference.plugins.module_utils import nccl_env as ne
 
 
-def _nccl_env(profile, settings=None, allow_unknown=None, p2p=None, bench=None, note=""):
+def _nccl_env(profile, settings=None, allow_unknown=None, p2p=None, bench=None, note="", pcie=None, gpus=None):
     try:
-        resolved = ne.resolve(profile, settings or {}, allow_unknown or (), p2p=p2p or None)
+        levels = ne.group_pair_levels(pcie, gpus)
+        resolved = ne.resolve(profile, settings or {}, allow_unknown or (), p2p=p2p or None, pair_levels=levels)
         base = ne.resolve(profile, settings or {}, allow_unknown or ())
-        candidates = ne.ab_candidates(base)
+        candidates = ne.ab_candidates(base, levels)
         return {
             "profile": profile,
             "p2p": p2p or None,
+            "pair_levels": levels,
+            "p2p_level": ne.p2p_allow_level(levels),
             "settings": resolved,
             "nccl_conf": ne.render_conf(resolved, profile, note),
             "env_file": ne.render_envfile(resolved, profile, note),

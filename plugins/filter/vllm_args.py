@@ -32,6 +32,16 @@ def _vllm_venv_name(package, version, source=None):
         raise AnsibleFilterError(f"Invalid vLLM install settings: {err}") from None
 
 
+def _vllm_secret_envfile(api_key, secret_env=None):
+    """The root-only EnvironmentFile's text. Its values are never put in an error message."""
+    try:
+        va.check_api_key(api_key or "")
+        va.check_secret_env({"secret_env": secret_env or {}})
+    except va.VllmArgsError as err:
+        raise AnsibleFilterError(f"Invalid vLLM service secrets: {err}") from None
+    return va.render_secret_envfile(api_key or "", secret_env or {})
+
+
 class FilterModule:
     """vLLM service filters."""
 
@@ -39,4 +49,5 @@ class FilterModule:
         return {
             "vllm_args": _vllm_args,
             "vllm_venv_name": _vllm_venv_name,
+            "vllm_secret_envfile": _vllm_secret_envfile,
         }

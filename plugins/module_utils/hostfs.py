@@ -26,6 +26,15 @@ class HostFSError(Exception):
         super().__init__(f"cannot {op} {path}: {self.strerror}")
 
 
+def fsync_dir(path: str) -> None:
+    """fsync a directory, so that a rename or unlink in it survives a crash."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 class HostFS:
     """Read and write host files relative to ``root`` (``/`` on a real host)."""
 
@@ -110,27 +119,9 @@ class HostFS:
             raise HostFSError("write", host_path, err) from None
 
     def write_atomic(self, host_path: str, data: str, mode: int = 0o644) -> None:
-        """Write a regular file through a temp file and rename, creating parent directories."""
-        real = self.path(host_path)
-        parent = os.path.dirname(real)
-        try:
-            os.makedirs(parent, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".gpufleet-", dir=parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    fh.write(data)
-                os.chmod(tmp, mode)
-                os.replace(tmp, real)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-        except OSError as err:
-            raise HostFSError("write", host_path, err) from None
-
-    def write_durable(self, host_path: str, data: str, mode: int = 0o644) -> None:
-        """Write a file that must survive a crash or power loss: temp file, fsync it, rename over
-        the target, fsync the directory (so the rename itself is on disk)."""
+        """Write a regular file durably: a temp file in the same directory, fsync'd, chmod'd, renamed
+        over the target, then the directory fsync'd, so that after a crash or power loss the path
+        holds either the old content or the new one, never an empty or partial file."""
         real = self.path(host_path)
         parent = os.path.dirname(real)
         try:
@@ -140,29 +131,30 @@ class HostFS:
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
                     fh.write(data)
                     fh.flush()
+                    os.fchmod(fh.fileno(), mode)
                     os.fsync(fh.fileno())
-                os.chmod(tmp, mode)
                 os.replace(tmp, real)
             except BaseException:
                 if os.path.exists(tmp):
                     os.unlink(tmp)
                 raise
-            self.fsync_dir(host_path)
+            fsync_dir(parent)
         except OSError as err:
             raise HostFSError("write", host_path, err) from None
 
+    def write_durable(self, host_path: str, data: str, mode: int = 0o644) -> None:
+        """The name the kernel-upgrade journal uses: every atomic write is durable (write_atomic)."""
+        self.write_atomic(host_path, data, mode)
+
     def fsync_dir(self, host_path: str) -> None:
         """fsync the directory holding ``host_path`` (after a rename or an unlink there)."""
-        dfd = os.open(os.path.dirname(self.path(host_path)), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        fsync_dir(os.path.dirname(self.path(host_path)))
 
     def remove(self, host_path: str) -> bool:
-        """Remove a file; False when it was not there."""
+        """Remove a file (the removal made durable with a directory fsync); False when it was not there."""
         try:
             os.unlink(self.path(host_path))
+            fsync_dir(os.path.dirname(self.path(host_path)))
             return True
         except FileNotFoundError:
             return False

@@ -28,6 +28,8 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology im
 )
 
 CPU_ONLINE = "/sys/devices/system/cpu/online"
+CPU_ISOLATED = "/sys/devices/system/cpu/isolated"
+CPU_NOHZ_FULL = "/sys/devices/system/cpu/nohz_full"
 DEFAULT_AFFINITY = "/proc/irq/default_smp_affinity"
 CONFIG_FILE = "/etc/gpufleet/irq_affinity.json"
 PINNED_FILE = "/etc/gpufleet/irq_affinity.pinned"
@@ -94,14 +96,67 @@ def offsets(candidates: dict[str, list[int]]) -> dict[str, int]:
     return out
 
 
+def strict_cpulist(text: str) -> list[int]:
+    """A CPU list written by a user: ``0-7,16-23``; a reversed range (``7-0``) or junk raises ValueError
+    with the reason (parse_cpulist, for kernel files, would read ``7-0`` as no CPU at all)."""
+    cpus: list[int] = []
+    for part in str(text).strip().split(","):
+        part = part.strip()
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"'{part}' is not a CPU number or range")
+        if sep and int(hi) < int(lo):
+            raise ValueError(f"'{part}' is a reversed range (write {hi}-{lo})")
+        cpus.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+    return sorted(set(cpus))
+
+
+def parse_isolcpus(cmdline: str | None) -> dict[str, list[int]]:
+    """CPUs taken from the scheduler or the tick on the kernel command line: ``isolcpus=[flags,]LIST``, ``nohz_full=LIST``."""
+    out: dict[str, list[int]] = {}
+    for arg in (cmdline or "").split():
+        key, _sep, value = arg.partition("=")
+        if key == "isolcpus":
+            parts = value.split(",")
+            while parts and parts[0] and not parts[0][0].isdigit():  # flags: nohz, domain, managed_irq
+                parts.pop(0)
+            value = ",".join(parts)
+        elif key != "nohz_full":
+            continue
+        try:
+            cpus = strict_cpulist(value)
+        except ValueError:
+            continue
+        if cpus:
+            out[f"{key}= on the kernel command line"] = sorted(set(out.get(f"{key}= on the kernel command line", [])) | set(cpus))
+    return out
+
+
+def isolated_cpus(fs: HostFS) -> dict[str, list[int]]:
+    """{where it is said: CPUs} for every CPU kept free of device interrupts: /sys/devices/system/cpu/isolated,
+    .../nohz_full ("(null)" when none) and isolcpus=/nohz_full= on /proc/cmdline."""
+    out: dict[str, list[int]] = {}
+    for path in (CPU_ISOLATED, CPU_NOHZ_FULL):
+        text = (fs.read_optional(path) or "").strip()
+        if text and text != "(null)":
+            cpus = parse_cpulist(text)
+            if cpus:
+                out[path] = cpus
+    out.update(parse_isolcpus(fs.read_optional("/proc/cmdline")))
+    return out
+
+
 def parse_cpu_option(text: str | None, online: list[int], name: str) -> list[int] | None:
     """A user CPU list, checked against the machine; None when empty."""
     if text is None or not str(text).strip():
         return None
     try:
-        cpus = parse_cpulist(str(text))
-    except ValueError:
-        raise IrqError(f"{name}: '{text}' is not a CPU list; write it like 0-7,16-23 (the format of /sys/devices/system/cpu/online).") from None
+        cpus = strict_cpulist(str(text))
+    except ValueError as err:
+        raise IrqError(f"{name}: '{text}' is not a CPU list ({err}); write it like 0-7,16-23 (the format of "
+                       "/sys/devices/system/cpu/online).") from None
     outside = sorted(set(cpus) - set(online))
     if outside:
         raise IrqError(f"{name}: '{text}' names CPUs {format_cpulist(outside)} that are not online on this host "
@@ -177,6 +232,7 @@ def resolve_cpus(walker: PciWalker, devices: dict[str, dict[str, Any]], online: 
     """
     online = online if online is not None else online_cpus(walker)
     nodes = node_cpus(walker)
+    isolated = isolated_cpus(walker.fs)
     strict = set(devices) if strict is None else strict
     present = set(walker.functions())
     out: dict[str, dict[str, Any]] = {}
@@ -186,7 +242,7 @@ def resolve_cpus(walker: PciWalker, devices: dict[str, dict[str, Any]], online: 
         try:
             if bdf not in present:
                 raise IrqError(f"PCI function {bdf} is not on this host; check the address with 'lspci -D'.")
-            out[bdf] = _resolve_one(walker, bdf, settings, online, nodes)
+            out[bdf] = _resolve_one(walker, bdf, settings, online, nodes, isolated)
             warnings.extend(out[bdf].pop("warnings"))
         except IrqError as err:
             if bdf in strict:
@@ -195,9 +251,16 @@ def resolve_cpus(walker: PciWalker, devices: dict[str, dict[str, Any]], online: 
     return out, warnings
 
 
-def _resolve_one(walker: PciWalker, bdf: str, settings: dict[str, Any], online: list[int], nodes: dict[int, list[int]]) -> dict:
+def _resolve_one(walker: PciWalker, bdf: str, settings: dict[str, Any], online: list[int], nodes: dict[int, list[int]],
+                 isolated: dict[str, list[int]] | None = None) -> dict:
+    isolated = isolated or {}
+    kept_free = set().union(*isolated.values()) if isolated else set()
     allow = parse_cpu_option(settings["cpus"], online, "cpus")
     housekeeping = parse_cpu_option(settings["housekeeping_cpus"], online, "housekeeping_cpus") or []
+    if allow is not None and kept_free & set(allow):
+        where = "; ".join(f"{format_cpulist(set(c) & set(allow))} in {src}" for src, c in sorted(isolated.items()) if set(c) & set(allow))
+        raise IrqError(f"cpus: {format_cpulist(allow)} includes isolated CPUs ({where}): device interrupts are never pinned "
+                       "there, the isolation exists to keep them away. Take those CPUs out of cpus.")
     node, local = device_numa(walker, bdf)
     warnings: list[str] = []
     if settings["numa_node"] is not None:
@@ -207,6 +270,11 @@ def _resolve_one(walker: PciWalker, bdf: str, settings: dict[str, Any], online: 
         node = int(settings["numa_node"])
     elif node is None and len(nodes) == 1:
         node = next(iter(nodes))
+    if node is not None and node in nodes and not nodes[node]:
+        with_cpus = [n for n in sorted(nodes) if nodes[n]]
+        raise IrqError(f"NUMA node {node} of {bdf} is a memory-only node (no CPUs: CXL or HBM memory, or all its CPUs "
+                       f"offline), so no CPU of its node can serve its interrupts. Set numa_node to the node of the socket "
+                       f"the device hangs off (nodes with CPUs: {', '.join(str(n) for n in with_cpus) or 'none'}), or cpus.")
     if node is not None and node in nodes:
         local_cpus = [c for c in nodes[node] if c in online]
     else:
@@ -214,6 +282,10 @@ def _resolve_one(walker: PciWalker, bdf: str, settings: dict[str, Any], online: 
         if len(nodes) > 1:
             warnings.append(f"{bdf} reports NUMA node -1 (the firmware does not say where it sits): its vectors are spread "
                             f"over CPUs {format_cpulist(local_cpus)}. Set numa_node for it if you know the node.")
+    if kept_free & set(local_cpus):
+        warnings.append(f"{bdf}: isolated CPUs {format_cpulist(kept_free & set(local_cpus))} of its node are left out "
+                        f"({'; '.join(sorted(isolated))}).")
+        local_cpus = [c for c in local_cpus if c not in kept_free]
     cpus = [c for c in local_cpus if allow is None or c in allow]
     remote = False
     if not cpus and allow is not None:
@@ -227,7 +299,9 @@ def _resolve_one(walker: PciWalker, bdf: str, settings: dict[str, Any], online: 
         raise IrqError(
             f"No CPU is left for the interrupts of {bdf}: NUMA node {node} has CPUs {format_cpulist(local_cpus)}"
             f"{', cpus allows ' + format_cpulist(allow) if allow is not None else ''}, and housekeeping_cpus takes "
-            f"{format_cpulist(housekeeping)}. Shorten housekeeping_cpus or widen cpus.")
+            f"{format_cpulist(housekeeping)}"
+            + (f"; the isolated CPUs {format_cpulist(kept_free)} are never used" if kept_free else "")
+            + ". Shorten housekeeping_cpus or widen cpus.")
     return {"bdf": bdf, "numa_node": node, "local_cpus": local_cpus, "cpus": cpus, "remote": remote,
             "policy": settings["policy"], "warnings": warnings}
 

@@ -17,6 +17,7 @@ Everything here is pure: parsers, validation, conflict detection, rendering and 
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -40,6 +41,10 @@ MAX_ARG = 256
 REPEATABLE = ("console", "hugepagesz", "hugepages", "pci")
 # Arguments that contradict each other although their keys differ.
 CONTRADICTIONS = (("iommu=off", "intel_iommu=on"), ("iommu=off", "amd_iommu=on"), ("iommu=off", "iommu=pt"))
+
+# Device-list arguments whose list separator is ';' (a GRUB and shell metacharacter): accepted for
+# these only, written as '\;' in the drop-in (GRUB's escape; the shell keeps it inside double quotes).
+SEMICOLON_LISTS = ("pci=disable_acs_redir=", "pci=config_acs=")
 
 DROPIN_LINE_RE = re.compile(r'^GRUB_CMDLINE_LINUX_DEFAULT="\$\{GRUB_CMDLINE_LINUX_DEFAULT\}((?: [^"\s]+)*)"'
                             r"\s+# gpufleet-owner=([a-z][a-z0-9_]*)\s*$")
@@ -79,7 +84,10 @@ def validate_arg(arg: Any) -> str:
     if len(text) > MAX_ARG:
         raise CmdlineError(f"Kernel argument {text[:40]!r}... is {len(text)} characters long; the limit here is {MAX_ARG}.")
     key, sep, value = text.partition("=")
-    bad = sorted({c for c in text if not (c.isalnum() or c in "_.,:/+@%=-")})
+    if text.startswith(SEMICOLON_LISTS) and ";;" not in text and not text.endswith(";"):
+        value = value.replace(";", ",")  # the device list separator, checked like the rest
+    bad = sorted({c for c in text.replace(";", "") if not (c.isalnum() or c in "_.,:/+@%=-")} |
+                 ({";"} if ";" in text and not text.startswith(SEMICOLON_LISTS) else set()))
     if bad or not KEY_RE.match(key) or (sep and not VALUE_RE.match(value)) or not text.isascii():
         shown = " ".join(repr(c) for c in bad) if bad else "its form"
         raise CmdlineError(
@@ -149,7 +157,8 @@ def parse_dropin(text: str | None) -> tuple[dict[str, list[str]], list[str]]:
             continue
         m = DROPIN_LINE_RE.match(line)
         if m:
-            owners.setdefault(m.group(2), []).extend(a for a in m.group(1).split() if a not in owners.get(m.group(2), []))
+            args = [a.replace("\\;", ";") for a in m.group(1).split()]
+            owners.setdefault(m.group(2), []).extend(a for a in args if a not in owners.get(m.group(2), []))
         else:
             foreign.append(line)
     return owners, foreign
@@ -157,7 +166,7 @@ def parse_dropin(text: str | None) -> tuple[dict[str, list[str]], list[str]]:
 
 def render_dropin(owners: dict[str, list[str]]) -> str | None:
     """The drop-in for these owners (sorted by name); None when no owner has arguments."""
-    lines = [f'{VARIABLE}="${{{VARIABLE}}} {" ".join(args)}" # gpufleet-owner={owner}'
+    lines = [f'{VARIABLE}="${{{VARIABLE}}} {" ".join(a.replace(";", chr(92) + ";") for a in args)}" # gpufleet-owner={owner}'
              for owner, args in sorted(owners.items()) if args]
     if not lines:
         return None
@@ -187,7 +196,7 @@ def grub_cfg_args(text: str | None) -> list[str] | None:
     for line in (text or "").splitlines():
         m = LINUX_LINE_RE.match(line)
         if m:
-            return split_cmdline(m.group(2))
+            return [a.replace("\\;", ";") for a in split_cmdline(m.group(2))]
     return None
 
 
@@ -329,3 +338,59 @@ def plan_grubby(entries: list[dict], owners: dict[str, list[str]], removable: li
     add = [a for a in wanted if any(a not in e["args"] for e in normal)]
     remove = [a for a in removable if a not in wanted and any(a in e["args"] for e in normal)]
     return {"add": add, "remove": remove}
+
+
+# ---- guards: the command line's length, drop-ins that override ours ------------------------------
+# COMMAND_LINE_SIZE of the kernel, NUL included (arch/*/include/uapi/asm/setup.h): the boot loader
+# cuts a longer line, silently dropping the last arguments (ours come last).
+CMDLINE_LIMITS = {"x86_64": 2048, "i386": 2048, "i486": 2048, "i586": 2048, "i686": 2048, "aarch64": 2048}
+DEFAULT_ASSIGN_RE = re.compile(r"^\s*(?:export\s+)?GRUB_CMDLINE_LINUX_DEFAULT=(.*)$")
+
+
+def cmdline_limit(arch: str | None) -> int | None:
+    """The kernel command line limit in bytes (NUL included) for an architecture; None when not known here."""
+    return CMDLINE_LIMITS.get((arch or "").strip())
+
+
+def predicted_cmdline(configured: list[str], kernel: str | None, wanted: list[str], dropped: list[str]) -> str:
+    """The command line the next boot gets: the boot entry's arguments without ``dropped``, plus ``wanted``."""
+    args = [a for a in configured if a not in dropped and not a.startswith("BOOT_IMAGE=")]
+    args += [a for a in wanted if a not in args]
+    head = [f"BOOT_IMAGE={kernel}"] if kernel else []
+    return " ".join(head + args)
+
+
+def check_length(line: str, arch: str | None) -> str | None:
+    """A message when ``line`` does not fit the architecture's limit, else None."""
+    limit = cmdline_limit(arch)
+    if limit is None or len(line.encode("utf-8")) + 1 <= limit:
+        return None
+    return (f"The kernel command line would be {len(line.encode('utf-8'))} bytes, over the {limit}-byte limit of {arch} "
+            f"(COMMAND_LINE_SIZE, NUL included): the boot loader would cut it and the kernel would silently lose the last "
+            "arguments, ours among them. Nothing was changed. Drop arguments (other owners', or long device lists) first.")
+
+
+def grub_cfg_kernel(text: str | None) -> str | None:
+    """The kernel path of the first ``linux`` line of grub.cfg."""
+    for line in (text or "").splitlines():
+        m = LINUX_LINE_RE.match(line)
+        if m:
+            return m.group(1)
+    return None
+
+
+def overriding_dropins(files: list[tuple[str, str | None]], ours: str = DROPIN) -> list[str]:
+    """Drop-ins that grub-mkconfig sources after ours (name order) and that set GRUB_CMDLINE_LINUX_DEFAULT
+    without keeping its value (no ``$GRUB_CMDLINE_LINUX_DEFAULT`` / ``${GRUB_CMDLINE_LINUX_DEFAULT}``):
+    they throw our arguments away. ``files``: (path, text) of every ``*.cfg`` in the drop-in directory."""
+    out = []
+    mine = os.path.basename(ours)
+    for path, text in sorted(files, key=lambda f: os.path.basename(f[0])):
+        if os.path.basename(path) <= mine or path == ours:
+            continue
+        for line in (text or "").splitlines():
+            m = DEFAULT_ASSIGN_RE.match(line.split("#", 1)[0] if not line.lstrip().startswith("#") else "")
+            if m and "GRUB_CMDLINE_LINUX_DEFAULT" not in m.group(1):
+                out.append(path)
+                break
+    return out

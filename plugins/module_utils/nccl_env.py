@@ -324,7 +324,7 @@ def validate(settings: dict, allow_unknown=()) -> dict:
     return out
 
 
-def resolve(profile: str, settings: dict | None = None, allow_unknown=(), p2p: str | None = None) -> dict:
+def resolve(profile: str, settings: dict | None = None, allow_unknown=(), p2p: str | None = None, pair_levels=None) -> dict:
     """Baseline + profile + the user's settings (a None value removes a profile key), then the P2P
     mode of an A/B winner when given, validated. NCCL_NVLS_ENABLE is always 0."""
     if profile not in PROFILES:
@@ -338,25 +338,59 @@ def resolve(profile: str, settings: dict | None = None, allow_unknown=(), p2p: s
             merged[key] = value
     out = validate(merged, allow_unknown)
     if p2p is not None:
-        out = with_p2p(out, p2p)
+        out = with_p2p(out, p2p, pair_levels)
     out.update(FORCED)
     return dict(sorted(out.items()))
 
 
-def with_p2p(settings: dict, mode: str) -> dict:
-    """The settings with peer-to-peer on (NCCL_P2P_DISABLE removed; NCCL_P2P_LEVEL kept) or off."""
+# nvidia-smi / sysfs pair level -> the NCCL_P2P_LEVEL that lets NCCL use P2P for it. NODE (two host
+# bridges of one socket) is PHB in NCCL's own topology: both root complexes hang off one CPU node.
+NCCL_LEVEL_OF = {"NVL": "NVL", "PIX": "PIX", "PXB": "PXB", "PHB": "PHB", "NODE": "PHB", "SYS": "SYS"}
+
+
+def p2p_allow_level(pair_levels) -> str | None:
+    """The NCCL_P2P_LEVEL that allows P2P between every pair of ``pair_levels`` (the farthest one);
+    None without levels."""
+    mapped = [NCCL_LEVEL_OF[lv] for lv in pair_levels or () if lv in NCCL_LEVEL_OF]
+    return max(mapped, key=LEVELS.index) if mapped else None
+
+
+def with_p2p(settings: dict, mode: str, pair_levels=None) -> dict:
+    """The settings with peer-to-peer on or off.
+
+    ``p2p_on`` removes NCCL_P2P_DISABLE and, given the pair levels of the GPUs that talk (the
+    tensor-parallel group), raises NCCL_P2P_LEVEL to the farthest of them, so that P2P is really
+    allowed for every pair (a PXB level on PHB pairs would leave both arms without P2P). A level
+    already farther is kept. ``p2p_off`` sets NCCL_P2P_DISABLE=1 and drops the level.
+    """
     if mode not in P2P_MODES:
         raise NcclEnvError(f"Unknown P2P mode {mode!r}: expected one of {', '.join(P2P_MODES)}")
     out = {k: v for k, v in settings.items() if k != "NCCL_P2P_DISABLE"}
     if mode == "p2p_off":
         out.pop("NCCL_P2P_LEVEL", None)
         out["NCCL_P2P_DISABLE"] = "1"
+    else:
+        need = p2p_allow_level(pair_levels)
+        have = str(out.get("NCCL_P2P_LEVEL", "")).upper()
+        if need and (have not in LEVELS or LEVELS.index(have) < LEVELS.index(need)):
+            out["NCCL_P2P_LEVEL"] = need
     return dict(sorted(out.items()))
 
 
-def ab_candidates(settings: dict) -> dict:
-    """The two environments the A/B measures."""
-    return {mode: with_p2p(settings, mode) for mode in P2P_MODES}
+def ab_candidates(settings: dict, pair_levels=None) -> dict:
+    """The two environments the A/B measures; the p2p_on arm allows P2P for every pair level given."""
+    return {mode: with_p2p(settings, mode, pair_levels) for mode in P2P_MODES}
+
+
+def group_pair_levels(pcie: dict | None, gpus=None) -> list[str]:
+    """The pair levels among ``gpus`` (PCI addresses; default every GPU) from the pcie_facts result."""
+    wanted = {str(g).lower() for g in gpus or ()}
+    out = []
+    for pair in (pcie or {}).get("pairs") or []:
+        if wanted and not {pair["a"], pair["b"]} <= wanted:
+            continue
+        out.append(pair.get("level"))
+    return [lv for lv in out if lv]
 
 
 def ab_key(candidates: dict, bench: dict | None = None) -> str:
@@ -403,8 +437,49 @@ def _busbw(result: dict) -> dict:
     return out
 
 
-def ab_decide(results: dict, prefer: str = "p2p_on", margin_pct: float = 5.0, min_bytes: int = 0) -> dict:
-    """Pick the P2P mode from measured all-reduce bus bandwidth.
+def _times(result: dict) -> dict:
+    out = {}
+    for size, value in (result.get("time_us") or {}).items():
+        try:
+            if float(value) > 0:
+                out[int(size)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _decide_two(decision: dict, busbw: dict, times: dict, small: list, large: list, prefer: str, other: str,
+                margin_pct: float) -> dict:
+    """The decision rule with both figures (docs/multi_gpu.md): the small all-reduces of decode (8 KiB to
+    1 MiB, geometric mean of the time per all-reduce) and the bus bandwidth of the large ones (geometric
+    mean over the sizes above 1 MiB). The other mode wins only when it is better than the preferred one by
+    more than the margin in one figure and not worse by more than the margin in the other."""
+    m = margin_pct / 100.0
+    lat = {mode: _score(times[mode], small) for mode in P2P_MODES}
+    bw = {mode: _score(busbw[mode], large) for mode in P2P_MODES}
+    lat_ratio = lat[prefer] / lat[other]  # > 1: the other mode's small all-reduces are faster
+    bw_ratio = bw[other] / bw[prefer]      # > 1: the other mode moves more bytes
+    decision.update(sizes=small + large, small_sizes=small, large_sizes=large, ratio=round(bw_ratio, 4),
+                    latency_ratio=round(lat_ratio, 4), scores={mo: round(v, 3) for mo, v in bw.items()},
+                    latency_us={mo: round(v, 2) for mo, v in lat.items()})
+    figures = (f"small all-reduces {lat[other]:.1f} vs {lat[prefer]:.1f} us, bus bandwidth {bw[other]:.2f} vs "
+               f"{bw[prefer]:.2f} GB/s ({other} vs {prefer}; margin {margin_pct:g}%)")
+    if (bw_ratio > 1 + m and lat_ratio >= 1 - m) or (lat_ratio > 1 + m and bw_ratio >= 1 - m):
+        decision.update(winner=other, reason=f"{other} wins: {figures}")
+    elif (bw_ratio > 1 + m) or (lat_ratio > 1 + m):
+        decision.update(winner=prefer, reason=f"{prefer} kept: mixed result, {other} is better in one figure and worse in "
+                                              f"the other beyond the margin: {figures}")
+    else:
+        decision.update(winner=prefer, reason=f"{prefer} kept: {other} is not better beyond the margin: {figures}")
+    return decision
+
+
+def ab_decide(results: dict, prefer: str = "p2p_on", margin_pct: float = 5.0, min_bytes: int = 0,
+              small_max_bytes: int = 1 << 20) -> dict:
+    """Pick the P2P mode from measured all-reduces.
+
+    When both runs measured the time per all-reduce (``time_us``) of small messages (<=
+    ``small_max_bytes``) and bus bandwidth above them, both figures decide (_decide_two). Otherwise:
 
     ``results`` maps each mode to ``{ok, error, busbw_gbps: {bytes: GB/s}}``. The score of a mode is
     the geometric mean of its bus bandwidth over the message sizes (>= min_bytes) both modes
@@ -442,6 +517,11 @@ def ab_decide(results: dict, prefer: str = "p2p_on", margin_pct: float = 5.0, mi
     if not sizes:
         decision.update(winner=prefer, reason=f"{prefer} kept: the two runs share no message size to compare")
         return decision
+    times = {m: _times(results.get(m) or {}) for m in P2P_MODES}
+    small = sorted(s for s in set(times[prefer]) & set(times[other]) if s <= small_max_bytes)
+    large = [s for s in sizes if s > small_max_bytes]
+    if small and large:
+        return _decide_two(decision, usable, times, small, large, prefer, other, margin_pct)
     scores = {m: _score(usable[m], sizes) for m in P2P_MODES}
     ratio = scores[other] / scores[prefer]
     decision.update(sizes=sizes, scores={m: round(s, 3) for m, s in scores.items()}, ratio=round(ratio, 4))

@@ -140,12 +140,20 @@ def _speed(code: int) -> dict[str, Any]:
     return {"speed_gts": gts, "gen": code if gts else None}
 
 
+CAP_POINTER = {0: 0x34, 1: 0x34, 2: 0x14}  # header type -> capability pointer (CardBus bridges: 0x14)
+
+
 def walk_capabilities(data: bytes) -> tuple[list[tuple[int, int]], bool]:
-    """Standard capability list: [(cap_id, offset)] in list order, and whether it was cut short."""
+    """Standard capability list: [(cap_id, offset)] in list order, and whether it was cut short.
+
+    The pointer sits at 0x34, or at 0x14 on a CardBus bridge (header type 2). An entry with ID 0xff
+    ends the list (a function that reads all ones there is gone or broken; lspci: ``<chain broken>``).
+    """
     caps: list[tuple[int, int]] = []
-    if not _has(data, 0x34, 1) or not _u16(data, 0x06) & 0x10:  # Status: capabilities list
+    pointer = CAP_POINTER.get(_u8(data, 0x0E) & 0x7F) if _has(data, 0x0E, 1) else None
+    if pointer is None or not _has(data, pointer, 1) or not _u16(data, 0x06) & 0x10:  # Status: capabilities list
         return caps, False
-    ptr = _u8(data, 0x34) & 0xFC
+    ptr = _u8(data, pointer) & 0xFC
     seen = set()
     while ptr and len(seen) < _MAX_CAPS:
         if ptr < 0x40 or ptr in seen:
@@ -153,6 +161,8 @@ def walk_capabilities(data: bytes) -> tuple[list[tuple[int, int]], bool]:
         if not _has(data, ptr, 2):
             return caps, True
         seen.add(ptr)
+        if _u8(data, ptr) == 0xFF:
+            break
         caps.append((_u8(data, ptr), ptr))
         ptr = _u8(data, ptr + 1) & 0xFC
     return caps, False
@@ -217,7 +227,10 @@ def decode_pcie(data: bytes, off: int) -> dict[str, Any]:
     if not out["link_speeds_supported"] and out["link_cap"]["speed_gts"]:
         out["link_speeds_supported"] = [s for g, s in LINK_SPEEDS.items() if g <= out["link_cap"]["gen"]]
     if version >= 2 and _has(data, off + 0x30, 2):
-        out["link_ctl2"] = {"target": _speed(_u16(data, off + 0x30) & 0xF)}
+        code = _u16(data, off + 0x30) & 0xF
+        # PCIe Base 6.0 7.5.3.19: a function that supports only 2.5 GT/s may hardwire Target Link Speed to 0
+        # (lspci reads it as 2.5GT/s too).
+        out["link_ctl2"] = {"target": _speed(1) if code == 0 else _speed(code), "target_hardwired": code == 0}
     return out
 
 
@@ -290,7 +303,7 @@ def decode_config(data: bytes) -> dict[str, Any]:
         "acs": None,
         "aer": None,
     }
-    if header_type == 1:
+    if header_type in (1, 2):  # PCI-to-PCI and CardBus bridges keep the bus numbers at the same offsets
         out["bus"] = {"primary": _u8(data, 0x18), "secondary": _u8(data, 0x19), "subordinate": _u8(data, 0x1A)}
     elif header_type == 0:
         out["subsystem_vendor_id"] = f"0x{_u16(data, 0x2C):04x}"
@@ -309,10 +322,12 @@ def decode_config(data: bytes) -> dict[str, Any]:
     if CAP_MSI in caps and _has(data, caps[CAP_MSI], 4):
         out["msi"] = decode_msi(data, caps[CAP_MSI])
 
-    # Extended space exists on PCIe functions only; a 256-byte read of one hides it.
+    # Extended space exists on PCIe functions only; a 256-byte read of one hides it. A conventional
+    # PCI function's bytes past 0x100 are whatever the platform returns (junk, or a copy of the
+    # first 256), never a capability list: lspci does not walk them either.
     if out["pcie"] is not None:
         out["extended_readable"] = len(data) > CFG_CONVENTIONAL
-    if len(data) > CFG_CONVENTIONAL:
+    if len(data) > CFG_CONVENTIONAL and out["pcie"] is not None:
         ecap_list = walk_extended_capabilities(data)
         out["extended_capabilities"] = [{"id": ECAP_NAMES.get(eid, f"0x{eid:04x}"), "offset": off} for eid, off in ecap_list]
         ecaps = _first(ecap_list)

@@ -13,6 +13,7 @@ from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import link_bandwidth_gbps, link_generation
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import format_cpulist, parse_cpulist
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_p2p import find_groups, find_nvml_p2p
 
 SEVERITIES = ("critical", "warning", "info")
 NVIDIA = "0x10de"
@@ -166,8 +167,10 @@ def find_aspm(model: dict) -> list[dict[str, Any]]:
                 "aspm_enabled", "warning", gpu["bdf"],
                 f"ASPM is on along the path to {gpu['bdf']}: " + ", ".join(f"{h} {a}" for h, a in on)
                 + f" (kernel ASPM policy: {policy or 'unknown'}). Link power states add wake-up latency to GPU traffic.",
-                "Boot with pcie_aspm=off or pcie_aspm.policy=performance, or clear the ASPM Control bits in LnkCtl on "
-                "these functions; also disable ASPM for the slots in the BIOS.", [h for h, _a in on]))
+                "Set the ASPM policy to performance (the pcie_link role: at runtime and as pcie_aspm.policy=performance on "
+                "the kernel command line), or clear the ASPM Control bits in LnkCtl on these functions; also disable ASPM "
+                "for the slots in the BIOS. pcie_aspm=off does not turn ASPM off: it leaves the firmware's setting as it is "
+                "(docs/tuning_myths.md).", [h for h, _a in on]))
     return out
 
 
@@ -182,9 +185,24 @@ def find_pairs(model: dict, vfio_wanted: bool) -> list[dict[str, Any]]:
                 f"{', '.join(pair['acs_redirect'])}: peer traffic goes up to the root complex instead of across the switch"
                 + ("; with vfio wanted this isolation is what keeps the GPUs in separate IOMMU groups." if vfio_wanted else
                    ", which cuts P2P bandwidth and has hung NCCL all-reduce on PCIe-only GPUs."),
-                "Disable ACS in the BIOS or boot with pci=noacs (per port: clear ACS Control RR/CR with setpci "
-                "ECAP_ACS+6.w) if the GPUs stay on this host; keep it on when they are passed to separate VMs.",
+                f"If the GPUs stay on this host, clear RR/CR/EC on exactly {', '.join(pair['acs_redirect'])} with "
+                "gpufleet.inference.pcie_acs (runtime, re-applied at boot before the GPU driver; its kernel_args give "
+                "pci=disable_acs_redir=<ports> for the kernel command line). pci=noacs does not exist in mainline Linux "
+                "(docs/tuning_myths.md). Keep ACS on when the GPUs are passed to separate VMs.",
                 [a, b] + pair["acs_redirect"]))
+        if pair["level"] == "PHB":
+            ports = [_root_port_redirecting(model, g) for g in (a, b)]
+            ports = [p for p in ports if p]
+            if ports:
+                out.append(_finding(
+                    "acs_redirect", "info", a,
+                    f"{a} and {b} sit below two root ports of one host bridge (PHB), and ACS P2P redirect (RR/CR/EC) is on "
+                    f"at {', '.join(ports)}: their peer requests go up to the root complex for IOMMU translation"
+                    + ("; with vfio wanted this isolation is what keeps the GPUs in separate IOMMU groups." if vfio_wanted
+                       else "."),
+                    f"If the GPUs stay on this host and the platform routes peer traffic between root ports, clear RR/CR/EC on "
+                    f"exactly {', '.join(ports)} with gpufleet.inference.pcie_acs (pci=disable_acs_redir=<ports> at boot); "
+                    "pci=noacs does not exist in mainline Linux (docs/tuning_myths.md).", [a, b] + ports))
         if pair["level"] == "SYS":
             out.append(_finding(
                 "pair_sys_level", "warning", a,
@@ -193,6 +211,16 @@ def find_pairs(model: dict, vfio_wanted: bool) -> list[dict[str, Any]]:
                 "Keep tensor-parallel groups within one socket (CUDA_VISIBLE_DEVICES / vLLM placement), or expect "
                 "lower all-reduce bandwidth for this pair.", [a, b]))
     return out
+
+
+def _root_port_redirecting(model: dict, bdf: str) -> str | None:
+    """The GPU's root port when its ACS redirects peer traffic (RR, CR or EC on), else None."""
+    for gpu in model["gpus"]:
+        if gpu["bdf"] == bdf and gpu.get("root_port"):
+            acs = ((model["devices"].get(gpu["root_port"]) or {}).get("config") or {}).get("acs") or {}
+            if acs.get("ctrl_raw", 0) & 0x2C:
+                return gpu["root_port"]
+    return None
 
 
 def find_iommu_groups(model: dict, vfio_wanted: bool) -> list[dict[str, Any]]:
@@ -342,11 +370,11 @@ def find_config(model: dict) -> list[dict[str, Any]]:
     return out
 
 
-def find(model: dict, vfio_wanted: bool = False) -> list[dict[str, Any]]:
-    """Every finding for the model, most severe first."""
+def find(model: dict, vfio_wanted: bool = False, tp_groups=None) -> list[dict[str, Any]]:
+    """Every finding for the model, most severe first. ``tp_groups``: lists of GPU BDFs, one per tensor-parallel group."""
     findings = (find_config(model) + find_links(model) + find_mps(model) + find_aspm(model)
                 + find_pairs(model, vfio_wanted) + find_iommu_groups(model, vfio_wanted) + find_irqs(model)
-                + find_errors(model) + find_host(model, vfio_wanted))
+                + find_errors(model) + find_host(model, vfio_wanted) + find_nvml_p2p(model) + find_groups(model, tp_groups))
     return sorted(findings, key=lambda f: (SEVERITIES.index(f["severity"]), f["code"], f["device"] or ""))
 
 

@@ -29,6 +29,11 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config impo
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
     PCI_DEVICES, PciWalker, TopologyError, class_name, select_targets,
 )
+# The boot unit and its file are shared with pcie_acs; re-exported here for the module and tests.
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import (  # noqa: F401 pylint: disable=unused-import
+    APPLY_SCRIPT, APPLY_SCRIPT_BODY, PERSIST_CONFIG, PERSIST_FORMAT, UNIT_NAME, UNIT_PATH, UNIT_WANTS, parse_persist,
+    render_json, render_persist, render_script, render_unit, setpci_base,
+)
 
 # PCIe encodings of the Device Control register (PCI Express capability + 0x08): the payload
 # sizes 128 << code for codes 0..5; 6 and 7 are reserved and never written.
@@ -43,12 +48,6 @@ REGISTER_ORDER = ("mps", "mrrs")
 STATE_DIR = "/var/lib/gpufleet/pcie_payload"
 RECORD_FILE = "originals.json"
 RECORD_FORMAT = "gpufleet-pcie-payload-originals/1"
-PERSIST_CONFIG = "/etc/gpufleet/pcie_payload.json"
-PERSIST_FORMAT = "gpufleet-pcie-payload/1"
-APPLY_SCRIPT = "/usr/local/libexec/gpufleet-pcie-payload-apply"
-UNIT_NAME = "gpufleet-pcie-payload.service"
-UNIT_PATH = "/etc/systemd/system/" + UNIT_NAME
-UNIT_WANTS = "/etc/systemd/system/sysinit.target.wants/" + UNIT_NAME
 
 
 class PayloadError(Exception):
@@ -93,11 +92,8 @@ def setpci_spec(register: str, size: int) -> str:
 
 
 def setpci_argv(setpci: str, root: str, bdf: str, register: str, size: int) -> list[str]:
-    """The setpci command for one register write; ``-O sysfs.path`` points it at a tree under root."""
-    argv = [setpci]
-    if root not in ("/", ""):
-        argv += ["-O", f"sysfs.path={root.rstrip('/')}/sys/bus/pci"]
-    return argv + ["-s", bdf, setpci_spec(register, size)]
+    """The setpci command for one register write: ``-A linux-sysfs -O sysfs.path`` pins it to the tree under root."""
+    return setpci_base(setpci, root) + ["-s", bdf, setpci_spec(register, size)]
 
 
 def devctl_of(config: bytes, pcie_offset: int) -> int:
@@ -374,9 +370,14 @@ def empty_record() -> dict[str, Any]:
 
 
 def parse_record(text: str | None, where: str) -> dict[str, Any]:
-    """The JSON record of original values; an absent file is an empty record."""
-    if text is None or not text.strip():
+    """The JSON record of original values. An absent file (None) is no record; an empty file is an
+    error (a crash or a full disk truncated it), never read as "nothing was changed"."""
+    if text is None:
         return empty_record()
+    if not text.strip():
+        raise PayloadError(f"{where} is empty: it should hold the original MaxPayload/MaxReadReq values that state=default "
+                           "restores, and an empty file means they were lost (a crash or a full disk). Restore it from a "
+                           "backup, or, if the values are known to be the firmware's, remove the file and reboot.")
     try:
         data = json.loads(text)
     except ValueError as err:
@@ -386,10 +387,6 @@ def parse_record(text: str | None, where: str) -> dict[str, Any]:
         raise PayloadError(f"{where} is not a gpufleet.inference.pcie_payload record (format {RECORD_FORMAT}); "
                            "move it away and run again.")
     return data
-
-
-def render_json(data: dict) -> str:
-    return json.dumps(data, indent=2, sort_keys=True) + "\n"
 
 
 def merge_record(record: dict, writes: list[dict], functions: dict) -> dict:
@@ -461,18 +458,7 @@ def plan_restore(record: dict, model: dict, hierarchies: set) -> dict[str, Any]:
     return {"writes": writes, "restore": chosen, "gone": gone}
 
 
-# ---- persistence --------------------------------------------------------------------------------
-def parse_persist(text: str | None) -> dict[str, dict]:
-    """Entries of the persisted configuration by BDF ({} when absent or foreign)."""
-    try:
-        data = json.loads(text) if text else {}
-    except ValueError:
-        return {}
-    if not isinstance(data, dict) or data.get("format") != PERSIST_FORMAT:
-        return {}
-    return {e["bdf"]: e for e in data.get("devices", []) if isinstance(e, dict) and "bdf" in e}
-
-
+# ---- persistence (the boot unit lives in pcie_boot) ----------------------------------------------
 def persist_entries(managed: dict[str, dict], existing: dict[str, dict], live: dict[str, dict], skip=()) -> list[dict]:
     """What the boot unit re-applies after this task.
 
@@ -495,189 +481,6 @@ def persist_entries(managed: dict[str, dict], existing: dict[str, dict], live: d
         out.append(entry)
     out.sort(key=lambda e: (e.get("depth", 0), e["bdf"]))
     return out
-
-
-def render_persist(entries: list[dict]) -> str:
-    return render_json({"format": PERSIST_FORMAT, "generated_by": "gpufleet.inference.pcie_payload", "devices": entries})
-
-
-def render_unit(script: str = APPLY_SCRIPT, config: str = PERSIST_CONFIG) -> str:
-    return f"""# Installed by Ansible (gpufleet.inference.pcie_payload); removed by its state=default.
-# Re-applies the PCIe MaxPayload/MaxReadReq values in {config} once per boot,
-# before the services that use the GPUs start. Its log: journalctl -u {UNIT_NAME}
-[Unit]
-Description=Re-apply PCIe MaxPayload/MaxReadReq tuned by gpufleet.inference
-DefaultDependencies=no
-After=local-fs.target systemd-udev-trigger.service
-Before=sysinit.target shutdown.target nvidia-persistenced.service
-Conflicts=shutdown.target
-ConditionPathExists={config}
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart={script} {config}
-
-[Install]
-WantedBy=sysinit.target
-"""
-
-
-def render_script(python: str) -> str:
-    return "#!" + python + "\n" + APPLY_SCRIPT_BODY
-
-
-# The boot-time applier: Python standard library only (3.6+), no Ansible. It applies the entries
-# of the JSON file top-down with setpci, reads each write back, and rolls a hierarchy back to the
-# values it found when one of its writes fails, so a partial apply never leaves mixed MaxPayload.
-APPLY_SCRIPT_BODY = r'''# -*- coding: utf-8 -*-
-# Installed by Ansible (gpufleet.inference.pcie_payload). Run at boot by gpufleet-pcie-payload.service:
-#   gpufleet-pcie-payload-apply [--root DIR] CONFIG.json
-# Re-applies PCIe MaxPayload/MaxReadReq with setpci, reads every write back, and undoes the writes
-# of a PCIe hierarchy when one of them does not take. Exit status 1 when anything failed.
-import argparse
-import json
-import os
-import shutil
-import struct
-import subprocess
-import sys
-
-FORMAT = "gpufleet-pcie-payload/1"
-SIZES = (128, 256, 512, 1024, 2048, 4096)
-FIELDS = (("mps", 5, 0x00E0, "MaxPayload"), ("mrrs", 12, 0x7000, "MaxReadReq"))
-
-
-def log(msg):
-    print(msg, flush=True)
-
-
-def pcie_offset(cfg):
-    if len(cfg) < 0x40 or not struct.unpack_from("<H", cfg, 0x06)[0] & 0x10:
-        return None
-    ptr, seen = cfg[0x34] & 0xFC, set()
-    while ptr >= 0x40 and ptr not in seen and ptr + 2 <= len(cfg):
-        seen.add(ptr)
-        if cfg[ptr] == 0x10:
-            return ptr
-        ptr = cfg[ptr + 1] & 0xFC
-    return None
-
-
-class Device(object):
-    def __init__(self, sysfs, bdf):
-        self.bdf = bdf
-        self.base = os.path.join(sysfs, "devices", bdf)
-
-    def attr(self, name):
-        with open(os.path.join(self.base, name)) as fh:
-            return fh.read().strip()
-
-    def regs(self):
-        with open(os.path.join(self.base, "config"), "rb") as fh:
-            cfg = fh.read(256)
-        off = pcie_offset(cfg)
-        if off is None or off + 0x0A > len(cfg):
-            raise ValueError("no PCI Express capability in the first %d bytes of config space" % len(cfg))
-        return struct.unpack_from("<I", cfg, off + 4)[0], struct.unpack_from("<H", cfg, off + 8)[0]
-
-
-def value_of(devctl, shift, mask):
-    return 128 << ((devctl & mask) >> shift)
-
-
-def write(setpci, sysfs, root, dev, shift, mask, size):
-    argv = [setpci]
-    if root != "/":
-        argv += ["-O", "sysfs.path=" + sysfs]
-    argv += ["-s", dev.bdf, "CAP_EXP+8.w=%04x:%04x" % (SIZES.index(size) << shift, mask)]
-    env = dict(os.environ, LC_ALL="C", LANG="C")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True, env=env)
-    out, err = proc.communicate()
-    _devcap, devctl = dev.regs()
-    got = value_of(devctl, shift, mask)
-    problem = None
-    if proc.returncode != 0:
-        problem = "setpci exited %d: %s" % (proc.returncode, (err or out).strip())
-    elif got != size:
-        problem = "the device still reads %d after setpci (%s)" % (got, (err or "read-only field?").strip())
-    return " ".join(argv), problem
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description="Re-apply PCIe MaxPayload/MaxReadReq recorded by gpufleet.inference.")
-    parser.add_argument("--root", default="/", help="directory standing for / (tests); default /")
-    parser.add_argument("--setpci", default=None, help="setpci binary; default: from PATH")
-    parser.add_argument("config")
-    args = parser.parse_args(argv)
-    root = os.path.abspath(args.root)
-    sysfs = (root.rstrip("/") + "/sys/bus/pci") if root != "/" else "/sys/bus/pci"
-    setpci = args.setpci or shutil.which("setpci") or "/usr/bin/setpci"
-    try:
-        with open(args.config) as fh:
-            data = json.load(fh)
-    except (OSError, ValueError) as err:
-        log("error: cannot read %s: %s" % (args.config, err))
-        return 2
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        log("error: %s is not a %s file" % (args.config, FORMAT))
-        return 2
-    failed = 0
-    done = {}  # hierarchy -> [(dev, shift, mask, old)]
-    broken = set()
-    for entry in data.get("devices", []):
-        bdf, hier = entry.get("bdf"), entry.get("hierarchy")
-        if hier in broken:
-            log("%s: skipped, an earlier write below %s failed" % (bdf, hier))
-            continue
-        dev = Device(sysfs, bdf)
-        problem = None
-        try:
-            ids = (dev.attr("vendor"), dev.attr("device"))
-            if ids != (entry.get("vendor_id"), entry.get("device_id")):
-                problem = "is %s:%s, not the recorded %s:%s (card replaced?)" % (
-                    ids[0], ids[1], entry.get("vendor_id"), entry.get("device_id"))
-            else:
-                devcap, devctl = dev.regs()
-        except (OSError, ValueError) as err:
-            problem = "cannot be read: %s" % err
-        for name, shift, mask, label in FIELDS:
-            if problem:
-                break
-            want = entry.get(name)
-            if want is None:
-                continue
-            if want not in SIZES:
-                problem = "%s %r is not a PCIe payload size" % (label, want)
-                break
-            if name == "mps" and want > 128 << (devcap & 7):
-                problem = "%s %d is above what it supports (%d)" % (label, want, 128 << (devcap & 7))
-                break
-            old = value_of(devctl, shift, mask)
-            if old == want:
-                log("%s: %s %d already set" % (bdf, label, want))
-                continue
-            cmd, problem = write(setpci, sysfs, root, dev, shift, mask, want)
-            if problem:
-                problem = "%s %d: %s [%s]" % (label, want, problem, cmd)
-                break
-            log("%s: %s %d -> %d [%s]" % (bdf, label, old, want, cmd))
-            done.setdefault(hier, []).append((dev, shift, mask, old, label))
-            devcap, devctl = dev.regs()
-        if problem:
-            failed += 1
-            broken.add(hier)
-            log("error: %s %s" % (bdf, problem))
-            for rdev, shift, mask, old, label in reversed(done.pop(hier, [])):
-                cmd, rproblem = write(setpci, sysfs, root, rdev, shift, mask, old)
-                log("%s: %s rolled back to %d%s" % (rdev.bdf, label, old, (": FAILED, " + rproblem) if rproblem else ""))
-    log("gpufleet-pcie-payload-apply: %d device(s), %d failed" % (len(data.get("devices", [])), failed))
-    return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-'''
 
 
 # ---- applying -----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
-    IOMMU_GROUPS, PCI_DEVICES, PciWalker, TopologyError, class_name, is_bridge_class, normalize_bdf,
+    BMC_VENDORS, IOMMU_GROUPS, PCI_DEVICES, PciWalker, TopologyError, class_name, is_bridge_class, normalize_bdf,
 )
 
 try:
@@ -195,6 +195,22 @@ def check_groups(walker: PciWalker, states: dict[str, dict[str, Any]], allow: li
     return groups, problems
 
 
+# ---- display guards ---------------------------------------------------------------------------
+def display_reasons(walker: PciWalker, bdf: str) -> list[str]:
+    """Why taking this function from the host would take its console: the firmware's boot display
+    (sysfs ``boot_vga`` 1), or a BMC's display controller (ASPEED, Matrox: the remote console)."""
+    fs = walker.fs
+    b = walker.basic(bdf)
+    out = []
+    if (fs.read_optional(f"{PCI_DEVICES}/{bdf}/boot_vga") or "").strip() == "1":
+        out.append(f"{bdf} is the boot display device (boot_vga 1): the firmware and the kernel console draw on it")
+    vendor = (b["vendor"] or "").lower().replace("0x", "")
+    if (b["class"] or "").lower().replace("0x", "").startswith("03") and vendor in BMC_VENDORS:
+        out.append(f"{bdf} is a BMC display controller ({'ASPEED' if vendor == '1a03' else 'Matrox'} [{vendor}:"
+                   f"{(b['device'] or '?').replace('0x', '')}]): the remote console of the host")
+    return out
+
+
 # ---- in-use checks ----------------------------------------------------------------------------
 def _uevent(fs: HostFS, path: str) -> dict[str, str]:
     out = {}
@@ -282,13 +298,17 @@ def in_use(walker: PciWalker, st: dict[str, Any]) -> list[str]:
     bdf = st["bdf"]
     sysdir = walker.sysfs_path(bdf)
     nodes, blocks, interfaces = device_nodes(fs, sysdir)
+    unresolved = []
     if st["driver"] == "nvidia":
         minor = nvidia_minor(fs, bdf)
         if minor is not None:
             nodes.add(f"/dev/nvidia{minor}")
+        else:  # cannot tell which /dev/nvidiaN is this GPU: never assume it is idle
+            unresolved.append(f"it is bound to nvidia but /proc/driver/nvidia/gpus/{bdf}/information names no device "
+                              "minor, so whether a process holds its /dev/nvidiaN cannot be checked (counted as in use)")
     if st["driver"] == VFIO and st["iommu_group"] is not None:
         nodes.add(f"/dev/vfio/{st['iommu_group']}")
-    reasons = process_holders(fs, nodes)
+    reasons = unresolved + process_holders(fs, nodes)
     devs = {b["dev"]: b["name"] for b in blocks if b["dev"]}
     for line in (fs.read_optional("/proc/self/mountinfo") or "").splitlines():
         fields = line.split()
@@ -460,12 +480,20 @@ def plan_persist(fs: HostFS, method: str, state: str, states: list[dict[str, Any
 
 # ---- originals ----------------------------------------------------------------------------------
 def load_originals(fs: HostFS) -> dict[str, Any]:
+    """The drivers recorded before vfio-pci took the functions. An absent file is no record; an empty or
+    broken one is an error (the drivers to give the functions back to would be lost silently)."""
+    if not fs.exists(STATE_FILE):
+        return {}
     text = fs.read_optional(STATE_FILE)
     try:
-        data = json.loads(text) if text else {}
+        data = json.loads(text) if text and text.strip() else None
     except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+        data = None
+    if not isinstance(data, dict):
+        raise VfioError(f"{STATE_FILE} is {'empty' if not (text or '').strip() else 'not a JSON object'}: it should hold the "
+                        "drivers the functions had before vfio-pci, which state=absent gives them back to. Restore it from "
+                        "a backup, or remove it and set restore_driver to the driver to bind.")
+    return data
 
 
 def remember(originals: dict[str, Any], states: list[dict[str, Any]]) -> dict[str, Any]:

@@ -77,6 +77,8 @@ DEFAULTS = {
     "hf_offline": True,
     "state_dir": "/var/lib/vllm",
     "api_key": "",
+    "allow_no_api_key": False,
+    "secret_env": {},
     "unit_settings": {},
 }
 
@@ -95,6 +97,9 @@ _HOSTNAME = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])
 _SERVED_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}")
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 _API_KEY = re.compile(r"[A-Za-z0-9._~+/=-]+")
+# Names that hold credentials (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, AWS_SECRET_ACCESS_KEY, WANDB_API_KEY, ...):
+# refused in the plain, world-readable vllm_service_env.
+SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|AUTH)", re.IGNORECASE)
 
 
 class VllmArgsError(ValueError):
@@ -209,6 +214,10 @@ def check_env(params: dict) -> dict:
         if key == "VLLM_API_KEY":
             raise VllmArgsError("vllm_service_env holds VLLM_API_KEY: set vllm_service_api_key instead, which the role "
                                 "keeps in a root-only file (0600) and out of every log")
+        if SECRET_NAME.search(key):
+            raise VllmArgsError(f"vllm_service_env.{key} looks like a secret (its value is not shown): vllm_service_env "
+                                "goes to a world-readable file and to the role's output. Put it in vllm_service_secret_env "
+                                "(from Ansible Vault), which the role keeps in a root-only file (0600) and out of every log")
         if isinstance(value, bool):
             value = "1" if value else "0"
         if value is None or not isinstance(value, (str, int, float)):
@@ -234,6 +243,41 @@ def check_api_key(key) -> None:
     if bad:
         raise VllmArgsError(f"vllm_service_api_key: the character at position {bad[0] + 1} is outside letters, digits "
                             "and ._~+/=- (the key is not shown)")
+
+
+def check_secret_env(params: dict) -> list:
+    """The names of the secret environment; values are checked but never put in a message or a result."""
+    env = params["secret_env"]
+    if not isinstance(env, dict):
+        raise VllmArgsError("vllm_service_secret_env: expected a mapping of NAME: value (from Ansible Vault)")
+    for key in sorted(env, key=str):
+        value = env[key]
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            raise VllmArgsError(f"vllm_service_secret_env: {key!r} is not an environment variable name")
+        if key == "VLLM_API_KEY":
+            raise VllmArgsError("vllm_service_secret_env holds VLLM_API_KEY: set vllm_service_api_key instead")
+        if not isinstance(value, (str, int)) or isinstance(value, bool) or str(value) == "":
+            raise VllmArgsError(f"vllm_service_secret_env.{key}: expected a non-empty string (the value is not shown)")
+        if any(c in str(value) for c in "\n\r\0$`\\\"' "):
+            raise VllmArgsError(f"vllm_service_secret_env.{key}: the value holds a newline, space, quote, '$', '`' or "
+                                "backslash, which the EnvironmentFile cannot carry unquoted (the value is not shown)")
+    return sorted(env)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def render_secret_envfile(api_key: str, secret_env: dict) -> str:
+    """The root-only EnvironmentFile: VLLM_API_KEY and the secret environment (values checked by build())."""
+    lines = [f"VLLM_API_KEY={api_key}"] if api_key else []
+    lines += [f"{k}={secret_env[k]}" for k in sorted(secret_env)]
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 def check_model(params: dict) -> str:
@@ -411,6 +455,11 @@ def build(params: dict) -> dict:
     command = check_command(p)
     argv = command + serving + extra
     host, port = check_host(p["host"]), int(p["port"])
+    secret_names = check_secret_env(p)
+    if not p["api_key"] and not is_loopback(host) and not p["allow_no_api_key"]:
+        raise VllmArgsError(f"vllm_service_host={host} serves beyond loopback but vllm_service_api_key is empty: anyone who "
+                            "reaches the port could use the model. Set vllm_service_api_key (from Ansible Vault), or listen "
+                            "on 127.0.0.1, or set vllm_service_allow_no_api_key: true behind an authenticating proxy.")
     return {
         "argv": argv,
         "exec_start": systemd_quote(argv),
@@ -423,4 +472,6 @@ def build(params: dict) -> dict:
         "environment": environment(p),
         "uses_vllm": not p["command"],
         "api_key_set": bool(p["api_key"]),
+        "secret_env_names": secret_names,
+        "secret_file": bool(p["api_key"]) or bool(secret_names),
     }

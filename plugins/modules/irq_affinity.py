@@ -14,6 +14,10 @@ description:
   - Finds the MSI/MSI-X vectors of each function (C(/sys/bus/pci/devices/<bdf>/msi_irqs)). Sets
     C(/proc/irq/N/smp_affinity_list) to CPUs local to the function's NUMA node, one vector per CPU, round robin.
     O(cpus) narrows the choice to an allow-list and O(housekeeping_cpus) keeps CPUs free.
+  - Never pins to isolated CPUs (C(/sys/devices/system/cpu/isolated), C(/sys/devices/system/cpu/nohz_full),
+    C(isolcpus=) and C(nohz_full=) on the kernel command line). They are left out of a node's CPUs, and O(cpus) that
+    names one fails. A reversed CPU range (C(7-0)) fails. A function whose NUMA node has no CPUs (a memory-only node,
+    CXL or HBM) fails with the node named; set O(numa_node) for it.
   - Functions that share the same CPUs start their round robin at different CPUs, evenly apart, so their first
     vectors do not all land on one CPU.
   - Reads every value back after writing it. A vector whose write the kernel answers with C(EIO) is kernel-managed

@@ -48,7 +48,7 @@ options:
   args:
     description:
       - The owner's arguments, each C(flag) or C(key=value) as one list item, for example C(iommu=pt), C(pcie_aspm=off),
-        C(hugepagesz=1G), C(hugepages=16), C(pci=noacs), C(vfio-pci.ids=10de:2335).
+        C(hugepagesz=1G), C(hugepages=16), C(pci=disable_acs_redir=0000:02:00.0), C(vfio-pci.ids=10de:2335).
       - "Only letters, digits and these characters: C(_ . , : / + @ % = -)."
       - The list replaces what the owner had; arguments it no longer names are removed.
       - Ignored with O(state=absent).
@@ -187,7 +187,8 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline import (
-    DROPIN, DROPIN_DIR, GRUB_CFG, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, change_owner, find_conflicts,
+    DROPIN, DROPIN_DIR, GRUB_CFG, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, change_owner, check_length,
+    find_conflicts, grub_cfg_kernel, overriding_dropins, predicted_cmdline,
     foreign_conflicts, foreign_grub_args, grub_cfg_args, parse_dropin, parse_grubby_info, parse_state, pending_after,
     plan_dropin, plan_grubby, render_state, split_cmdline, status, validate_args, validate_owner,
     wanted_args,
@@ -286,6 +287,42 @@ class KernelCmdline:
             self.module.fail_json(msg=f"'{grubby} --info=ALL' listed no boot entry; nothing to add arguments to.")
         return entries
 
+    def dropin_files(self) -> list[tuple[str, str | None]]:
+        return [(f"{DROPIN_DIR}/{name}", self.fs.read_optional(f"{DROPIN_DIR}/{name}"))
+                for name in self.fs.listdir(DROPIN_DIR) if name.endswith(".cfg")]
+
+    def arch(self) -> str | None:
+        arch = self.fs.read_optional("/proc/sys/kernel/arch")
+        if arch:
+            return arch.strip()
+        return os.uname().machine if self.fs.root == "/" else None
+
+    def guard(self, owners_before: dict, owners_after: dict, pending: dict, configured: list[str], entries: list[dict],
+              grub_cfg: str | None) -> None:
+        """Refuse, before any write, what would not reach the kernel: a later drop-in that resets
+        GRUB_CMDLINE_LINUX_DEFAULT (ours would be dropped), or a command line over the architecture's limit."""
+        wanted = wanted_args(owners_after)
+        added = [a for a in wanted if a not in wanted_args(owners_before) or a not in configured]
+        if self.bootloader == "grub_dropin" and added:
+            over = overriding_dropins(self.dropin_files())
+            if over:
+                self.module.fail_json(changed=False, overriding=over, msg=(
+                    f"{', '.join(over)} {'sets' if len(over) == 1 else 'set'} GRUB_CMDLINE_LINUX_DEFAULT after {DROPIN} without "
+                    "keeping its value, so grub-mkconfig would drop our arguments. Nothing was changed. Make it append "
+                    '(GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} ...") or move its arguments to '
+                    f"{GRUB_DEFAULTS}, then run again."))
+        if not added:
+            return
+        dropped = list(pending) + [a for a in wanted_args(owners_before) if a not in wanted]
+        if self.bootloader == "grub_dropin":
+            lines = [predicted_cmdline(configured, grub_cfg_kernel(grub_cfg), wanted, dropped)]
+        else:
+            lines = [predicted_cmdline(e["args"], e["kernel"], wanted, dropped) for e in entries if not e["rescue"]]
+        for line in lines:
+            problem = check_length(line, self.arch())
+            if problem:
+                self.module.fail_json(changed=False, msg=problem, cmdline_bytes=len(line.encode("utf-8")))
+
     # ---- the run ------------------------------------------------------------------------------
     def run(self, owner: str, args: list[str], state: str) -> dict:
         current = self.current()
@@ -293,6 +330,7 @@ class KernelCmdline:
         dropin_before = None
         foreign: list[str] = []
         entries: list[dict] = []
+        grub_cfg = None
         if self.bootloader == "grub_dropin":
             dropin_before = self.read(DROPIN)
             owners_before, stray = parse_dropin(dropin_before)
@@ -306,6 +344,11 @@ class KernelCmdline:
             entries = self.grubby_entries(self.apply_argv[0])
             configured = sorted({a for e in entries for a in e["args"]})
         owners_after = change_owner(owners_before, owner, args, state)
+        if self.bootloader == "grubby" and any(";" in a for a in args):
+            self.module.fail_json(changed=False, msg=(
+                f"{', '.join(a for a in args if ';' in a)}: a device list with ';' is not written through grubby (boot loader "
+                "spec entries are parsed by GRUB, where ';' ends a command). Nothing was changed. Give one device per run "
+                "of the owning role, or use the runtime clear with its boot unit (pcie_acs persist: true)."))
         conflicts = find_conflicts(owners_after, grubby=self.bootloader == "grubby")
         if conflicts:
             self.module.fail_json(msg=(
@@ -313,6 +356,7 @@ class KernelCmdline:
                 "variables of the owning roles (each owner's arguments are listed in the owners key of this result)."),
                 owners=owners_after)
         pending = pending_after(saved["pending_removal"], owners_before, owners_after, owner, current, configured)
+        self.guard(owners_before, owners_after, pending, configured, entries, grub_cfg if self.bootloader == "grub_dropin" else None)
         for warning in foreign_conflicts(owners_after, current, pending):
             self.module.warn(warning.capitalize() + ": our argument comes later on the command line; remove the other one "
                              "from /etc/default/grub (or with grubby) to be sure which value the kernel takes.")
@@ -418,7 +462,9 @@ class KernelCmdline:
             left = [a for a in pending if a not in wanted and any(a in e["args"] for e in entries)]
             where = "a grubby boot entry"
         if missing or left:
-            self.module.fail_json(msg=(
+            over = overriding_dropins(self.dropin_files()) if self.bootloader == "grub_dropin" else []
+            self.module.fail_json(changed=True, overriding=over, msg=(
+                (f"{', '.join(over)} overrides GRUB_CMDLINE_LINUX_DEFAULT after {os.path.basename(DROPIN)}. " if over else "") +
                 f"The bootloader tool succeeded but {where} still {'lacks ' + ', '.join(missing) if missing else ''}"
                 f"{' and ' if missing and left else ''}{'has ' + ', '.join(left) if left else ''}. Another file overrides "
                 f"{'GRUB_CMDLINE_LINUX_DEFAULT after ' + os.path.basename(DROPIN) if self.bootloader == 'grub_dropin' else 'the entries'}"

@@ -83,7 +83,7 @@ pending_removal:
   description: Arguments removed by an owner, with that owner, while they may still be on the command line.
   returned: success
   type: dict
-  sample: {pci=noacs: vfio}
+  sample: {"pci=disable_acs_redir=0000:02:00.0": pcie_acs}
 reboot_required:
   description: True when RV(missing) or RV(unexpected) is not empty.
   returned: success

@@ -77,6 +77,14 @@ options:
         missing huge pages to warnings, and lowers ACS redirect to info (ACS is what isolates the groups).
     type: bool
     default: false
+  tp_groups:
+    description:
+      - The tensor-parallel groups, one list item per group, each the PCI addresses of its GPUs, comma-separated
+        (C(0000:17:00.0,0000:18:00.0)). A group whose GPUs sit on different sockets is flagged (C(tp_group_spans_sockets)),
+        and a GPU of a group behind the chipset (C(gpu_behind_chipset)). Without groups every GPU is judged for the chipset.
+    type: list
+    elements: str
+    default: []
   bandwidth_probe:
     description:
       - Measure host to device and device to host copy bandwidth, from pinned and from pageable memory, for every NVIDIA
@@ -303,7 +311,8 @@ pcie:
           description: >-
             One of link_below_capability, link_capped, mps_below_path, mps_above_path, aspm_enabled, acs_redirect,
             pair_sys_level, iommu_group_shared, iommu_group_functions, irq_remote_numa, numa_node_unknown, no_hugepages,
-            iommu_disabled, iommu_pt_missing, aer_errors, pcie_replays, config_unreadable, config_short.
+            iommu_disabled, iommu_pt_missing, aer_errors, pcie_replays, config_unreadable, config_short, p2p_not_supported,
+            tp_group_spans_sockets, gpu_behind_chipset.
           type: str
         severity:
           description: C(critical), C(warning) or C(info).
@@ -323,7 +332,7 @@ pcie:
           type: str
       sample: [{code: acs_redirect, severity: warning, device: "0000:03:00.0", devices: ["0000:03:00.0", "0000:04:00.0"],
                 message: "0000:03:00.0 and 0000:04:00.0 share a PCIe switch (PIX), but ACS P2P redirect ...",
-                fix: "Disable ACS in the BIOS or boot with pci=noacs ..."}]
+                fix: "If the GPUs stay on this host, clear RR/CR/EC on exactly 0000:02:00.0, 0000:02:01.0 with gpufleet.inference.pcie_acs ..."}]
     findings_summary:
       description: Number of findings per severity, and in total.
       type: dict
@@ -413,7 +422,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.nvml import (
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import link_bandwidth_gbps
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
-    BMC_VENDORS, PciWalker, TopologyError, build_model, select_targets,
+    BMC_VENDORS, PciWalker, TopologyError, build_model, normalize_bdf, select_targets,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_findings import (
     find, path_links, privilege_hint, summary)
@@ -570,7 +579,7 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
     warnings: list[str] = []
     params = dict({"devices": [], "vendor": None, "device": None, "class_prefix": "03", "exclude_vendors": list(BMC_VENDORS),
                    "include_nvml": "auto", "vfio_wanted": False, "bandwidth_probe": False, "probe_python": None,
-                   "probe_size_mb": 256}, **params)
+                   "probe_size_mb": 256, "tp_groups": []}, **params)
     targets = select_targets(PciWalker(fs), devices=params["devices"], vendor=params["vendor"], device=params["device"],
                              class_prefix=params["class_prefix"], exclude_vendors=params["exclude_vendors"])
     model = build_model(fs, targets)
@@ -624,7 +633,19 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
         if model["bandwidth"]["error"]:
             warnings.append(f"Bandwidth probe: {model['bandwidth']['error']}")
 
-    model["findings"] = find(model, vfio_wanted=params["vfio_wanted"])
+    groups = []
+    for text in params["tp_groups"] or []:
+        group = []
+        for raw in str(text).replace(" ", ",").split(","):
+            if raw:
+                bdf = normalize_bdf(raw)
+                if bdf is None or bdf not in {g["bdf"] for g in model["gpus"]}:
+                    raise TopologyError(f"tp_groups: '{raw}' is not one of the audited GPUs "
+                                        f"({', '.join(g['bdf'] for g in model['gpus'])}); list each group as its GPUs' PCI "
+                                        "addresses, comma-separated, for example '0000:17:00.0,0000:18:00.0'.")
+                group.append(bdf)
+        groups.append(group)
+    model["findings"] = find(model, vfio_wanted=params["vfio_wanted"], tp_groups=groups)
     del model["privileges"]  # who audited is for the messages, not part of the host's facts
     model["findings_summary"] = summary(model["findings"])
     return model, warnings
@@ -644,6 +665,7 @@ def main():
             bandwidth_probe=dict(type="bool", default=False),
             probe_python=dict(type="path"),
             probe_size_mb=dict(type="int", default=256),
+            tp_groups=dict(type="list", elements="str", default=[]),
         ),
         supports_check_mode=True,
     )

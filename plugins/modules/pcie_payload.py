@@ -97,9 +97,26 @@ options:
     description: Directory on the host (under O(root)) where the original values are recorded, as C(originals.json).
     type: path
     default: /var/lib/gpufleet/pcie_payload
+  force:
+    description:
+      - Write live even when a process uses a device on the path (holds its C(/dev/nvidiaN), C(/dev/dri/renderD*) or
+        C(/dev/dri/card*), or an open vfio group). Without it such a write is refused, with the holders named.
+    type: bool
+    default: false
+  defer_to_boot:
+    description:
+      - Do not write live. Record the originals and persist the new values; the boot unit applies them at the next boot,
+        before udev loads the GPU drivers and before the services start (the safe way on a busy host). Returns
+        RV(reboot_required=true). Needs O(persist=true).
+    type: bool
+    default: false
 notes:
-  - Apply while the GPUs are idle (before the inference service starts). A packet in flight while the two ends of a link
-    disagree on MaxPayload is a malformed TLP. The boot unit runs before the services that use the GPUs.
+  - A live write is refused while a process uses a device on the path (the holders are named in the message and in
+    RV(path_users)); stop the users, use O(defer_to_boot=true) and reboot, or set O(force=true). A packet in flight while
+    the two ends of a link disagree on MaxPayload is a malformed TLP. An nvidia-bound GPU whose device minor cannot be
+    resolved counts as used by any process holding any C(/dev/nvidiaN).
+  - The boot unit runs before C(systemd-udev-trigger.service) (udev coldplug loads the GPU drivers) and before the
+    services that use the GPUs, so its writes see no DMA.
   - Some drivers save config space at probe and restore it after a device reset (C(nvidia-smi -r), vfio reset), which
     brings the old values back until the next boot or run; run the role again after such a reset.
   - The kernel's C(pcie_bus_safe) also lowers MaxPayload to 128 below hot-plug capable switch ports, for cards that may be
@@ -178,6 +195,22 @@ readonly:
   type: list
   elements: dict
   sample: [{device: "0000:01:00.0", register: mrrs, wanted: 4096, reads: 512}]
+path_users:
+  description: Processes that use a device on a path to be written, one line each (empty when idle).
+  returned: success
+  type: list
+  elements: str
+  sample: ["process 4242 (python3) holds /dev/nvidia0 of 0000:03:00.0"]
+deferred:
+  description: With O(defer_to_boot=true), the register writes the boot unit makes at the next boot.
+  returned: success
+  type: list
+  elements: dict
+  sample: [{device: "0000:03:00.0", register: mrrs, before: 512, after: 4096}]
+reboot_required:
+  description: True when writes were deferred to the next boot.
+  returned: success
+  type: bool
 diff:
   description: Register values and boot persistence before and after, in diff mode.
   returned: when diff mode is on
@@ -189,13 +222,14 @@ import sys
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import normalize_bdf
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker, normalize_bdf
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload import (
-    APPLY_SCRIPT, PERSIST_CONFIG, RECORD_FILE, UNIT_NAME, UNIT_PATH, UNIT_WANTS, PayloadError, apply_writes,
+    PERSIST_CONFIG, RECORD_FILE, UNIT_WANTS, PayloadError, apply_writes,
     failure_message, gather, gather_recorded, merge_record, parse_mps, parse_persist, parse_record, parse_size,
-    persist_entries, plan_present, plan_restore, read_payload, restore_scope, render_json, render_persist, render_script, render_unit,
-    setpci_argv,
+    persist_entries, plan_present, plan_restore, read_payload, restore_scope, render_json, setpci_argv,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import persistence_plan
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_users import refusal, users
 
 C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
 
@@ -232,29 +266,11 @@ class PciePayload:
         return [self.systemctl()] + root + list(args)
 
     def persistence_actions(self, entries: list[dict], persist: bool) -> list[dict]:
-        """File and unit steps that make the boot unit match ``entries`` (or remove it)."""
-        want = bool(persist and entries)
-        files = [(APPLY_SCRIPT, render_script(self.python()), "0755", "apply script"),
-                 (PERSIST_CONFIG, render_persist(entries), "0644", "persisted values"),
-                 (UNIT_PATH, render_unit(), "0644", "systemd unit")]
-        actions = []
-        enabled = self.fs.exists(UNIT_WANTS)
-        if not want and enabled:
-            actions.append({"action": "disable_unit", "unit": UNIT_NAME, "argv": self.systemctl_argv("disable", UNIT_NAME)})
-        unit_changed = False
-        for path, text, mode, what in files:
-            current = self.read(path)
-            if want and current != text:
-                actions.append({"action": "write_file", "path": path, "what": what, "content": text, "mode": mode})
-                unit_changed = unit_changed or path == UNIT_PATH
-            elif not want and current is not None:
-                actions.append({"action": "remove_file", "path": path, "what": what})
-                unit_changed = unit_changed or path == UNIT_PATH
-        if unit_changed and self.fs.root == "/":
-            actions.append({"action": "daemon_reload", "argv": self.systemctl_argv("daemon-reload")})
-        if want and not enabled:
-            actions.append({"action": "enable_unit", "unit": UNIT_NAME, "argv": self.systemctl_argv("enable", UNIT_NAME)})
-        return actions
+        """File and unit steps that make the boot unit match ``entries`` (or remove it); the ACS
+        entries pcie_acs keeps in the same file stay as they are, and keep the unit alive."""
+        acs = list(parse_persist(self.read(PERSIST_CONFIG), "acs").values())
+        return persistence_plan(self.read, self.fs.exists, self.python(), self.systemctl_argv, entries if persist else [],
+                                acs, persist or bool(acs), self.fs.root == "/")
 
     def record_action(self, before_text: str | None, record: dict) -> list[dict]:
         text = render_json(record) if record["devices"] else None
@@ -288,7 +304,8 @@ class PciePayload:
                                               "will not run at boot.")
 
     # ---- the two states -----------------------------------------------------------------------
-    def present(self, devices: list[str], mps, mrrs, mrrs_cap, include_path: bool, persist: bool, on_readonly: str) -> dict:
+    def present(self, devices: list[str], mps, mrrs, mrrs_cap, include_path: bool, persist: bool, on_readonly: str,
+                force: bool = False, defer: bool = False) -> dict:
         model = gather(self.fs, devices)
         for warning in model["warnings"]:
             self.module.warn(warning)
@@ -302,8 +319,25 @@ class PciePayload:
         rec_after = merge_record(record, plan["writes"], model["functions"])
         entries = persist_entries(plan["managed"], existing, live)
         file_actions = self.record_action(record_text, rec_after) + self.persistence_actions(entries, persist)
-        result = {"devices": plan["devices"], "persisted": entries if persist else [], "readonly": []}
+        result = {"devices": plan["devices"], "persisted": entries if persist else [], "readonly": [], "path_users": [],
+                  "deferred": [], "reboot_required": False}
         before_state = self.diff_state(plan["devices"], "before", existing, persist_text)
+        if plan["writes"]:
+            found = users(PciWalker(self.fs), sorted({w["device"] for w in plan["writes"]}))
+            result["path_users"] = found["lines"]
+            for note in found["notes"]:
+                self.module.warn(note)
+            if defer:
+                if not persist:
+                    raise PayloadError("defer_to_boot: true needs persist: true: the values are applied by the boot unit.")
+                return self.defer(result, plan, record_text, rec_after, entries, before_state)
+            if found["holders"] and not force:
+                msg = refusal("write MaxPayload/MaxReadReq on " + ", ".join(sorted({w["device"] for w in plan["writes"]})), found,
+                              "set defer_to_boot: true (the boot unit gpufleet-pcie-payload.service applies them before udev "
+                              "loads the GPU drivers) and reboot")
+                if not self.module.check_mode:
+                    raise PayloadError(msg)
+                self.module.warn(msg)
         if self.module.check_mode or not (sets or file_actions):
             actions = [a for a in file_actions if a["action"] == "record_originals"] + sets + \
                       [a for a in file_actions if a["action"] != "record_originals"]
@@ -345,7 +379,21 @@ class PciePayload:
         result["persisted"] = entries if persist else []
         return self.finish(result, actions, before_state, plan["devices"], entries, persist)
 
-    def default(self, devices: list[str], persist: bool) -> dict:
+    def defer(self, result: dict, plan: dict, record_text: str | None, rec_after: dict, entries: list[dict],
+              before_state: dict) -> dict:
+        """No live write: record the originals and persist the new values for the boot unit, which applies
+        them at the next boot before the GPU drivers load. The registers read as before until then."""
+        file_actions = self.record_action(record_text, rec_after) + self.persistence_actions(entries, True)
+        if not self.module.check_mode:
+            self.do_file_actions(file_actions)
+        result["deferred"] = [{k: w[k] for k in ("device", "register", "before", "after")} for w in plan["writes"]]
+        result["reboot_required"] = True
+        for dev in plan["devices"].values():
+            dev["mps_after"], dev["mrrs_after"] = dev["mps_before"], dev["mrrs_before"]
+        deferred = [dict(self.set_action(w), action="set_at_boot") for w in plan["writes"]]
+        return self.finish(result, file_actions + deferred, before_state, plan["devices"], entries, True)
+
+    def default(self, devices: list[str], persist: bool, force: bool = False) -> dict:
         record_text, record = self.record()
         persist_text = self.read(PERSIST_CONFIG)
         existing = parse_persist(persist_text)
@@ -371,9 +419,20 @@ class PciePayload:
                            "mrrs_after": original.get("mrrs", info["mrrs"]), "mrrs_capped": False,
                            "limit": None, "limiting_device": None, "path_limit": None, "path_limiting_device": None,
                            "peer_limit": None, "peer_limiting_device": None}
-        result = {"devices": report, "persisted": entries if persist else [], "readonly": []}
+        result = {"devices": report, "persisted": entries if persist else [], "readonly": [], "path_users": [], "deferred": [],
+                  "reboot_required": False}
         before_state = self.diff_state(report, "before", existing, persist_text)
         sets = [self.set_action(w) for w in plan["writes"]]
+        if sets:
+            found = users(PciWalker(self.fs), sorted({w["device"] for w in plan["writes"]}))
+            result["path_users"] = found["lines"]
+            if found["holders"] and not force:
+                msg = refusal("restore MaxPayload/MaxReadReq on " + ", ".join(sorted({w["device"] for w in plan["writes"]})),
+                              found, "stop the users and run state: default again, or reboot (the firmware values come "
+                              "back by themselves once the boot unit is gone: run with persist: false first)")
+                if not self.module.check_mode:
+                    raise PayloadError(msg)
+                self.module.warn(msg)
         if not self.module.check_mode and sets:
             outcome = apply_writes(self.fs, plan["writes"], self.run, self.setpci)
             if outcome["failures"]:
@@ -421,6 +480,8 @@ def main():
             persist=dict(type="bool", default=True),
             on_readonly=dict(type="str", choices=["fail", "warn"], default="fail"),
             state_dir=dict(type="path", default="/var/lib/gpufleet/pcie_payload"),
+            force=dict(type="bool", default=False),
+            defer_to_boot=dict(type="bool", default=False),
         ),
         supports_check_mode=True,
     )
@@ -446,11 +507,12 @@ def main():
     payload = PciePayload(module, HostFS(p["root"]), setpci)
     try:
         if p["state"] == "present":
-            result = payload.present(devices, mps, mrrs, mrrs_cap, p["include_path"], p["persist"], p["on_readonly"])
+            result = payload.present(devices, mps, mrrs, mrrs_cap, p["include_path"], p["persist"], p["on_readonly"],
+                                     p["force"], p["defer_to_boot"])
         else:
-            result = payload.default(devices, p["persist"])
+            result = payload.default(devices, p["persist"], p["force"])
     except PayloadError as err:
-        module.fail_json(msg=str(err))
+        module.fail_json(msg=str(err), changed=False)
     except HostFSError as err:
         module.fail_json(msg=f"PCIe payload task under root {p['root']} failed: {err}. It reads sysfs and writes {PERSIST_CONFIG}, "
                              f"{p['state_dir']} and the boot unit: run it as root (become: true).")

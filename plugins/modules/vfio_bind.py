@@ -20,7 +20,10 @@ description:
     and names the member that blocks the group, with the fix.
   - Refuses to release a function that is in use unless O(force=true). In use means a process holds one of its device
     nodes (C(/dev/nvidiaN), C(/dev/nvme*), C(/dev/dri/*), C(/dev/snd/*), C(/dev/vfio/N)), a filesystem or swap on it is
-    mounted or active, device mapper or MD holds it, or one of its network interfaces is up.
+    mounted or active, device mapper or MD holds it, or one of its network interfaces is up. An nvidia-bound GPU whose
+    device minor cannot be resolved (no C(/proc/driver/nvidia/gpus/BDF/information)) counts as in use.
+  - Refuses the boot display device (sysfs C(boot_vga) 1) and the display controllers of BMCs (ASPEED, Matrox; the remote
+    console) unless O(force_display=true).
   - Waits until the kernel has really bound the function. It listens for the udev C(bind) event through pyudev, and
     falls back to watching the C(driver) link. It never sleeps for a fixed time.
   - Records the original driver under C(/var/lib/gpufleet/vfio) before the first change. O(state=absent) clears the
@@ -69,6 +72,11 @@ options:
     description:
       - Release functions that are in use (open device nodes, mounted filesystems, interfaces up). Processes that hold
         them will see their device vanish. This is destructive, so it is off by default.
+    type: bool
+    default: false
+  force_display:
+    description:
+      - Bind the boot display device (C(boot_vga)) or a BMC display controller anyway. The host loses that console.
     type: bool
     default: false
   bind_now:
@@ -234,7 +242,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import H
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PCI_DEVICES, PciWalker, normalize_bdf
 from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import (
     DRIVERS_PROBE, MODPROBE_CONF, PCI_DRIVERS, STATE_FILE, UDEV_RULES, VFIO, BindWatcher, VfioError, check_groups,
-    describe_action, in_use, iommu_enabled, load_originals, parse_modprobe, plan_absent, plan_persist, plan_present,
+    describe_action, display_reasons, in_use, iommu_enabled, load_originals, parse_modprobe, plan_absent, plan_persist, plan_present,
     read_state, remember, resolve,
 )
 
@@ -366,6 +374,13 @@ def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindW
 
     if state == "present":
         pending = [s for s in order if s["driver"] != VFIO]
+        for st in pending:
+            shown = display_reasons(walker, st["bdf"])
+            if shown and params.get("force_display"):
+                warn("; ".join(shown) + ". Binding it to vfio-pci anyway (force_display: true).")
+            elif shown:
+                problems.append("; ".join(shown) + ". Binding it to vfio-pci takes that console away (a blank screen, no "
+                                "BMC remote console). Leave it out of devices, or set force_display: true.")
         if params["bind_now"] and pending and not groups_on:
             raise VfioError(
                 f"Failed to bind {', '.join(s['bdf'] for s in pending)} to {VFIO}: the IOMMU is off on this host "
@@ -507,6 +522,7 @@ def main():
             companions=dict(type="bool", default=True),
             group_allow=dict(type="list", elements="str", default=[]),
             force=dict(type="bool", default=False),
+            force_display=dict(type="bool", default=False),
             bind_now=dict(type="bool", default=True),
             persist=dict(type="str", choices=["none", "udev", "modprobe"], default="none"),
             restore_driver=dict(type="str"),

@@ -222,3 +222,75 @@ def test_roles_accept_the_values(inventory_copy: str, tmp_path) -> None:
                                        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default"}, timeout=600)
     assert_ok(proc, "validate_argument_spec over inventories/example", lines=60)
     assert "failed=0" in proc.stdout and "unreachable=0" in proc.stdout
+
+
+# ---- hosts that deliberately run no service ---------------------------------------------------------------
+SERVICE_MODULES = ("gpufleet.inference.vllm_ready",)
+SERVICE_ROLES = ("gpufleet.inference.inference_benchmark",)
+
+
+def _when(node: dict) -> list[str]:
+    when = node.get("when")
+    return [str(w) for w in (when if isinstance(when, list) else [when] if when is not None else [])]
+
+
+def service_tasks(playbook: str) -> list[tuple[str, list[str]]]:
+    """(task name, conditions of the task and its blocks, outermost first) of every task of ``playbook``
+    that talks to the running vLLM service: vllm_ready, or the inference_benchmark role."""
+    with open(os.path.join(REPO, playbook), encoding="utf-8") as fh:
+        plays = yaml.safe_load(fh)
+    out = []
+
+    def walk(tasks, chain):
+        for task in tasks or []:
+            here = chain + _when(task)
+            if "block" in task:
+                walk(task["block"], here)
+                continue
+            include = task.get("ansible.builtin.include_role") or task.get("ansible.builtin.import_role") or {}
+            if any(m in task for m in SERVICE_MODULES) or include.get("name") in SERVICE_ROLES:
+                out.append((f"{playbook}: {task.get('name')}", here))
+
+    for play in plays:
+        walk(play.get("pre_tasks"), _when(play))
+        walk(play.get("tasks"), _when(play))
+        walk(play.get("post_tasks"), _when(play))
+    return out
+
+
+def skipped(conditions: list[str], hostvars: dict) -> bool | None:
+    """True when one of the conditions is false for these variables (Ansible's own conditional evaluation);
+    None when none could be decided without run-time values (registered results)."""
+    from ansible.parsing.dataloader import DataLoader  # pylint: disable=import-outside-toplevel
+    from ansible.template import Templar, trust_as_template  # pylint: disable=import-outside-toplevel
+
+    templar = Templar(loader=DataLoader(), variables=dict(hostvars, ansible_check_mode=False))
+    undecided = False
+    for cond in conditions:
+        try:
+            if not templar.evaluate_conditional(trust_as_template(cond)):
+                return True
+        except Exception:  # pylint: disable=broad-except  # a registered variable of the run: unknown here
+            undecided = True
+    return None if undecided else False
+
+
+def test_service_tasks_are_found():
+    tasks = dict(service_tasks("playbooks/serve.yml") + service_tasks("playbooks/verify.yml"))
+    assert "playbooks/verify.yml: Prove the service serves" in tasks
+    assert "playbooks/serve.yml: Benchmark the service" in tasks
+
+
+def test_a_host_without_its_service_is_never_benchmarked_or_asked(inventory: dict) -> None:
+    """A host with vllm_service_enabled false (the vfio VM host) must skip every task of serve.yml and
+    verify.yml that benchmarks or checks the service: they would fail against a unit that is off."""
+    hostvars = inventory["_meta"]["hostvars"]
+    off = sorted(h for h, v in hostvars.items() if v.get("vllm_service_enabled") is False)
+    assert off, "the example has a host with vllm_service_enabled: false (gpu8-vm-01)"
+    tasks = service_tasks("playbooks/serve.yml") + service_tasks("playbooks/verify.yml")
+    wrong = [f"{host}: {name} runs (conditions {conds})" for host in off for name, conds in tasks
+             if skipped(conds, hostvars[host]) is not True]
+    assert not wrong, "\n".join(wrong)
+    on = sorted(h for h, v in hostvars.items() if v.get("vllm_service_model") and v.get("vllm_service_enabled") is not False)
+    for name, conds in tasks:  # and the serving hosts still get them
+        assert all(skipped(conds, hostvars[h]) is not True for h in on), name

@@ -1,13 +1,15 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""All-reduce bus bandwidth of each NCCL candidate environment (the nccl_env role's P2P A/B).
+"""All-reduce time and bus bandwidth of each NCCL candidate environment (the nccl_env role's P2P A/B),
+on the GPUs of one tensor-parallel group (--gpus) or every GPU.
 
 Runs on the GPU host with the standard library only; prints one JSON object on stdout:
 
     {"tool": "nccl-tests" | "torch" | null, "gpus": N, "gpu_names": [...], "skipped": null | "why",
      "error": null | "why", "bench": {...},
      "results": {NAME: {"ok": bool, "error": str | null, "busbw_gbps": {"BYTES": GB/s}, "algbw_gbps": {...},
+                        "time_us": {"BYTES": microseconds per all-reduce},
                         "avg_busbw_gbps": float | null, "seconds": float}}}
 
 Each candidate runs in a fresh process tree with exactly its own NCCL_* settings: inherited NCCL_*
@@ -60,7 +62,9 @@ def count_gpus(python=None, timeout=60):
             out = subprocess.run([smi, "--query-gpu=pci.bus_id,name", "--format=csv,noheader"], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout, check=False)
             if out.returncode == 0:
-                names = [ln.split(",", 1)[-1].strip() for ln in out.stdout.splitlines() if ln.strip()]
+                rows = [ln.split(",", 1) for ln in out.stdout.splitlines() if ln.strip()]
+                names = [r[-1].strip() for r in rows]
+                count_gpus.bus_ids = [bus_bdf(r[0]) for r in rows]
                 return len(names), names, "nvidia-smi"
         except (OSError, subprocess.SubprocessError):
             pass
@@ -79,6 +83,25 @@ def count_gpus(python=None, timeout=60):
         except (OSError, subprocess.SubprocessError, ValueError, IndexError):
             pass
     return 0, [], "none"
+
+
+count_gpus.bus_ids = []
+
+
+def bus_bdf(bus_id):
+    """nvidia-smi's ``00000000:17:00.0`` -> ``0000:17:00.0``."""
+    text = bus_id.strip().lower()
+    domain, _sep, rest = text.partition(":")
+    return "%04x:%s" % (int(domain, 16), rest) if rest else text
+
+
+def select_gpus(wanted, bus_ids):
+    """CUDA indexes (PCI bus order, as CUDA_DEVICE_ORDER=PCI_BUS_ID numbers them) of the wanted BDFs, or an error."""
+    index = {b: i for i, b in enumerate(sorted(bus_ids))}
+    missing = [w for w in wanted if w not in index]
+    if missing:
+        return None, "GPU(s) %s of --gpus not found (this host has %s)" % (", ".join(missing), ", ".join(sorted(bus_ids)) or "none")
+    return [index[w] for w in wanted], None
 
 
 def has_torch(python, timeout=120):
@@ -162,13 +185,13 @@ _ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+(.*)$")
 
 
 def parse_all_reduce_perf(text):
-    """all_reduce_perf's table -> {busbw_gbps, algbw_gbps, wrong, avg_busbw_gbps}.
+    """all_reduce_perf's table -> {busbw_gbps, algbw_gbps, time_us, wrong, avg_busbw_gbps}.
 
     A row is `size count type redop root` then time/algbw/busbw/#wrong out of place and again in
     place. The bus bandwidth kept per size is the out-of-place one; #wrong is summed over both
     (N/A when the run did not check).
     """
-    busbw, algbw, wrong, avg = {}, {}, 0, None
+    busbw, algbw, times, wrong, avg = {}, {}, {}, 0, None
     for line in text.splitlines():
         if line.startswith("#"):
             match = re.search(r"Avg bus bandwidth\s*:\s*([0-9.]+)", line)
@@ -184,12 +207,13 @@ def parse_all_reduce_perf(text):
         try:
             algbw[row.group(1)] = float(rest[1])
             busbw[row.group(1)] = float(rest[2])
+            times[row.group(1)] = float(rest[0])
         except ValueError:
             continue
         for field in (rest[3], rest[7] if len(rest) >= 8 else "0"):
             if field.isdigit():
                 wrong += int(field)
-    return {"busbw_gbps": busbw, "algbw_gbps": algbw, "wrong": wrong, "avg_busbw_gbps": avg}
+    return {"busbw_gbps": busbw, "algbw_gbps": algbw, "time_us": times, "wrong": wrong, "avg_busbw_gbps": avg}
 
 
 def run_nccl_tests(perf, gpus, env, args):
@@ -243,7 +267,7 @@ def worker(args):
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world)
-    busbw, algbw = {}, {}
+    busbw, algbw, times = {}, {}, {}
     check = torch.full((1024,), float(rank + 1), device="cuda")
     dist.all_reduce(check)
     torch.cuda.synchronize()
@@ -262,13 +286,14 @@ def worker(args):
         elapsed = torch.tensor([(time.perf_counter() - start) / args.iters], device="cuda")
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         seconds = float(elapsed.item())
+        times[str(size)] = round(seconds * 1e6, 2)
         algbw[str(size)] = round(size / seconds / 1e9, 3)
         busbw[str(size)] = round(size / seconds / 1e9 * 2.0 * (world - 1) / world, 3)
         del buf
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:
-        print(json.dumps({"busbw_gbps": busbw, "algbw_gbps": algbw, "wrong": wrong,
+        print(json.dumps({"busbw_gbps": busbw, "algbw_gbps": algbw, "time_us": times, "wrong": wrong,
                           "torch": torch.__version__, "nccl": nccl_version(torch)}))
     return 0
 
@@ -308,12 +333,14 @@ def parse_args(argv):
     parser.add_argument("--tool", choices=("auto", "nccl-tests", "torch"), default="auto")
     parser.add_argument("--all-reduce-perf", dest="perf", help="path of nccl-tests' all_reduce_perf")
     parser.add_argument("--python", default=sys.executable, help="interpreter with PyTorch for the torch tool")
-    parser.add_argument("--min-bytes", type=int, default=1 << 18)
-    parser.add_argument("--max-bytes", type=int, default=1 << 28)
+    parser.add_argument("--min-bytes", type=int, default=1 << 13)
+    parser.add_argument("--max-bytes", type=int, default=1 << 29)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--timeout", type=int, default=300, help="seconds per candidate before it counts as hung")
     parser.add_argument("--min-gpus", type=int, default=2)
+    parser.add_argument("--gpus", default="", help="PCI addresses of the GPUs to measure (the tensor-parallel group), "
+                                                   "comma-separated; default every GPU")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if not args.worker and not args.candidates:
@@ -327,7 +354,7 @@ def bench(args):
     report = {"tool": None, "gpus": 0, "gpu_names": [], "gpus_from": None, "skipped": None, "error": None, "no_tool": False,
               "results": {},
               "bench": {"min_bytes": args.min_bytes, "max_bytes": args.max_bytes, "warmup": args.warmup,
-                        "iters": args.iters, "timeout": args.timeout}}
+                        "iters": args.iters, "timeout": args.timeout, "gpus": args.gpus}}
     try:
         if args.candidates.lstrip().startswith("{"):
             candidates = json.loads(args.candidates)
@@ -342,6 +369,16 @@ def bench(args):
 
     gpus, names, how = count_gpus(args.python if args.tool != "nccl-tests" else None)
     report.update(gpus=gpus, gpu_names=names, gpus_from=how)
+    visible = None
+    wanted = [w.strip().lower() for w in (args.gpus or "").split(",") if w.strip()]
+    if wanted:
+        indexes, problem = select_gpus(wanted, count_gpus.bus_ids)
+        if problem:
+            report["error"] = problem + " (nvidia-smi names them)"
+            return report
+        visible = ",".join(str(i) for i in indexes)
+        gpus = len(indexes)
+        report.update(gpus=gpus, group=wanted, cuda_visible_devices=visible)
     if gpus < args.min_gpus:
         report["skipped"] = "A/B skipped: %d GPU(s)" % gpus
         return report
@@ -365,6 +402,8 @@ def bench(args):
         home = tempfile.mkdtemp(prefix="nccl-ab-")
         try:
             env = candidate_env(os.environ, candidates[name], home)
+            if visible is not None:
+                env["CUDA_VISIBLE_DEVICES"] = visible
             start = time.monotonic()
             if perf:
                 result = run_nccl_tests(perf, gpus, env, args)

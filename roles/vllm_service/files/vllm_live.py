@@ -5,8 +5,9 @@
 
     python3 vllm_live.py UNIT
 
-{"pid", "user", "argv", "env" (NCCL_*, CUDA_*, HF_*, VLLM_*, TRANSFORMERS_* but never VLLM_API_KEY),
- "api_key_in_env" (the key's presence, never its value), "env_readable"}
+{"pid", "user", "argv", "env" (NCCL_*, CUDA_*, HF_*, VLLM_*, TRANSFORMERS_* but never VLLM_API_KEY nor a
+ name that looks secret, such as HF_TOKEN), "api_key_in_env" (the key's presence, never its value),
+ "secrets_in_env" (the names of the secret-looking variables present, never their values), "env_readable"}
 
 Root may not read another user's /proc/PID/environ where it lacks CAP_SYS_PTRACE (unprivileged
 containers); the environment is then read by a child that drops to the process's own user.
@@ -15,15 +16,22 @@ containers); the environment is then read by a child that drops to the process's
 import json
 import os
 import pwd
+import re
 import subprocess
 import sys
 
 SHOWN = ("NCCL_", "CUDA_", "HF_", "VLLM_", "TRANSFORMERS_")
+# The same names vllm_args refuses in the plain environment (module_utils/vllm_args.py SECRET_NAME).
+SECRET = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|AUTH)", re.IGNORECASE)
 
 
 def visible(env):
-    """The variables worth comparing; never the API key."""
-    return {k: v for k, v in env.items() if k.startswith(SHOWN) and k != "VLLM_API_KEY"}
+    """The variables worth comparing; never the API key or anything that looks secret."""
+    return {k: v for k, v in env.items() if k.startswith(SHOWN) and k != "VLLM_API_KEY" and not SECRET.search(k)}
+
+
+def secret_names(env):
+    return sorted(k for k in env if k == "VLLM_API_KEY" or SECRET.search(k))
 
 
 def read_as(path, uid, gid):
@@ -83,6 +91,7 @@ def main():
         "argv": argv,
         "env": visible(env),
         "api_key_in_env": "VLLM_API_KEY" in env,
+        "secrets_in_env": [k for k in secret_names(env) if k != "VLLM_API_KEY"],
         "env_readable": raw is not None,
         "error": None,
     }))

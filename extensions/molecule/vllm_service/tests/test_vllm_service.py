@@ -9,6 +9,7 @@ import json
 testinfra_hosts = ["podman://gpufleet-vllm-bookworm"]
 
 KEY = "molecule-test-key-0123456789abcdef"
+HF_TOKEN = "hf_molecule_scenario_placeholder_0001"  # vars/scenario.yml: a stand-in, not a real token
 BASE = "http://127.0.0.1:8000"
 
 HTTP = r"""
@@ -68,7 +69,8 @@ def test_environment_files(host):
     assert KEY not in env.content_string
     secret = host.file("/etc/gpufleet/vllm/vllm.secret.env")
     assert secret.user == "root" and secret.group == "root" and secret.mode == 0o600
-    assert secret.content_string == f"VLLM_API_KEY={KEY}\n"
+    assert secret.content_string == f"VLLM_API_KEY={KEY}\nHF_TOKEN={HF_TOKEN}\n"
+    assert HF_TOKEN not in env.content_string
 
 
 def test_the_key_is_nowhere_else(host):
@@ -77,7 +79,7 @@ def test_the_key_is_nowhere_else(host):
     cmdline = host.file(f"/proc/{pid}/cmdline").content_string
     journal = host.check_output("journalctl -u vllm.service --no-pager -o cat")
     for text in (unit, cmdline, journal):
-        assert KEY not in text
+        assert KEY not in text and HF_TOKEN not in text
 
 
 def test_process_runs_as_intended(host):
@@ -92,7 +94,19 @@ def test_process_runs_as_intended(host):
     # the nccl_env role's file (pcie_safe) reached the process
     for line in ("NCCL_NVLS_ENABLE=0", "NCCL_P2P_LEVEL=PXB", "CUDA_DEVICE_ORDER=PCI_BUS_ID", "HF_HUB_OFFLINE=1"):
         assert line in environ
-    assert f"VLLM_API_KEY={KEY}" in environ
+    assert f"VLLM_API_KEY={KEY}" in environ and f"HF_TOKEN={HF_TOKEN}" in environ
+
+
+def test_systemd_scores_the_running_unit_at_most_2_0(host):
+    out = host.check_output("SYSTEMD_COLORS=0 systemd-analyze security --no-pager vllm.service")
+    exposure = float(out.rsplit("Overall exposure level for vllm.service:", 1)[1].split()[0])
+    assert exposure <= 2.0, out[-3000:]
+    props = dict(line.split("=", 1) for line in host.check_output(
+        "systemctl show vllm.service --property=CapabilityBoundingSet,SystemCallArchitectures,DevicePolicy,"
+        "PrivateMounts,ProtectProc,RemoveIPC").splitlines())
+    assert props["CapabilityBoundingSet"] == "" and props["SystemCallArchitectures"] == "native"
+    assert props["DevicePolicy"] == "closed" and props["PrivateMounts"] == "yes"
+    assert props["ProtectProc"] == "invisible" and props["RemoveIPC"] == "yes"
 
 
 def test_venv_and_link(host):

@@ -14,7 +14,14 @@ F = FilterModule().filters()
 
 
 def test_filters_are_registered():
-    assert set(F) == {"vllm_args", "vllm_venv_name"}
+    assert set(F) == {"vllm_args", "vllm_venv_name", "vllm_secret_envfile"}
+
+
+def test_secret_envfile_filter_checks_without_showing_values():
+    assert F["vllm_secret_envfile"]("k" * 20, {"HF_TOKEN": "hf_x"}) == "VLLM_API_KEY=" + "k" * 20 + "\nHF_TOKEN=hf_x\n"
+    with pytest.raises(AnsibleFilterError) as err:
+        F["vllm_secret_envfile"]("k" * 20, {"HF_TOKEN": "hf_sec ret"})
+    assert "HF_TOKEN" in str(err.value) and "hf_sec" not in str(err.value)
 
 
 def test_vllm_args_as_the_role_calls_it():

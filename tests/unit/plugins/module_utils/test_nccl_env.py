@@ -319,3 +319,60 @@ def test_real_h200_four_settings_rank_as_measured(host):
         assert d["winner"] == "p2p_on" and d["ratio"] < 0.15, (base, d)
     d = ne.ab_decide({"p2p_on": four["nccl_defaults"], "p2p_off": four["pcie_safe_p2p_on"]})
     assert 0.95 < d["ratio"] <= 1.0  # pcie_safe costs under 5% against the defaults here
+
+
+# ---- the p2p_on arm really allows P2P for the group's pair levels ------------------------------------
+@pytest.mark.parametrize("levels,want", [(["PIX"], "PXB"), (["PIX", "PXB"], "PXB"), (["PHB"], "PHB"), (["NODE", "PIX"], "PHB"),
+                                         (["SYS", "PHB"], "SYS"), ([], "PXB")])
+def test_p2p_on_arm_level_covers_the_farthest_pair(levels, want):
+    cands = ne.ab_candidates(ne.resolve("pcie_safe"), levels)
+    assert cands["p2p_on"]["NCCL_P2P_LEVEL"] == want  # pcie_safe's PXB is raised, never lowered
+    assert cands["p2p_off"]["NCCL_P2P_DISABLE"] == "1" and "NCCL_P2P_LEVEL" not in cands["p2p_off"]
+    # the winner written to the service is the arm that was measured
+    assert ne.resolve("pcie_safe", p2p="p2p_on", pair_levels=levels) == cands["p2p_on"]
+
+
+def test_a_farther_user_level_is_kept():
+    cands = ne.ab_candidates(ne.resolve("pcie_safe", {"NCCL_P2P_LEVEL": "SYS"}), ["PHB"])
+    assert cands["p2p_on"]["NCCL_P2P_LEVEL"] == "SYS"
+
+
+def test_group_pair_levels_from_the_real_h200_capture_facts():
+    pcie = {"pairs": [{"a": "0000:00:06.0", "b": "0000:00:07.0", "level": "PHB"},
+                      {"a": "0000:00:06.0", "b": "0000:00:08.0", "level": "PHB"},
+                      {"a": "0000:00:07.0", "b": "0000:00:08.0", "level": "SYS"}]}
+    assert ne.group_pair_levels(pcie, ["0000:00:06.0", "0000:00:07.0"]) == ["PHB"]
+    assert ne.group_pair_levels(pcie) == ["PHB", "PHB", "SYS"] and ne.p2p_allow_level(ne.group_pair_levels(pcie)) == "SYS"
+
+
+SMALL = [8192, 65536, 1 << 20]
+LARGE = [1 << 24, 1 << 27, 1 << 29]
+
+
+def two(small_us, large_gbps):
+    return {"ok": True, "error": None, "time_us": {str(s): v for s, v in zip(SMALL + LARGE, small_us + [1000, 8000, 30000])},
+            "busbw_gbps": {str(s): v for s, v in zip(SMALL + LARGE, [0.5, 3, 9] + large_gbps)}}
+
+
+def test_decode_latency_and_bandwidth_both_decide():
+    # p2p_off: small all-reduces 30% faster (host staging beats a slow P2P path), bandwidth equal: p2p_off wins
+    d = ne.ab_decide({"p2p_on": two([20, 25, 60], [20, 22, 22]), "p2p_off": two([14, 17.5, 42], [20, 22, 22])})
+    assert d["winner"] == "p2p_off" and d["small_sizes"] == SMALL and d["large_sizes"] == LARGE
+    assert d["latency_ratio"] == pytest.approx(1 / 0.7, rel=1e-3) and d["ratio"] == pytest.approx(1.0)
+    assert "small all-reduces" in d["reason"] and "us" in d["reason"]
+
+
+def test_mixed_result_keeps_the_preferred_mode():
+    # p2p_off has 20% more bandwidth but 20% slower small all-reduces: the decode path would pay
+    d = ne.ab_decide({"p2p_on": two([10, 12, 30], [20, 20, 20]), "p2p_off": two([12, 14.4, 36], [24, 24, 24])})
+    assert d["winner"] == "p2p_on" and "mixed result" in d["reason"]
+
+
+def test_within_margin_on_both_keeps_the_preferred_mode():
+    d = ne.ab_decide({"p2p_on": two([10, 12, 30], [20, 20, 20]), "p2p_off": two([9.8, 11.8, 29.5], [20.5, 20.5, 20.5])})
+    assert d["winner"] == "p2p_on" and "not better beyond the margin" in d["reason"]
+
+
+def test_pci_is_not_a_p2p_level():  # docs/tuning_myths.md: NCCL_P2P_LEVEL=PCI is widely copied and means nothing
+    with pytest.raises(ne.NcclEnvError, match="NCCL_P2P_LEVEL"):
+        ne.resolve("custom", {"NCCL_P2P_LEVEL": "PCI"})

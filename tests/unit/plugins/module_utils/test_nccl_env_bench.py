@@ -56,6 +56,15 @@ def test_parse_all_reduce_perf(bench):
     assert parsed["busbw_gbps"] == {"1048576": 11.02, "2097152": 12.31, "4194304": 13.02}
     assert parsed["algbw_gbps"]["4194304"] == 13.02
     assert parsed["wrong"] == 0 and parsed["avg_busbw_gbps"] == 12.135
+    assert parsed["time_us"] == {"1048576": 95.12, "2097152": 170.3, "4194304": 322.1}  # out-of-place time per all-reduce
+
+
+def test_select_gpus_maps_the_tp_group_to_cuda_indexes_in_pci_order(bench):
+    ids = ["0000:b1:00.0", "0000:17:00.0", "0000:31:00.0", "0000:ca:00.0"]  # nvidia-smi's order
+    assert bench.bus_bdf("00000000:17:00.0") == "0000:17:00.0"
+    assert bench.select_gpus(["0000:31:00.0", "0000:b1:00.0"], ids) == ([1, 2], None)
+    idx, problem = bench.select_gpus(["0000:99:00.0"], ids)
+    assert idx is None and "0000:99:00.0 of --gpus not found" in problem
 
 
 def test_parse_counts_wrong_values_and_accepts_unchecked_runs(bench):
@@ -68,7 +77,7 @@ def test_parse_counts_wrong_values_and_accepts_unchecked_runs(bench):
 
 def test_parse_ignores_noise(bench):
     parsed = bench.parse_all_reduce_perf("NCCL INFO Bootstrap : Using eth0\nsomething 12 odd\n")
-    assert parsed == {"busbw_gbps": {}, "algbw_gbps": {}, "wrong": 0, "avg_busbw_gbps": None}
+    assert parsed == {"busbw_gbps": {}, "algbw_gbps": {}, "time_us": {}, "wrong": 0, "avg_busbw_gbps": None}
 
 
 def test_candidate_env_drops_inherited_nccl_keys_and_keeps_multicast_off(bench, tmp_path):
@@ -266,3 +275,18 @@ def test_main_prints_one_json_line(bench, fakebin, capsys):
     assert bench.main(["--candidates", json.dumps(CANDS)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["skipped"] == "A/B skipped: 1 GPU(s)" and out["finished_at"].endswith("Z")
+
+
+def test_the_tp_group_only_is_measured(bench, fakebin, tmp_path):
+    fake_smi(fakebin, 4)  # 0000:17:00.0 .. 0000:1a:00.0
+    record = tmp_path / "calls.jsonl"
+    fake_perf(fakebin, record)
+    report = bench.bench(args_for(bench, CANDS, gpus="0000:19:00.0,0000:1a:00.0"))
+    assert report["error"] is None and report["gpus"] == 2 and report["cuda_visible_devices"] == "2,3", report
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(calls) == 2
+    for call in calls:
+        assert call["env"]["CUDA_VISIBLE_DEVICES"] == "2,3" and call["argv"][call["argv"].index("-g") + 1] == "2"
+    assert report["results"]["p2p_on"]["time_us"]["1048576"] == 95.12
+    missing = bench.bench(args_for(bench, CANDS, gpus="0000:99:00.0"))
+    assert "0000:99:00.0 of --gpus not found" in missing["error"] and missing["results"] == {}

@@ -50,7 +50,10 @@ def test_acs_redirect_between_gpus_under_one_switch(tmp_path):
     assert f["severity"] == "warning"
     assert f["devices"] == SWITCH_GPUS + ["0000:02:00.0", "0000:02:01.0"]
     assert "(PIX)" in f["message"] and "root complex" in f["message"]
-    assert "pci=noacs" in f["fix"]
+    # the fix names the real controls on exactly these ports; pci=noacs is no kernel option
+    assert "exactly 0000:02:00.0, 0000:02:01.0 with gpufleet.inference.pcie_acs" in f["fix"]
+    assert "pci=disable_acs_redir=" in f["fix"] and "tuning_myths.md" in f["fix"]
+    assert "boot with pci=noacs" not in f["fix"]
 
 
 def test_acs_redirect_is_info_when_vfio_is_wanted(tmp_path):
@@ -222,7 +225,8 @@ def test_aspm_enabled_on_the_gpu_path(tmp_path, where):
     host.gpu("0000:01:00.0", "0000:00:01.0", aspm="L0s L1" if where == "gpu" else "disabled")
     f = one(findings(tmp_path, ["0000:01:00.0"]), "aspm_enabled")
     assert f["devices"] == (["0000:00:01.0"] if where == "root_port" else ["0000:01:00.0"])
-    assert "kernel ASPM policy: powersave" in f["message"] and "pcie_aspm=off" in f["fix"]
+    assert "kernel ASPM policy: powersave" in f["message"]
+    assert "pcie_aspm=off does not turn ASPM off" in f["fix"] and "policy to performance" in f["fix"]
 
 
 def test_hugepages_reserved_gives_no_finding(tmp_path):

@@ -62,10 +62,20 @@ def test_setpci_spec_writes_only_the_field(register, size, spec):
 
 
 def test_setpci_argv():
+    # always the sysfs access method only, always the given tree: never a fallback to another method
     assert pp.setpci_argv("/usr/bin/setpci", "/", "0000:3b:00.0", "mps", 256) == [
-        "/usr/bin/setpci", "-s", "0000:3b:00.0", "CAP_EXP+8.w=0020:00e0"]
+        "/usr/bin/setpci", "-A", "linux-sysfs", "-O", "sysfs.path=/sys/bus/pci", "-s", "0000:3b:00.0", "CAP_EXP+8.w=0020:00e0"]
     assert pp.setpci_argv("/usr/bin/setpci", "/tmp/x/", "0000:3b:00.0", "mrrs", 4096) == [
-        "/usr/bin/setpci", "-O", "sysfs.path=/tmp/x/sys/bus/pci", "-s", "0000:3b:00.0", "CAP_EXP+8.w=5000:7000"]
+        "/usr/bin/setpci", "-A", "linux-sysfs", "-O", "sysfs.path=/tmp/x/sys/bus/pci", "-s", "0000:3b:00.0",
+        "CAP_EXP+8.w=5000:7000"]
+
+
+@needs_setpci
+def test_setpci_on_a_missing_tree_fails_instead_of_reaching_the_real_bus(tmp_path):
+    argv = pp.setpci_argv(SETPCI, str(tmp_path / "nothing-here"), "0000:00:00.0", "mps", 256)
+    argv[-1] = "VENDOR_ID.w"  # a read: even a wrong outcome of this test touches no hardware
+    rc, out, err = run(argv)
+    assert rc != 0 and out == "", (rc, out, err)
 
 
 def test_field_decodes_real_h200_devctl():
@@ -230,6 +240,9 @@ def test_merge_record_keeps_the_first_original(switch):
 
 def test_parse_record():
     assert pp.parse_record(None, "x") == pp.empty_record()
+    for empty in ("", "\n", "  "):  # a truncated record is an error, never "nothing was changed"
+        with pytest.raises(pp.PayloadError, match="is empty: it should hold the original"):
+            pp.parse_record(empty, "/var/lib/gpufleet/pcie_payload/originals.json")
     with pytest.raises(pp.PayloadError, match="is not valid JSON"):
         pp.parse_record("{", "/var/lib/gpufleet/pcie_payload/originals.json")
     with pytest.raises(pp.PayloadError, match="is not a gpufleet.inference.pcie_payload record"):
@@ -288,7 +301,9 @@ def test_persist_entries_replace_managed_hierarchies_and_keep_others():
 def test_render_unit():
     unit = pp.render_unit()
     assert "Type=oneshot" in unit and "RemainAfterExit=yes" in unit and "DefaultDependencies=no" in unit
-    assert "Before=sysinit.target shutdown.target nvidia-persistenced.service" in unit
+    # before udev coldplug loads the GPU drivers, so no DMA is in flight when a register changes
+    assert "Before=systemd-udev-trigger.service sysinit.target shutdown.target nvidia-persistenced.service" in unit
+    assert "After=systemd-remount-fs.service\n" in unit and "systemd-udev-trigger.service\nBefore" not in unit
     assert f"ConditionPathExists={pp.PERSIST_CONFIG}" in unit
     assert f"ExecStart={pp.APPLY_SCRIPT} {pp.PERSIST_CONFIG}" in unit
     assert pp.render_script("/usr/bin/python3").startswith("#!/usr/bin/python3\n# -*- coding: utf-8 -*-")
@@ -305,7 +320,7 @@ def test_apply_writes_reads_back(switch):
     plan = pp.plan_present(pp.gather(switch), "max_safe", 4096)
     out = pp.apply_writes(switch, plan["writes"], run, SETPCI)
     assert out["failures"] == [] and len(out["done"]) == 8
-    assert all(d["argv"][:3] == [SETPCI, "-O", f"sysfs.path={switch.root}/sys/bus/pci"] for d in out["done"])
+    assert all(d["argv"][:5] == [SETPCI, "-A", "linux-sysfs", "-O", f"sysfs.path={switch.root}/sys/bus/pci"] for d in out["done"])
     assert pp.read_payload(switch, "0000:04:00.0")["mrrs"] == 4096
 
 

@@ -28,6 +28,7 @@ def gpu_host(root) -> FakeHost:
     host.add("0000:18:00.0", "0000:16:02.0", class_code="0x010802", vendor="0x144d", device="0xa80a", driver="nvme", msix=4)
     driver_module(host, "nvidia")
     driver_module(host, "snd_hda_intel")
+    nvidia_proc(host, "0000:17:00.0", 0)  # the nvidia driver names every GPU's /dev/nvidiaN minor
     return host
 
 
@@ -283,3 +284,14 @@ def test_bind_watcher_polls_the_link_and_respects_the_timeout(tmp_path):
 def test_bind_watcher_uses_polling_under_a_fake_root(tmp_path):
     """pyudev describes the live host only: a fake root never opens a netlink monitor."""
     assert vfio.BindWatcher(HostFS(str(tmp_path))).source == "poll"
+
+
+@pytest.mark.parametrize("text", ["", "\n", "[]", "{"])
+def test_an_empty_or_broken_originals_record_is_an_error(tmp_path, text):
+    host = gpu_host(tmp_path)
+    host.real(vfio.STATE_FILE).parent.mkdir(parents=True, exist_ok=True)
+    host.real(vfio.STATE_FILE).write_text(text)
+    with pytest.raises(vfio.VfioError, match="original-drivers.json is (empty|not a JSON object)"):
+        vfio.load_originals(HostFS(str(tmp_path)))
+    host.real(vfio.STATE_FILE).unlink()
+    assert vfio.load_originals(HostFS(str(tmp_path))) == {}

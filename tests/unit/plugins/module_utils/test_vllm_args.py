@@ -36,7 +36,7 @@ def test_defaults_give_the_minimal_command_line():
 
 
 def test_every_serving_flag():
-    out = build(served_model_name="deepseek", host="0.0.0.0", port="8080", tensor_parallel_size=8,
+    out = build(served_model_name="deepseek", host="0.0.0.0", port="8080", tensor_parallel_size=8, api_key="k" * 32,
                 pipeline_parallel_size=2, gpu_memory_utilization=0.92, max_model_len=32768, max_num_seqs=256,
                 max_num_batched_tokens=8192, enable_chunked_prefill=True, enable_prefix_caching=False,
                 kv_cache_dtype="fp8", quantization="fp8", dtype="bfloat16", extra_args=["--swap-space", 8])
@@ -160,10 +160,10 @@ def test_unit_settings_and_ready_url():
     out = build(unit_settings={"CPUAffinity": "0-47", "Nice": -5, "MemoryDenyWriteExecute": False})
     assert out["unit_settings"] == {"CPUAffinity": "0-47", "MemoryDenyWriteExecute": "no", "Nice": "-5"}
     assert out["ready_url"] == "http://127.0.0.1:8000"
-    assert build(host="0.0.0.0", port=9000)["ready_url"] == "http://127.0.0.1:9000"
-    assert build(host="::")["ready_url"] == "http://[::1]:8000"
-    assert build(host="fd00::5")["ready_url"] == "http://[fd00::5]:8000"
-    assert build(host="infer-01.example")["ready_url"] == "http://infer-01.example:8000"
+    assert build(host="0.0.0.0", port=9000, api_key="k" * 32)["ready_url"] == "http://127.0.0.1:9000"
+    assert build(host="::", allow_no_api_key=True)["ready_url"] == "http://[::1]:8000"
+    assert build(host="fd00::5", api_key="k" * 32)["ready_url"] == "http://[fd00::5]:8000"
+    assert build(host="infer-01.example", api_key="k" * 32)["ready_url"] == "http://infer-01.example:8000"
 
 
 # ---- systemd quoting -------------------------------------------------------------------------------
@@ -223,3 +223,45 @@ def test_venv_name_follows_the_source():
 def test_venv_name_errors(package, version, expected):
     with pytest.raises(va.VllmArgsError, match=expected.replace("(", r"\(").replace(")", r"\)")):
         va.venv_name(package, version, {})
+
+
+# ---- secrets --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "WANDB_API_KEY", "OPENAI_APIKEY",
+                                  "DB_PASSWORD", "hf_token"])
+def test_secret_looking_names_are_refused_in_the_plain_env(name):
+    msg = error(env={name: "hf_abcdefghijklmnopqrstuvwxyz0123456789"})
+    assert f"vllm_service_env.{name} looks like a secret" in msg and "vllm_service_secret_env" in msg
+    assert "hf_abcdef" not in msg
+
+
+def test_plain_env_still_takes_ordinary_names():
+    assert build(env={"HF_HUB_ENABLE_HF_TRANSFER": "1", "VLLM_LOGGING_LEVEL": "INFO"})["environment"]["VLLM_LOGGING_LEVEL"] == "INFO"
+
+
+def test_secret_env_names_only_in_the_result_and_values_never_in_messages():
+    out = build(secret_env={"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123456789"})
+    assert out["secret_env_names"] == ["HF_TOKEN"] and out["secret_file"] is True and out["api_key_set"] is False
+    assert "hf_abcdef" not in repr(out)
+    msg = error(secret_env={"HF_TOKEN": "hf_abc def"})
+    assert "HF_TOKEN" in msg and "hf_abc" not in msg
+    assert "is not an environment variable name" in error(secret_env={"1BAD": "x"})
+    assert "set vllm_service_api_key instead" in error(secret_env={"VLLM_API_KEY": "k" * 32})
+    assert build()["secret_file"] is False
+
+
+def test_secret_envfile_text():
+    assert va.render_secret_envfile("k" * 20, {"HF_TOKEN": "hf_x", "A_TOKEN": "y"}) == f"VLLM_API_KEY={'k' * 20}\nA_TOKEN=y\nHF_TOKEN=hf_x\n"
+    assert va.render_secret_envfile("", {}) == ""
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "gpu01.example.com"])
+def test_an_api_key_is_required_beyond_loopback(host):
+    msg = error(host=host)
+    assert f"vllm_service_host={host} serves beyond loopback but vllm_service_api_key is empty" in msg
+    assert build(host=host, api_key="k" * 32)["api_key_set"] is True
+    assert build(host=host, allow_no_api_key=True)["api_key_set"] is False
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.1.1", "::1", "localhost"])
+def test_loopback_needs_no_key(host):
+    assert build(host=host)["api_key_set"] is False

@@ -36,6 +36,7 @@ PLAYBOOK = """\
     gpufleet.inference.kernel_cmdline_info: {root: "%(root)s"}
     gpufleet.inference.pcie_aspm: {root: "%(root)s"}
     gpufleet.inference.pcie_payload: {root: "%(root)s"}
+    gpufleet.inference.pcie_acs: {root: "%(root)s"}
     gpufleet.inference.pcie_facts: {root: "%(root)s"}
   roles:
     - role: gpufleet.inference.pcie_link
@@ -152,3 +153,37 @@ def test_role_on_a_readonly_device_fails_cleanly(host):
     assert "did not take MaxPayload 256" in out and "QEMU does" in out
     assert payload(host, "0000:00:01.0") == (128, 512)
     assert not (host / "var/lib/gpufleet/pcie_payload/originals.json").exists()
+
+
+def acsctl(host: Path, bdf: str) -> int:
+    cfg = (host / f"sys/bus/pci/devices/{bdf}/config").read_bytes()
+    return cfg[0x14E] | cfg[0x14F] << 8
+
+
+@needs_tools
+def test_role_clears_acs_between_the_group_persists_it_and_puts_it_on_the_command_line(host):
+    acs = ("-e", "pcie_link_acs=true", "-e", "pcie_link_aspm_policy=''", "-e", "pcie_link_mrrs=0")
+    (host / "proc/sys/kernel").mkdir(parents=True, exist_ok=True)
+    (host / "proc/sys/kernel/osrelease").write_text("6.1.0-56-amd64\n")
+    before = {b: acsctl(host, b) for b in ("0000:00:01.0", "0000:02:00.0", "0000:02:01.0")}
+    out, recap = play(host, *acs)
+    assert recap["failed"] == 0 and recap["changed"] > 0, out[-4000:]
+    # exactly the two switch ports between the GPUs; the root port above keeps its redirect
+    assert (acsctl(host, "0000:02:00.0"), acsctl(host, "0000:02:01.0"), acsctl(host, "0000:00:01.0")) == (
+        before["0000:02:00.0"] & ~0x2C, before["0000:02:01.0"] & ~0x2C, before["0000:00:01.0"])
+    assert "pci=disable_acs_redir=0000:02:00.0\\;0000:02:01.0" in (host / "etc/default/grub.d/99-gpufleet.cfg").read_text()
+    assert "ACS Control read back: 0000:02:00.0, 0000:02:01.0 clear of ReqRedir/CmpltRedir/EgressCtrl" in out
+    assert "A reboot is pending for pcie_link" in out
+    out, recap = play(host, *acs)
+    assert (recap["failed"], recap["changed"]) == (0, 0), out[-4000:]
+    # the reboot: the kernel got the argument (GRUB unescapes '\;'), firmware ACS again; the boot unit clears it
+    (host / "proc/cmdline").write_text("BOOT_IMAGE=/boot/vmlinuz ro quiet pcie_aspm.policy=performance "
+                                       "pci=disable_acs_redir=0000:02:00.0;0000:02:01.0\n")
+    out, recap = play(host, *acs)
+    assert (recap["failed"], recap["changed"]) == (0, 0) and "reboot is pending" not in out, out[-4000:]
+    # turned off: the originals come back, byte for byte, and the argument goes
+    out, recap = play(host, "-e", "pcie_link_acs=false", "-e", "pcie_link_aspm_policy=''", "-e", "pcie_link_mrrs=0")
+    assert recap["failed"] == 0, out[-4000:]
+    assert {b: acsctl(host, b) for b in before} == before
+    assert not (host / "etc/default/grub.d/99-gpufleet.cfg").exists()  # no owner has arguments left
+    assert "disable_acs_redir" not in (host / "boot/grub/grub.cfg").read_text()

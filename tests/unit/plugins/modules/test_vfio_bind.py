@@ -15,7 +15,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils import vfio
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import vfio_bind
 from tests.unit.fakesysfs import (
-    FakeHost, SimKernel, group_of, hold, mount, net_interface, nvidia_proc, nvme_disk, two_gpus_one_switch,
+    FakeHost, SimKernel, driver_module, group_of, hold, mount, net_interface, nvidia_proc, nvme_disk, two_gpus_one_switch,
 )
 from tests.unit.plugins.module_utils.test_vfio import gpu_host
 
@@ -146,6 +146,8 @@ def test_absent_fails_when_the_original_driver_does_not_return(tmp_path):
 # ---- refusals: nothing changes ---------------------------------------------------------------------------
 def test_shared_group_is_refused_before_any_write(tmp_path):
     host = two_gpus_one_switch(tmp_path, acs=False)
+    nvidia_proc(host, "0000:03:00.0", 0)
+    nvidia_proc(host, "0000:04:00.0", 1)
     run = Run(host)
     with pytest.raises(vfio.VfioError) as err:
         run(devices=["0000:03:00.0"], persist="udev")
@@ -324,3 +326,37 @@ def test_main_bad_group_allow_and_timeout(tmp_path, capsys):
     assert "group_allow: 'usb' is not a PCI address" in result["msg"]
     result = run_main({"root": str(host.root), "devices": [GPU], "timeout": 0}, capsys)
     assert "timeout must be a positive number" in result["msg"]
+
+
+# ---- guards: an unresolvable GPU, the boot display, the BMC's display ----------------------------------
+def test_nvidia_gpu_whose_minor_cannot_be_resolved_counts_as_in_use(tmp_path):
+    host = gpu_host(tmp_path)
+    (host.real("/proc/driver/nvidia/gpus/0000:17:00.0/information")).unlink()
+    run = Run(host)
+    with pytest.raises(vfio.VfioError, match="names no device minor.*counted as in use.*force: true") as err:
+        run()
+    assert run.sim.writes == [] and "Nothing was changed." in str(err.value)
+    assert run(force=True)["changed"] is True
+    assert any("names no device minor" in w and "Releasing it anyway" in w for w in run.warnings)
+
+
+def test_boot_vga_is_refused_unless_forced(tmp_path):
+    host = gpu_host(tmp_path)
+    host.write(host.dirs[GPU] + "/boot_vga", "1")
+    run = Run(host)
+    with pytest.raises(vfio.VfioError, match="0000:17:00.0 is the boot display device \\(boot_vga 1\\).*force_display: true"):
+        run()
+    assert run.sim.writes == []
+    assert run(force_display=True)["changed"] is True
+    assert any("boot display device" in w for w in run.warnings)
+
+
+def test_bmc_display_controller_is_refused_unless_forced(tmp_path):
+    host = gpu_host(tmp_path)
+    host.add("0000:16:03.0", "pci0000:16", kind="root_port")
+    host.add("0000:19:00.0", "0000:16:03.0", kind="pci", class_code="0x030000", vendor="0x1a03", device="0x2000", driver="ast")
+    driver_module(host, "ast")
+    run = Run(host)
+    with pytest.raises(vfio.VfioError, match="0000:19:00.0 is a BMC display controller \\(ASPEED \\[1a03:2000\\]\\)"):
+        run(devices=["0000:19:00.0"])
+    assert run.sim.writes == []

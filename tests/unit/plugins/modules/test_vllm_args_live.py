@@ -58,3 +58,9 @@ def test_visible_keeps_the_settings_and_drops_the_key(live):
            "VLLM_CPU_KVCACHE_SPACE": "1", "PATH": "/usr/bin", "AWS_SECRET_ACCESS_KEY": "x"}
     assert live.visible(env) == {"NCCL_P2P_LEVEL": "PXB", "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "HF_HUB_OFFLINE": "1",
                                  "VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+def test_secret_names_are_never_shown_only_named(live):
+    env = {"HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz", "HF_HUB_OFFLINE": "1", "VLLM_API_KEY": "k", "NCCL_DEBUG": "WARN"}
+    assert live.visible(env) == {"HF_HUB_OFFLINE": "1", "NCCL_DEBUG": "WARN"}
+    assert live.secret_names(env) == ["HF_TOKEN", "VLLM_API_KEY"]

@@ -1,0 +1,310 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""ACS P2P redirect between the GPUs of a tensor-parallel group, for gpufleet.inference.pcie_acs.
+
+Access Control Services on a switch downstream port or a root port can redirect peer-to-peer
+requests (ReqRedir, RR), completions (CmpltRedir, CR) and egress-controlled traffic (EgressCtrl,
+EC) up to the root complex instead of straight to the peer: P2P then goes through the IOMMU, is
+slow, and has hung NCCL all-reduce on PCIe-only GPUs. The kernel turns these bits on at every
+port when an IOMMU is enabled, because ACS is what keeps devices in separate IOMMU groups for vfio.
+
+The real controls (``pci=noacs`` does not exist in mainline Linux):
+
+- at runtime, clear RR/CR/EC in the ACS Control register (ECAP_ACS + 6) of exactly the bridges
+  between the group's GPUs: ``setpci -s BRIDGE ECAP_ACS+6.w=0000:002c`` (value:mask, only those
+  bits); lasts until the next reset or boot, so the collection's boot unit re-applies it;
+- at boot, ``pci=disable_acs_redir=<dev>[;<dev>...]`` (Linux 5.0+) and ``pci=config_acs=`` (6.11+),
+  which the kernel applies while it enumerates the bus, before any driver.
+
+Pure planning here; I/O through HostFS and a ``run(argv)`` callback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from itertools import combinations
+from typing import Any, Callable
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import (
+    CFG_EXTENDED, ConfigSpaceError, decode_config,
+)
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PCI_DEVICES, topology_level
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import setpci_base
+
+# ACS Control bits this module manages (same layout as ACS Capability).
+BITS = {"RR": 0x04, "CR": 0x08, "EC": 0x20}
+MASK = 0x2C
+ACSCTL = 6
+STATE_DIR = "/var/lib/gpufleet/pcie_acs"
+RECORD_FILE = "originals.json"
+RECORD_FORMAT = "gpufleet-pcie-acs-originals/1"
+# Boot parameters: disable_acs_redir since Linux 5.0, config_acs since 6.11.
+DISABLE_ACS_REDIR_SINCE = (5, 0)
+CONFIG_ACS_SINCE = (6, 11)
+# config_acs flags, bit 6 (DT) first down to bit 0 (SV): clear EC (5), CR (3), RR (2), keep the rest.
+CONFIG_ACS_FLAGS = "x0x00xx"
+VFIO_HINTS = ("/etc/modprobe.d/gpufleet-vfio.conf", "/etc/udev/rules.d/61-gpufleet-vfio.rules")
+
+
+class AcsError(Exception):
+    """Bad input or an unsafe request; the message says what, where, why and what to do."""
+
+
+def bit_names(value: int) -> list[str]:
+    return [name for name, bit in BITS.items() if value & bit]
+
+
+def spec(value: int, mask: int) -> str:
+    """``ECAP_ACS+6.w=VALUE:MASK``: setpci writes only the bits under MASK."""
+    return f"ECAP_ACS+{ACSCTL:x}.w={value & mask:04x}:{mask:04x}"
+
+
+def setpci_argv(setpci: str, root: str, bdf: str, value: int, mask: int) -> list[str]:
+    return setpci_base(setpci, root) + ["-s", bdf, spec(value, mask)]
+
+
+def read_acs(fs: HostFS, bdf: str) -> dict[str, Any]:
+    """ACS of one function: ``{readable, error, offset, cap, ctrl, vendor_id, device_id}``; offset None without ACS."""
+    out: dict[str, Any] = {"readable": False, "error": None, "offset": None, "cap": 0, "ctrl": 0,
+                           "vendor_id": None, "device_id": None}
+    path = f"{PCI_DEVICES}/{bdf}/config"
+    try:
+        cfg = decode_config(fs.read_bytes(path, CFG_EXTENDED))
+    except HostFSError as err:
+        out["error"] = f"cannot read {path}: {err.strerror}"
+        return out
+    except ConfigSpaceError as err:
+        out["error"] = f"{path}: {err}"
+        return out
+    out.update(vendor_id=cfg["vendor_id"], device_id=cfg["device_id"])
+    if cfg["pcie"] is not None and cfg["extended_readable"] is False:
+        out["error"] = f"only {cfg['size']} bytes of {path} are readable: the ACS capability is in extended space (run as root)"
+        return out
+    out["readable"] = True
+    acs = cfg["acs"]
+    if acs:
+        cap = sum(1 << i for i, name in enumerate(("SV", "TB", "RR", "CR", "UF", "EC", "DT")) if acs["cap"][name])
+        out.update(offset=acs["offset"], cap=cap, ctrl=acs["ctrl_raw"])
+    return out
+
+
+# ---- which bridges -----------------------------------------------------------------------------
+def pair_bridges(model: dict, a: dict, b: dict) -> tuple[str, list[str]]:
+    """The level of a GPU pair and the bridges whose ACS decides whether their peer traffic goes
+    straight across: the switch ports below their common ancestor (PIX/PXB), or the two root ports
+    (PHB, same host bridge). Across host bridges (NODE/SYS) no port's ACS decides the path."""
+    level, _common, below = topology_level(a, b)
+    if level in ("PIX", "PXB"):
+        return level, below
+    if level == "PHB":
+        return level, [g["path"][0] for g in (a, b) if len(g["path"]) > 1]
+    return level, []
+
+
+def redirecting_bridges(model: dict, group: list[str]) -> dict[str, Any]:
+    """From the audit model: the exact bridges whose ACS redirects peer traffic between the GPUs of ``group``.
+
+    Returns ``{"bridges": {bdf: {ctrl, cap, on: [names], clear (mask), pairs: [[a, b]], vendor_id,
+    device_id}}, "pairs": [{a, b, level, bridges, redirecting}]}``. A bridge with ACS but none of
+    RR/CR/EC on is not listed; one without an ACS capability cannot redirect.
+    """
+    gpus = {g["bdf"]: g for g in model["gpus"]}
+    devices = model["devices"]
+    bridges: dict[str, dict[str, Any]] = {}
+    pairs = []
+    for x, y in combinations([b for b in group if b in gpus], 2):
+        level, hops = pair_bridges(model, gpus[x], gpus[y])
+        redirecting = []
+        for hop in hops:
+            acs = ((devices.get(hop) or {}).get("config") or {}).get("acs")
+            if not acs:
+                continue
+            on = acs["ctrl_raw"] & MASK
+            if not on:
+                continue
+            redirecting.append(hop)
+            entry = bridges.setdefault(hop, {
+                "ctrl": acs["ctrl_raw"], "on": bit_names(on), "clear": on, "pairs": [],
+                "vendor_id": devices[hop].get("vendor_id"), "device_id": devices[hop].get("device_id")})
+            entry["pairs"].append([x, y])
+        pairs.append({"a": x, "b": y, "level": level, "bridges": hops, "redirecting": redirecting})
+    return {"bridges": dict(sorted(bridges.items())), "pairs": pairs}
+
+
+# ---- vfio hosts ---------------------------------------------------------------------------------
+def vfio_reasons(fs: HostFS, cmdline: str | None) -> list[str]:
+    """Why this host looks like it passes devices to VMs (empty when it does not)."""
+    out = []
+    for bdf in fs.listdir(PCI_DEVICES):
+        driver = fs.readlink(f"{PCI_DEVICES}/{bdf}/driver")
+        if driver and driver.rstrip("/").endswith("/vfio-pci"):
+            out.append(f"{bdf} is bound to vfio-pci")
+    out.extend(f"{path} exists (the vfio role binds devices at boot)" for path in VFIO_HINTS if fs.exists(path))
+    out.extend(f"the kernel command line has {arg}" for arg in (cmdline or "").split() if arg.startswith("vfio-pci.ids="))
+    return out
+
+
+# ---- plans --------------------------------------------------------------------------------------
+def plan_clear(bridges: dict[str, dict[str, Any]], current: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One write per bridge that still has RR/CR/EC on: ``{device, before, after, mask}``. Pure."""
+    writes = []
+    for bdf in sorted(bridges):
+        now = current[bdf]
+        on = now["ctrl"] & MASK
+        if on:
+            writes.append({"device": bdf, "before": now["ctrl"], "after": now["ctrl"] & ~on & 0xFFFF, "mask": on})
+    return writes
+
+
+def plan_restore(record: dict, current: dict[str, dict[str, Any]], only=None) -> dict[str, Any]:
+    """Writes that put the recorded bridges' RR/CR/EC bits back. Pure.
+
+    ``current``: read_acs() of the recorded bridges that are present. Returns ``{writes, restore, gone}``.
+    """
+    writes, restore, gone = [], [], []
+    for bdf, rec in sorted(record["devices"].items()):
+        if only and bdf not in only:
+            continue
+        now = current.get(bdf)
+        if now is None:
+            gone.append(bdf)
+            continue
+        if (now["vendor_id"], now["device_id"]) != (rec["vendor_id"], rec["device_id"]):
+            raise AcsError(f"{bdf} is {now['vendor_id']}:{now['device_id']}, not the recorded {rec['vendor_id']}:{rec['device_id']}: "
+                           "the card was replaced or the bus renumbered, so its recorded ACS Control does not apply. Remove its "
+                           "entry from the record by hand after checking the hardware.")
+        if not now["readable"] or now["offset"] is None:
+            raise AcsError(f"Cannot restore ACS Control of {bdf}: {now['error'] or 'it has no ACS capability'}. Run as root.")
+        restore.append(bdf)
+        want = rec["ctrl"] & MASK
+        if now["ctrl"] & MASK != want:
+            writes.append({"device": bdf, "before": now["ctrl"], "after": (now["ctrl"] & ~MASK) | want, "mask": MASK})
+    return {"writes": writes, "restore": restore, "gone": gone}
+
+
+# ---- the record of originals --------------------------------------------------------------------
+def empty_record() -> dict[str, Any]:
+    return {"format": RECORD_FORMAT, "devices": {}}
+
+
+def parse_record(text: str | None, where: str) -> dict[str, Any]:
+    """The record of original ACS Control values. An absent file (None) is no record; an empty or
+    foreign one is an error, never read as "no record"."""
+    if text is None:
+        return empty_record()
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise AcsError(f"{where} is not valid JSON ({err or 'empty file'}): it holds the original ACS Control values that "
+                       "state=default restores. Restore it from a backup or fix it by hand; it is not treated as empty.") from None
+    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT or not isinstance(data.get("devices"), dict):
+        raise AcsError(f"{where} is not a gpufleet.inference.pcie_acs record (format {RECORD_FORMAT}); move it away and run again.")
+    return data
+
+
+def merge_record(record: dict, writes: list[dict], current: dict[str, dict]) -> dict:
+    """The record after ``writes``: the first value ever seen of each bridge is kept."""
+    out = json.loads(json.dumps(record))
+    for w in writes:
+        now = current[w["device"]]
+        out["devices"].setdefault(w["device"], {"vendor_id": now["vendor_id"], "device_id": now["device_id"], "ctrl": w["before"]})
+    return out
+
+
+def persist_entries(bridges: dict[str, dict], current: dict[str, dict]) -> list[dict]:
+    """The ``acs`` list of the shared boot file: each managed bridge with the bits to clear."""
+    return [{"bdf": b, "vendor_id": current[b]["vendor_id"], "device_id": current[b]["device_id"], "clear": bridges[b]["clear"]}
+            for b in sorted(bridges)]
+
+
+# ---- boot parameters -----------------------------------------------------------------------------
+def kernel_version(text: str | None) -> tuple[int, int] | None:
+    m = re.match(r"^(\d+)\.(\d+)", (text or "").strip())
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def kernel_args(bdfs: list[str], release: str | None) -> dict[str, Any]:
+    """The boot parameters that clear the redirect bits of ``bdfs`` while the kernel enumerates the bus.
+
+    Returns ``{args, notes}``; ``args`` is empty when the running kernel is older than 5.0.
+    """
+    version = kernel_version(release)
+    if not bdfs:
+        return {"args": [], "notes": []}
+    if version is None or version < DISABLE_ACS_REDIR_SINCE:
+        return {"args": [], "notes": [f"kernel {release or 'unknown'} predates pci=disable_acs_redir= (Linux 5.0): only the "
+                                      "runtime clear and the boot unit apply"]}
+    args = ["pci=disable_acs_redir=" + ";".join(bdfs)]
+    notes = []
+    if version >= CONFIG_ACS_SINCE:
+        args.append("pci=config_acs=" + ";".join(f"{CONFIG_ACS_FLAGS}@{b}" for b in bdfs))
+    else:
+        notes.append(f"kernel {release} predates pci=config_acs= (Linux 6.11): disable_acs_redir alone is used")
+    return {"args": args, "notes": notes}
+
+
+# ---- applying -----------------------------------------------------------------------------------
+def apply_writes(fs: HostFS, writes: list[dict], run: Callable, setpci: str) -> dict[str, Any]:
+    """Run ``writes`` with setpci, read each back; on the first failure undo every write done (reverse).
+
+    A write whose bits read back unchanged is ``readonly`` (QEMU's pcie-root-port keeps some ACS
+    Control bits read-only), any other outcome ``error``. Returns ``{done, failures, rolled_back,
+    rollback_failed}``.
+    """
+    done, failures, rolled_back, rollback_failed = [], [], [], []
+
+    def one(bdf: str, value: int, mask: int):
+        argv = setpci_argv(setpci, fs.root, bdf, value, mask)
+        rc, _out, err = run(argv)
+        now = read_acs(fs, bdf)
+        return argv, rc, (err or "").strip(), now
+
+    for w in writes:
+        argv, rc, err, now = one(w["device"], w["after"], w["mask"])
+        reads = now["ctrl"] if now["readable"] else None
+        if rc == 0 and reads is not None and reads & w["mask"] == w["after"] & w["mask"]:
+            done.append(dict(w, argv=argv))
+            continue
+        kind = "readonly" if rc == 0 and reads is not None and reads & w["mask"] == w["before"] & w["mask"] else "error"
+        failures.append(dict(w, reads=reads, kind=kind, argv=argv, rc=rc, stderr=err or (now["error"] or "")))
+        if reads is not None and reads & w["mask"] != w["before"] & w["mask"]:
+            done.append(dict(w, argv=argv))
+        for d in reversed(done):
+            rargv, rrc, rerr, rnow = one(d["device"], d["before"], d["mask"])
+            entry = dict(d, argv=rargv, rc=rrc, stderr=rerr)
+            if rrc == 0 and rnow["readable"] and rnow["ctrl"] & d["mask"] == d["before"] & d["mask"]:
+                rolled_back.append(entry)
+            else:
+                rollback_failed.append(dict(entry, reads=rnow["ctrl"]))
+        done = []
+        break
+    return {"done": done, "failures": failures, "rolled_back": rolled_back, "rollback_failed": rollback_failed}
+
+
+def failure_message(f: dict, outcome: dict) -> str:
+    cmd = " ".join(f["argv"])
+    want = ", ".join(bit_names(f["mask"]))
+    if f["kind"] == "readonly":
+        msg = (f"{f['device']} did not take the ACS Control change ({want} off): '{cmd}' exited 0 but ACSCtl still reads "
+               f"0x{f['reads']:04x}. The device or the hypervisor keeps these bits read-only (QEMU's pcie-root-port does "
+               "for some); use the boot parameter instead (boot_args), or leave this bridge out.")
+    else:
+        reads = f"; ACSCtl reads 0x{f['reads']:04x}" if f["reads"] is not None else ""
+        msg = (f"Clearing {want} in the ACS Control of {f['device']} failed: '{cmd}' exited {f['rc']}"
+               f"{': ' + f['stderr'] if f['stderr'] else ''}{reads}. Run as root (become: true); kernel lockdown forbids "
+               "config-space writes from user space.")
+    if outcome["rolled_back"]:
+        msg += " Rolled back: " + ", ".join(f"{r['device']} ACSCtl 0x{r['before']:04x}" for r in outcome["rolled_back"]) + "."
+    if outcome["rollback_failed"]:
+        msg += (" ROLLBACK FAILED, these keep the new value: " + ", ".join(
+            f"{r['device']} reads 0x{r['reads']:04x} (was 0x{r['before']:04x})" for r in outcome["rollback_failed"])
+            + ". Reboot the host.")
+    return msg
+
+
+def acsctl_of(config: bytes, offset: int) -> int:
+    return struct.unpack_from("<H", config, offset + ACSCTL)[0]
