@@ -94,24 +94,33 @@ def schema_version(conn: sqlite3.Connection) -> int:
 
 
 def migrate(conn: sqlite3.Connection) -> list[int]:
-    """Bring the file to SCHEMA_VERSION, one transaction per step; returns the steps applied."""
-    current = schema_version(conn)
-    if current > SCHEMA_VERSION:
-        raise HistoryError(f"the history file has schema version {current}, newer than this collection's "
-                           f"{SCHEMA_VERSION}: update gpufleet.inference on the controller, or point the history at "
-                           "another file")
-    applied = []
-    for version, statements in MIGRATIONS:
-        if version <= current:
-            continue
-        with conn:
+    """Bring the file to SCHEMA_VERSION in one write transaction; returns the steps applied.
+
+    The version is read under SQLite's write lock (BEGIN IMMEDIATE): the hosts of a play append to
+    one controller file at once (delegate_to: localhost), and two of them migrating a new file side
+    by side failed with "duplicate column name" when each read version 0 before the other wrote."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = schema_version(conn)
+        if current > SCHEMA_VERSION:
+            raise HistoryError(f"the history file has schema version {current}, newer than this collection's "
+                               f"{SCHEMA_VERSION}: update gpufleet.inference on the controller, or point the history at "
+                               "another file")
+        applied = []
+        for version, statements in MIGRATIONS:
+            if version <= current:
+                continue
             if version == 1:
                 conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at TEXT)")
             for sql in statements:
                 conn.execute(sql)
             conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, strftime('%Y-%m-%dT%H:%M:%SZ'))",
                          (version,))
-        applied.append(version)
+            applied.append(version)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
     return applied
 
 

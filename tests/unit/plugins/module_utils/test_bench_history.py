@@ -71,6 +71,26 @@ def test_new_file_gets_the_latest_schema_and_an_old_one_is_migrated(tmp_path):
     conn.close()
 
 
+def _open_new_history(path: str) -> int:
+    conn = bh.connect(path)
+    version = bh.schema_version(conn)
+    conn.close()
+    return version
+
+
+def test_hosts_opening_a_new_file_at_once_migrate_it_once(tmp_path):
+    """Several processes (the hosts of a play, delegated to the controller) open one new file together."""
+    import multiprocessing
+    path = str(tmp_path / "history.sqlite")
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(6) as pool:
+        versions = pool.map(_open_new_history, [path] * 12)
+    assert versions == [bh.SCHEMA_VERSION] * 12
+    conn = sqlite3.connect(path)
+    applied = [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY version")]
+    assert applied == [v for v, _ in bh.MIGRATIONS]
+
+
 def test_a_newer_file_is_refused(tmp_path):
     path = str(tmp_path / "h.sqlite")
     bh.connect(path).execute("INSERT INTO schema_version VALUES (99, 'future')").connection.commit()
