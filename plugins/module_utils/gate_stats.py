@@ -397,7 +397,7 @@ def slope_test(values: Sequence[float]) -> dict[str, Any]:
     sxx = sum((i - xm) ** 2 for i in range(n))
     slope = sum((i - xm) * (v - ym) for i, v in enumerate(values)) / sxx
     resid = sum((v - ym - slope * (i - xm)) ** 2 for i, v in enumerate(values))
-    out.update(slope=slope, change=slope * (n - 1))
+    out.update(slope=slope, change=slope * (n - 1), sxx=sxx, resid_ss=resid)
     se = math.sqrt(resid / (n - 2) / sxx)
     if se <= 0.0:
         big = math.inf if slope != 0 else 0.0

@@ -147,12 +147,14 @@ def look_level(n_b: int, n_c: int, min_runs: int, step: int, max_runs: int, alph
 
 
 def detectable_drop(sd_log: float, n_b: int, df: int, settings: dict[str, Any]) -> float:
-    """Smallest drop (fraction) the design tells from no change with the set power, at the cap, for this spread."""
+    """Smallest drop (a fraction) told from no change with the set power, for this spread, at the cap.
+
+    The textbook size of a fixed one-sided test at level ``alpha`` with ``max_runs`` candidate runs:
+    1 - exp(-(t_alpha + t_power) x s sqrt(1/n_b + 1/max_runs)), t quantiles with the cap's degrees of freedom.
+    """
     se_cap = sd_log * math.sqrt(1.0 / n_b + 1.0 / settings["max_runs"])
-    last, _spent, _tau = look_level(n_b, settings["max_runs"], settings["min_runs"], settings["step"],
-                                    settings["max_runs"], settings["pass_alpha"], settings["spending"])
     df = max(df, 1)
-    q = t_quantile(last, df) + t_quantile(1.0 - settings["power"], df)
+    q = t_quantile(settings["alpha"], df) + t_quantile(1.0 - settings["power"], df)
     return 1.0 - math.exp(-q * se_cap)
 
 
@@ -184,17 +186,42 @@ def _screen(name: str, values: Sequence[float], logs: list[float], alpha: float,
     return [logs[j] for j in keep], keep, [note]
 
 
-def _drift(name: str, logs: list[float], half_margin: float, alpha: float) -> tuple[dict[str, Any], str | None]:
-    st = slope_test(logs)
-    info = {"change": math.expm1(st["change"]), "t": st["t"], "p_rising": st["p_rising"], "p_falling": st["p_falling"]}
-    for direction, p, sign in (("rose", st["p_rising"], 1.0), ("fell", st["p_falling"], -1.0)):
-        if p <= alpha and sign * st["change"] >= half_margin:
-            return info, (f"{name} runs {direction} steadily by {math.expm1(st['change']):+.1%} over {len(logs)} runs "
-                          f"(least-squares slope p={p:.2g}), more than half the gate's margin: runs that are not alike "
-                          "cannot be compared; " +
-                          ("warm the server up longer (settle_runs, warmup)" if sign > 0 else
-                           "find what slowed the host (thermal throttling, another job)"))
-    return info, None
+def drift_check(sides: dict[str, list[float]], half_margin: float, alpha: float,
+                min_df: int = 6) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """Steady drift inside each side: the least-squares slope of its logs against run order.
+
+    The slopes are tested with the residual variance pooled over the sides' fits (df = sum(n - 2)), so a side
+    of five runs does not flag drift on a lucky small residual; no flag below ``min_df``. A side flags when its
+    change over its runs is shown to exceed ``half_margin`` (logs): one-sided t-test of the slope against the
+    slope of that change, p <= ``alpha``. ``p_rising``/``p_falling`` test the slope against zero (reported).
+    """
+    fits = {name: slope_test(logs) for name, logs in sides.items()}
+    df = sum(max(len(logs) - 2, 0) for logs in sides.values())
+    ss = sum(f.get("resid_ss", 0.0) for f in fits.values())
+    info: dict[str, dict[str, Any]] = {}
+    flag = None
+    for name, fit in fits.items():
+        entry = {"change": math.expm1(fit["change"]), "t": None, "p_rising": 1.0, "p_falling": 1.0,
+                 "p_rising_beyond": 1.0, "p_falling_beyond": 1.0, "df": df}
+        if fit.get("sxx") and df > 0:
+            se = math.sqrt(ss / df / fit["sxx"])
+            t = fit["slope"] / se if se > 0 else math.copysign(math.inf, fit["slope"]) if fit["slope"] else 0.0
+            per_run = half_margin / (len(sides[name]) - 1)  # the slope of a change of half the margin
+            entry.update(t=t, p_rising=t_sf(t, df), p_falling=t_sf(-t, df),
+                         p_rising_beyond=t_sf((fit["slope"] - per_run) / se, df) if se > 0 else float(t > 0),
+                         p_falling_beyond=t_sf((-fit["slope"] - per_run) / se, df) if se > 0 else float(t < 0))
+        info[name] = entry
+        if flag or df < min_df:
+            continue
+        for direction, key, sign in (("rose", "p_rising", 1.0), ("fell", "p_falling", -1.0)):
+            if entry[key + "_beyond"] <= alpha:
+                flag = (f"{name} runs {direction} steadily by {entry['change']:+.1%} over {len(sides[name])} runs "
+                        f"(p={entry[key + '_beyond']:.2g} that it is beyond half the gate's margin): runs that are not "
+                        "alike cannot be compared; " +
+                        ("warm the server up longer (settle_runs, warmup)" if sign > 0 else
+                         "find what slowed the host (thermal throttling, another job)"))
+                break
+    return info, flag
 
 
 def _failure_rate(failed: int, requests: int) -> float:
@@ -202,12 +229,13 @@ def _failure_rate(failed: int, requests: int) -> float:
 
 
 def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.95, alpha: float = 0.01,
-           pass_alpha: float = 0.01, min_runs: int = 5, max_runs: int = 15, step: int | None = None,
+           pass_alpha: float = 0.005, min_runs: int = 5, max_runs: int = 15, step: int | None = None,
            bootstrap: int = 2000, seed: int = 0, ci_level: float = 0.95, unit: str = "tok/s", noisy_cv: float = 0.05,
            max_baseline_runs: int = 15, baseline_step: int | None = None, power: float = 0.8, spending: str = "obf",
            screen_alpha: float = 0.001, drift_alpha: float = 0.001, baseline_failed: int = 0,
            baseline_requests: int = 0, candidate_failed: int = 0, candidate_requests: int = 0,
-           requests_per_run: int | None = None, detect: float | None = None) -> dict[str, Any]:
+           requests_per_run: int | None = None, detect: float | None = None,
+           candidate_min_runs: int | None = None) -> dict[str, Any]:
     """Judge candidate runs against baseline runs (higher is better); with no candidate runs, judge the baseline alone.
 
     See the module docstring for the design. ``step`` is the candidate runs between looks (default 2),
@@ -216,15 +244,18 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
     base = check_runs("baseline", baseline)
     cand = check_runs("candidate", candidate)
     step = step or 2
-    baseline_step = baseline_step or min_runs
+    baseline_step = baseline_step or 1
+    first = candidate_min_runs or min_runs
     check_settings(threshold, alpha, pass_alpha, min_runs, max_runs, step, max_baseline_runs, baseline_step, power,
                    spending, screen_alpha, drift_alpha)
     margin = 1.0 - threshold
-    detect = 1.6 * margin if detect is None else detect
+    detect = min(1.6 * margin, margin + (1.0 - margin) / 2.0) if detect is None else detect
     if not margin < detect < 1.0:
         raise GateError(f"detect must be a drop larger than the margin {margin:.3g} and below 1, got {detect}")
     log_t, log_r, log_p = math.log(threshold), math.log(1.0 - margin / 2.0), math.log(1.0 - detect)
-    settings = {"max_runs": max_runs, "min_runs": min_runs, "step": step, "pass_alpha": pass_alpha,
+    if not 3 <= first <= max_runs:
+        raise GateError(f"candidate_min_runs must be between 3 and max_runs ({max_runs}), got {first}")
+    settings = {"max_runs": max_runs, "min_runs": first, "step": step, "pass_alpha": pass_alpha, "alpha": alpha,
                 "spending": spending, "power": power}
     result: dict[str, Any] = {
         "decision": "inconclusive", "final": False, "stage": "baseline", "ratio": None, "p_value": None,
@@ -241,22 +272,25 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
         result["reason"] = (f"inconclusive: {len(base)} baseline runs, at least {min_runs} are needed before anything is "
                             f"judged: run {result['baseline_runs_needed']} more baseline runs")
         return result
+    if median(base) <= 0:
+        raise GateError(f"the baseline median is {median(base)} {unit}: the baseline server produced no tokens, so nothing "
+                        "can be compared; fix the baseline and measure it again")
     b_logs, b_keep, screened = _screen("baseline", base, _logs(base), screen_alpha, min_runs, unit)
     result["screened"] = screened
     b_mean, b_ss = _mean_var(b_logs)
     b_sd = math.sqrt(b_ss / (len(b_logs) - 1))
     sdd_b = detectable_drop(b_sd, len(b_logs), len(b_logs) - 1 + max_runs - 1, settings)
     result.update(cv=_cv(b_sd), smallest_detectable_drop=sdd_b)
-    b_info, b_drift = _drift("baseline", b_logs, -log_r, drift_alpha)
-    result["baseline"]["drift"] = b_info
+    b_info, b_drift = drift_check({"baseline": b_logs}, -log_r, drift_alpha)
+    result["baseline"]["drift"] = b_info["baseline"]
     if not cand:
         if b_drift:
             result.update(final=True, decided_by="drift", advice=b_drift.split("; ")[-1],
                           reason=f"inconclusive before any change: {b_drift}")
         elif sdd_b <= margin:
-            result.update(runs_needed=min_runs, decided_by="baseline-ready", advice="",
+            result.update(runs_needed=first, decided_by="baseline-ready", advice="",
                           reason=(f"baseline ready: {len(base)} runs, CV {result['cv']:.1%}, smallest detectable drop "
-                                  f"{sdd_b:.1%} (margin {margin:.0%}): measure {min_runs} candidate runs"))
+                                  f"{sdd_b:.1%} (margin {margin:.0%}): measure {first} candidate runs"))
         elif len(base) < max_baseline_runs:
             result.update(baseline_runs_needed=min(baseline_step, max_baseline_runs - len(base)),
                           decided_by="baseline-noisy", advice=_advice(sdd_b, margin, requests_per_run))
@@ -272,12 +306,12 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
         return result
 
     result["stage"] = "candidate"
-    if len(cand) < min_runs:
-        result["runs_needed"] = min_runs - len(cand)
-        result["reason"] = (f"inconclusive: {len(cand)} candidate runs, at least {min_runs} are needed: run "
+    if len(cand) < first:
+        result["runs_needed"] = first - len(cand)
+        result["reason"] = (f"inconclusive: {len(cand)} candidate runs, at least {first} are needed: run "
                             f"{result['runs_needed']} more candidate runs")
         return result
-    c_logs, c_keep, c_screened = _screen("candidate", cand, _logs(cand), screen_alpha, min_runs, unit)
+    c_logs, c_keep, c_screened = _screen("candidate", cand, _logs(cand), screen_alpha, max(first, 5), unit)
     result["screened"] = screened + c_screened
     c_mean, c_ss = _mean_var(c_logs)
     n_b, n_c = len(b_logs), len(c_logs)
@@ -285,8 +319,8 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
     sd = math.sqrt((b_ss + c_ss) / df)
     se = sd * math.sqrt(1.0 / n_b + 1.0 / n_c)
     d = c_mean - b_mean
-    nominal_p, spent_p, tau = look_level(len(base), len(cand), min_runs, step, max_runs, pass_alpha, spending)
-    nominal_r, spent_r, _tau = look_level(len(base), len(cand), min_runs, step, max_runs, alpha, spending)
+    nominal_p, spent_p, tau = look_level(len(base), len(cand), first, step, max_runs, pass_alpha, spending)
+    nominal_r, spent_r, _tau = look_level(len(base), len(cand), first, step, max_runs, alpha, spending)
     if se > 0:
         p_drop, p_pass = t_sf(-d / se, df), t_sf((d - log_p) / se, df)
     else:
@@ -303,8 +337,8 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
                   ci=bootstrap_ratio_ci(base, cand, level=ci_level, resamples=bootstrap, seed=seed))
     if nominal_p > 0 and nominal_r > 0 and se > 0:
         result["interval"] = [math.exp(d - t_quantile(nominal_p, df) * se), math.exp(d + t_quantile(nominal_r, df) * se)]
-    c_info, c_drift = _drift("candidate", c_logs, -log_r, drift_alpha)
-    result["candidate"]["drift"] = c_info
+    drift_info, drift = drift_check({"baseline": b_logs, "candidate": c_logs}, -log_r, drift_alpha)
+    result["baseline"]["drift"], result["candidate"]["drift"] = drift_info["baseline"], drift_info["candidate"]
     for side in ("baseline", "candidate"):
         result[side]["trend"] = trend([base, cand][side == "candidate"])
         cv = result[side]["cv"]
@@ -324,7 +358,6 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
                             f"requests, the baseline {baseline_failed} of {baseline_requests}: a server that fails more "
                             f"cannot pass, whatever its speed ({where})")
         return result
-    drift = b_drift or c_drift
     if drift:
         result.update(final=True, decided_by="drift", advice=drift.split("; ")[-1])
         result["reason"] = f"inconclusive: {drift} ({where})"
@@ -343,7 +376,7 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
                             f"(p={p_pass:.2g} > {nominal_p:.2g}) nor a regression (p={p_drop:.2g} > {nominal_r:.2g}); "
                             f"smallest detectable drop {sdd:.1%}: try {result['advice']}")
     else:
-        looks = schedule(min_runs, step, max_runs)
+        looks = schedule(first, step, max_runs)
         nxt = next((k for k in looks if k > len(cand)), max_runs)
         result["runs_needed"] = nxt - len(cand)
         result["reason"] = (f"inconclusive: {where}; neither a pass (p={p_pass:.2g} > {nominal_p:.2g}) nor a regression "

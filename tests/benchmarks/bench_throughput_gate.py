@@ -66,7 +66,7 @@ def procedure(rng: random.Random, cv: float, drop: float, settings: dict, drift:
             taken[0] += 1
         return out
 
-    baseline = runs(1000.0, settings["min_runs"])
+    baseline = runs(1000.0, settings.get("min_runs", 5))
     if outlier:
         baseline[2] *= 0.5
     while True:
@@ -143,14 +143,15 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     parser.add_argument("--cells", default="", help="only the cells whose name starts with one of these (comma-separated)")
-    for name, kind, default in (("threshold", float, 0.95), ("alpha", float, 0.01), ("pass-alpha", float, 0.01),
-                                ("min-runs", int, 5), ("max-runs", int, 15), ("step", int, 2),
-                                ("max-baseline-runs", int, 15), ("baseline-step", int, 5), ("power", float, 0.8),
+    for name, kind, default in (("threshold", float, 0.95), ("alpha", float, 0.01), ("pass-alpha", float, 0.005),
+                                ("min-runs", int, 5), ("candidate-min-runs", int, 5), ("max-runs", int, 15), ("step", int, 2),
+                                ("max-baseline-runs", int, 15), ("baseline-step", int, 1), ("power", float, 0.8),
                                 ("screen-alpha", float, 0.001), ("drift-alpha", float, 0.001)):
         parser.add_argument("--" + name, type=kind, default=default)
     parser.add_argument("--spending", choices=["obf", "pocock"], default="obf")
     args = parser.parse_args()
-    settings = {k: getattr(args, k) for k in ("threshold", "alpha", "pass_alpha", "min_runs", "max_runs", "step",
+    settings = {k: getattr(args, k) for k in ("threshold", "alpha", "pass_alpha", "min_runs", "candidate_min_runs",
+                                              "max_runs", "step",
                                               "max_baseline_runs", "baseline_step", "power", "spending",
                                               "screen_alpha", "drift_alpha")}
     noisy = args.noisy_trials or args.trials
