@@ -1078,6 +1078,8 @@ async def run_batch(pool: ConnectionPool, bodies: Sequence[bytes], headers: dict
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
             everything.cancel()
+        if everything.done() and not everything.cancelled():
+            everything.exception()  # retrieved, so a cancelled worker is not logged as an unhandled error
     window = time.perf_counter() - t0
     done = [r for r in records if r is not None]
     if stop.is_set():
