@@ -144,7 +144,7 @@ options:
     description:
       - Fraction of failed requests (0 to 1) above which the module fails, with the results in its output.
       - A run (warm-up, settle or measured) stops as soon as more than this share of its requests failed, cancelling the
-        requests in flight, and the module fails saying where: a server that errors cannot give a valid run, so the
+        requests in flight, and the module fails saying where; a server that errors cannot give a valid run, so the
         rest of the sweep would only cost time.
       - A request whose C(usage.completion_tokens) exceeds O(output_tokens), or contradicts the tokens its chunks
         streamed, is a protocol error, not a throughput.
@@ -159,7 +159,7 @@ options:
     default: 3600
   measured_only:
     description:
-      - Measured runs only, without the O(warmup) requests and the settle runs: more runs of a server that was just
+      - Measured runs only, without the O(warmup) requests and the settle runs; more runs of a server that was just
         benchmarked (the throughput gate's extra rounds), at the levels of O(concurrency) (give the gated one).
     type: bool
     default: false

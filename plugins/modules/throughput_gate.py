@@ -23,12 +23,12 @@ description:
   - Answers V(inconclusive) otherwise. With RV(gate.final) false it asks for RV(runs_needed) more candidate runs; at
     O(max_runs), when the runs drift by more than half the margin, or before any change when the host is too noisy, it is
     final, with the measured CV, the smallest detectable drop and what would help (RV(gate.advice)).
-  - With no candidate runs it judges the baseline alone (before the reboot): from its own spread, the smallest drop the
+  - With no candidate runs it judges the baseline alone (before the reboot); from its own spread, the smallest drop the
     design can detect; above the margin it asks for RV(gate.baseline_runs_needed) more baseline runs, up to
     O(max_baseline_runs), and then stops with RV(gate.too_noisy).
   - One outlier run per side is screened out (leave-one-out prediction test) and reported in RV(gate.screened).
   - A candidate with a larger share of failed requests or short outputs than the baseline (O(candidate_failed),
-    O(baseline_failed)) cannot pass: it is a V(regression).
+    O(baseline_failed)) cannot pass; it is a V(regression).
   - The exact Mann-Whitney p-value and a seeded bootstrap interval of the median ratio are reported beside the answer; they
     do not change it. The same logic is the P(gpufleet.inference.throughput_gate#filter) filter. Nothing on the host changes.
 author:

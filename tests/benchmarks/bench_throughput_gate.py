@@ -110,29 +110,46 @@ def simulate(job: tuple) -> dict:
     return out
 
 
-def targets(cells: dict) -> list[tuple[str, float, str, float, bool]]:
-    """(target, measured rate, comparison, bound, held) for every target of issue 17."""
+def targets(cells: dict) -> list[tuple[str, float, list | None, str, float, bool]]:
+    """(target, measured rate, its 95% interval, comparison, bound, held) for every target of issue 17."""
     rows = []
 
-    def add(text, value, op, bound):
+    def add(text, cell, key, op, bound):
+        value = cell[key]
         held = value < bound if op == "<" else value > bound if op == ">" else value <= bound
-        rows.append((text, value, op, bound, held))
+        rows.append((text, value, cell.get(key + "_ci95"), op, bound, held))
 
     c0, c8 = cells["cv2/none"], cells["cv2/drop8"]
-    add("2%: false rollbacks (any verdict but pass, no change)", c0["rollback"], "<", 0.0005)
-    add("2%: 8% drop detected (regression)", c8["regression"], ">", 0.995)
-    add("2%: 8% drop passed", c8["pass"], "<", 0.0005)
+    add("2%: false rollbacks (any verdict but pass, no change)", c0, "rollback", "<", 0.0005)
+    add("2%: 8% drop detected (regression)", c8, "regression", ">", 0.995)
+    add("2%: 8% drop passed", c8, "pass", "<", 0.0005)
     for cell in (c0, c8):
-        add(f"2%: measured runs, both sides, vs a fixed 10-per-side test ({cell['cell']})", cell["runs_vs_fixed"], "<=", 0.5)
+        add(f"2%: measured runs, both sides, / a fixed 10-per-side test ({cell['cell']})", cell, "runs_vs_fixed", "<=", 0.5)
     for cv in (5, 10, 20):
-        add(f"{cv}%: regression with no change", cells[f"cv{cv}/none"]["regression"], "<=", 0.015)
-        add(f"{cv}%: pass on an 8% drop", cells[f"cv{cv}/drop8"]["pass"], "<=", 0.015)
-    add("2%, one baseline run at half: 8% drop detected (regression)", cells["outlier/drop8"]["regression"], ">", 0.99)
-    add("2%, one baseline run at half: false rollbacks", cells["outlier/none"]["rollback"], "<", 0.001)
+        add(f"{cv}%: regression with no change", cells[f"cv{cv}/none"], "regression", "<=", 0.015)
+        add(f"{cv}%: pass on an 8% drop", cells[f"cv{cv}/drop8"], "pass", "<=", 0.015)
+    add("2%, one baseline run at half: 8% drop detected (regression)", cells["outlier/drop8"], "regression", ">", 0.99)
+    add("2%, one baseline run at half: false rollbacks", cells["outlier/none"], "rollback", "<", 0.001)
     for tag, label in (("down", "-0.5%"), ("up", "+0.5%")):
-        add(f"2%, drift {label}/run: regression with no change", cells[f"drift{tag}/none"]["regression"], "<=", 0.05)
-        add(f"2%, drift {label}/run: pass on an 8% drop", cells[f"drift{tag}/drop8"]["pass"], "<=", 0.05)
+        add(f"2%, drift {label}/run: regression with no change", cells[f"drift{tag}/none"], "regression", "<=", 0.05)
+        add(f"2%, drift {label}/run: pass on an 8% drop", cells[f"drift{tag}/drop8"], "pass", "<=", 0.05)
     return rows
+
+
+def render(results: list[dict], rows: list, header: str, elapsed: float) -> str:
+    """The cells and the targets as Markdown tables."""
+    out = [header, "", "| cell | trials | pass | regression | inconclusive | baseline runs | candidate runs | "
+                       "runs / fixed 20 | decided by |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        out.append(f"| {r['cell']} | {r['trials']} | {r['pass']:.3%} | {r['regression']:.3%} | {r['inconclusive']:.3%} | "
+                   f"{r['mean_baseline_runs']:.2f} | {r['mean_candidate_runs']:.2f} | {r['runs_vs_fixed']:.1%} | "
+                   + ", ".join(f"{k} {v}" for k, v in r["decided_by"].items()) + " |")
+    out += ["", "| target | measured | 95% interval | bound | holds |", "|---|---|---|---|---|"]
+    for text, value, ci, op, bound, held in rows:
+        interval = f"{ci[0]:.3%} - {ci[1]:.3%}" if ci else "-"
+        out.append(f"| {text} | {value:.3%} | {interval} | {op} {bound:.2%} | {'yes' if held else 'NO'} |")
+    out.append(f"\n{elapsed:.1f} s wall, {sum(r['cpu_s'] for r in results):.1f} s CPU")
+    return "\n".join(out)
 
 
 def main() -> int:
@@ -141,7 +158,7 @@ def main() -> int:
     parser.add_argument("--noisy-trials", type=int, default=0, help="trials per cell at 5-20%% CV (default: --trials)")
     parser.add_argument("-j", "--jobs", type=int, default=1, help="worker processes (default 1)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    parser.add_argument("--json-out", metavar="FILE", help="also write the figures as JSON to FILE")
     parser.add_argument("--cells", default="", help="only the cells whose name starts with one of these (comma-separated)")
     for name, kind, default in (("threshold", float, 0.95), ("alpha", float, 0.01), ("pass-alpha", float, 0.005),
                                 ("min-runs", int, 5), ("candidate-min-runs", int, 5), ("max-runs", int, 15), ("step", int, 2),
@@ -175,26 +192,14 @@ def main() -> int:
     elapsed = time.perf_counter() - t0
     cells = {r["cell"]: r for r in results}
     rows = targets(cells) if len(cells) == 14 else []
-    if args.json:
-        print(json.dumps({"settings": settings, "cells": results, "seconds": round(elapsed, 1),
-                          "targets": [{"target": t, "value": v, "op": op, "bound": b, "held": h} for t, v, op, b, h in rows]},
-                         indent=2))
-        return 0
-    print(f"throughput gate, the whole procedure: {args.trials} trials per 2% cell, {noisy} per 5-20% cell, seed "
-          f"{args.seed}; settings {settings}")
-    print(f"| cell | trials | pass | regression | inconclusive | baseline runs | candidate runs | runs / fixed 20 | decided by |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['cell']} | {r['trials']} | {r['pass']:.3%} | {r['regression']:.3%} | {r['inconclusive']:.3%} | "
-              f"{r['mean_baseline_runs']:.2f} | {r['mean_candidate_runs']:.2f} | {r['runs_vs_fixed']:.1%} | "
-              + ", ".join(f"{k} {v}" for k, v in r["decided_by"].items()) + " |")
-    print("\n| target | measured | 95% interval | bound | holds |\n|---|---|---|---|---|")
-    for text, value, op, bound, held in rows:
-        interval = ""
-        for r in results:
-            pass
-        print(f"| {text} | {value:.3%} | | {op} {bound:.2%} | {'yes' if held else 'NO'} |")
-    print(f"\n{elapsed:.1f} s wall, {sum(r['cpu_s'] for r in results):.1f} s CPU")
+    header = (f"throughput gate, the whole procedure: {args.trials} trials per 2% cell, {noisy} per 5-20% cell, seed "
+              f"{args.seed}; settings {settings}")
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as handle:
+            json.dump({"settings": settings, "cells": results, "seconds": round(elapsed, 1),
+                       "targets": [{"target": t, "value": v, "ci95": ci, "op": op, "bound": b, "held": h}
+                                   for t, v, ci, op, b, h in rows]}, handle, indent=2)
+    print(render(results, rows, header, elapsed))
     return 0
 
 
