@@ -49,11 +49,20 @@ import math
 from functools import lru_cache
 from typing import Any, Sequence
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.gate_stats import (  # noqa: F401 (re-exported)
+from ansible_collections.gpufleet.inference.plugins.module_utils.gate_stats import (
     EXACT_MAX_PER_SIDE, EXACT_TIES_MAX_TOTAL, EXACT_TREND_MAX, GateError, betainc, bootstrap_ratio_ci, drift_warning,
     inversion_distribution, median, min_p_value, mwu_less, percentile, sample_stats, screen_one, slope_test,
     spent_alpha, t_quantile, t_sf, theil_sen_slope, trend, u_distribution, u_statistic,
 )
+
+# The statistics stay importable from here (callers and tests used them from this module before the split).
+__all__ = [
+    "DECISIONS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX", "GateError", "betainc",
+    "bootstrap_ratio_ci", "check_runs", "check_settings", "decide", "detectable_drop", "drift_check", "drift_warning",
+    "inversion_distribution", "look_level", "median", "min_p_value", "mwu_less", "percentile", "sample_stats",
+    "schedule", "screen_one", "slope_test", "spent_alpha", "t_quantile", "t_sf", "theil_sen_slope", "trend",
+    "u_distribution", "u_statistic",
+]
 
 DECISIONS = ("pass", "regression", "inconclusive")
 SPENDING = ("obf", "pocock")

@@ -149,8 +149,9 @@ options:
 notes:
   - Treat one whole benchmark run as one sample; requests inside a run are correlated by the server's batching.
   - The whole procedure as the kernel_upgrade role runs it is simulated by tests/benchmarks/bench_throughput_gate.py;
-    docs/benchmark.md has the design, its boundaries and the figures (at 2% noise no false rollback in 20 000 trials and
-    over 99.5% of 8% drops caught; at 5-20% noise mostly V(inconclusive), the honest answer).
+    docs/benchmark.md has the design, its boundaries and the figures (at 2% noise, 20 000 trials a case, no unchanged
+    candidate called a regression, 0.035% inconclusive, 99.8% of 8% drops caught and 0.125% passed; at 5-20% noise
+    at most 0.45% wrong verdicts, the rest V(inconclusive), the honest answer).
 seealso:
   - module: gpufleet.inference.inference_benchmark
 """

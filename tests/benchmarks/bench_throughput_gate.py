@@ -166,11 +166,12 @@ def main() -> int:
                                 ("screen-alpha", float, 0.001), ("drift-alpha", float, 0.001)):
         parser.add_argument("--" + name, type=kind, default=default)
     parser.add_argument("--spending", choices=["obf", "pocock"], default="obf")
+    parser.add_argument("--detect", type=float, default=None, help="the drop the gate must not pass (default 1.6 x margin)")
     args = parser.parse_args()
     settings = {k: getattr(args, k) for k in ("threshold", "alpha", "pass_alpha", "min_runs", "candidate_min_runs",
                                               "max_runs", "step",
                                               "max_baseline_runs", "baseline_step", "power", "spending",
-                                              "screen_alpha", "drift_alpha")}
+                                              "screen_alpha", "drift_alpha", "detect")}
     noisy = args.noisy_trials or args.trials
     jobs = []
     for cv, n in ((0.02, args.trials), (0.05, noisy), (0.10, noisy), (0.20, noisy)):
