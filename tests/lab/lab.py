@@ -689,7 +689,8 @@ def cmd_up(args) -> int:
         t_boot = time.time()  # boot time counts from here, not from `up` (an image build is not boot time)
         deadline = t_boot + timeout
         with concurrent.futures.ThreadPoolExecutor(max_workers=len(vms)) as ex:
-            futs = {name: ex.submit(wait_ssh, name, deadline, vms[name].get("started", t_boot))
+            # a VM started now counts from its QEMU's start; one kept from an earlier `up` from now
+            futs = {name: ex.submit(wait_ssh, name, deadline, vms[name]["started"] if name in started else t_boot)
                     for name in vms}
             errors = []
             waiting = set(futs)
@@ -703,7 +704,8 @@ def cmd_up(args) -> int:
                         continue
                     waiting.discard(name)
                     try:
-                        log(f"{name}: SSH answers ({fut.result():.0f} s after its QEMU started)")
+                        since = "its QEMU started" if name in started else "this `up`: kept from an earlier one"
+                        log(f"{name}: SSH answers ({fut.result():.0f} s after {since})")
                     except LabError as e:
                         errors.append(str(e))
                 if waiting:
