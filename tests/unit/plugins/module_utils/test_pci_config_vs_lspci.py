@@ -22,7 +22,7 @@ import pytest
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import decode_config
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
-from tests.lab.test_audit_vm import assert_config_matches_lspci, parse_lspci_vv
+from tests.unit.lspci import assert_config_matches_lspci, parse_lspci_vv
 from tests.unit.fakesysfs import FIXTURES, config_space, load_capture
 
 LSPCI = shutil.which("lspci")

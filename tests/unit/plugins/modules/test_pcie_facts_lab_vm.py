@@ -10,7 +10,7 @@ import os
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 
-from tests.lab.test_audit_vm import assert_config_matches_lspci, parse_lspci_vv
+from tests.unit.lspci import assert_config_matches_lspci, parse_lspci_vv
 from tests.unit.fakesysfs import load_capture
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "..", "..", "..", "fixtures", "pci", "lab-vm-q35")
