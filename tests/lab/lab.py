@@ -697,7 +697,7 @@ def cmd_up(args) -> int:
             log(f"waiting for SSH on {', '.join(sorted(waiting))} (usually 20-120 s under TCG, longer on a busy machine; "
                 f"at most {timeout} s)")
             while waiting:
-                done, _ = concurrent.futures.wait([futs[n] for n in waiting], timeout=HEARTBEAT_S)
+                done, _pending = concurrent.futures.wait([futs[n] for n in waiting], timeout=HEARTBEAT_S)
                 for name in sorted(waiting):
                     fut = futs[name]
                     if fut not in done:

@@ -88,7 +88,7 @@ def test_hosts_opening_a_new_file_at_once_migrate_it_once(tmp_path):
     assert versions == [bh.SCHEMA_VERSION] * 12
     conn = sqlite3.connect(path)
     applied = [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY version")]
-    assert applied == [v for v, _ in bh.MIGRATIONS]
+    assert applied == [version for version, _statements in bh.MIGRATIONS]
 
 
 def test_a_newer_file_is_refused(tmp_path):
@@ -149,7 +149,7 @@ def test_too_few_samples_are_not_judged():
 def test_e_divisive_finds_a_level_shift_and_not_noise():
     import random
     rng = random.Random(3)
-    noise = [1000 + rng.gauss(0, 10) for _ in range(12)]
+    noise = [1000 + rng.gauss(0, 10) for _i in range(12)]
     assert cp.e_divisive(noise) == []
     shifted = noise[:6] + [v - 120 for v in noise[6:]]
     points = cp.e_divisive(shifted)

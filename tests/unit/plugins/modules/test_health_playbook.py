@@ -61,8 +61,8 @@ def test_health_playbook_reports_a_missing_gpu_and_a_changed_cmdline(tmp_path):
         assert first["findings"] == [] and first["pcie"]["cmdline"]
         first["pcie"]["gpus"].append({"bdf": "0000:7f:00.0", "numa_node": 0, "path": ["0000:7f:00.0"],
                                       "host_bridge": "pci0000:7f", "name": None})
-        first["pcie"]["devices"]["0000:7f:00.0"] = {"bdf": "0000:7f:00.0", "device_name": "GH100 [H200]",
-                                                   "device_id": "0x2335", "driver": "nvidia"}
+        first["pcie"]["devices"]["0000:7f:00.0"] = {
+            "bdf": "0000:7f:00.0", "device_name": "GH100 [H200]", "device_id": "0x2335", "driver": "nvidia"}
         first["pcie"]["cmdline"] += " iommu=pt"
         (host_dir / "last.json").write_text(json.dumps(first))
         proc = run(play, env=env, timeout=600)
