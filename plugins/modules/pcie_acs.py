@@ -83,7 +83,7 @@ seealso:
   - module: gpufleet.inference.kernel_cmdline
   - name: Widely copied tuning advice, and what the collection does instead
     description: docs/tuning_myths.md in the collection.
-    link: https://example.invalid/gpufleet/inference/docs/tuning_myths.md
+    link: https://github.com/gpufleet/inference/blob/main/docs/tuning_myths.md
 """
 
 EXAMPLES = r"""
