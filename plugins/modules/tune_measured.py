@@ -185,8 +185,6 @@ state_file:
 
 import hashlib
 import json
-import os
-import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
 
@@ -211,33 +209,6 @@ ARGUMENT_SPEC = dict(
     host=dict(type="str", default=""),
     now=dict(type="str", default=""),
 )
-
-
-def write_durable(fs: HostFS, path: str, text: str) -> None:
-    """Temp file, fsync, rename, fsync of the directory: the state survives a crash or a reboot."""
-    real = fs.path(path)
-    parent = os.path.dirname(real)
-    try:
-        os.makedirs(parent, mode=0o755, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".state-", dir=parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, real)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        dfd = os.open(parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError as err:
-        raise HostFSError("write", path, err) from None
 
 
 def read_aspm_policy(fs: HostFS) -> str:
@@ -367,7 +338,8 @@ def main():
         if after != before:
             result["actions"].append(f"write {path}")
             if not module.check_mode:
-                write_durable(fs, path, json.dumps(state, indent=1, sort_keys=True) + "\n")
+                # temp file, fsync, rename, fsync of the directory: the state survives a crash or a reboot
+                fs.write_atomic(path, json.dumps(state, indent=1, sort_keys=True) + "\n", mode=0o600)
         result.update(next=act, stages=tm.summary(state), state=state)
     except tm.TuneError as err:
         module.fail_json(msg=f"Measured tuning: {err}", **result)
