@@ -32,6 +32,13 @@ def compare_summary(ours: Sequence[dict], theirs: Sequence[dict], target: float 
     if a and b:
         ratio = out["ours_median"] / out["vllm_median"]
         out.update(ratio=round(ratio, 4), within_target=abs(ratio - 1.0) <= target, ours_lower=ratio < 1.0)
+        # the ratio's uncertainty (seeded bootstrap of the medians): whether "within 3%" or "ours lower" is
+        # resolved at all by these runs, or only what their medians happened to be
+        ci = tg.bootstrap_ratio_ci(b, a)
+        if ci:
+            out.update(ratio_ci=[round(ci[0], 4), round(ci[1], 4)],
+                       within_target_resolved=1.0 - target <= ci[0] and ci[1] <= 1.0 + target,
+                       ours_lower_resolved=ci[1] < 1.0)
     cpu = [r["client_cpu_s_per_request"] for r in ours if r.get("client_cpu_s_per_request") is not None]
     out["ours_cpu_s_per_request_median"] = tg.median(cpu) if cpu else None
     pcpu = [r["process_cpu_s_per_request"] for r in theirs if r.get("process_cpu_s_per_request") is not None]

@@ -9,14 +9,17 @@
 # in .h200tree/whl (the role's filter renders the command line on the device too). Phases, one device call
 # each, back to back (the install in /tmp lives only while the machine stays warm):
 #   stage1  probe the machine, stash chunk 01                       (carry .vllmchunks/01 .vllmchunks/scripts)
-#   main    install chunk 02, make the model, render and start the baseline server under setsid, then
-#           client vs vllm bench serve (compare), run-to-run noise, pcie_facts with the bandwidth probe
-#                                                                   (carry .vllmchunks/02 .vllmchunks/scripts)
-#   gate    A/A and the known regressions at 0.95, then the measured-tuning stages (resumable: run again)
-# Settings: BUDGET (s of work before the phase stops starting new runs, default 540).
+#   run     install chunk 02 (first call only), make the model, render and start the baseline server under
+#           setsid on the unit's CPUAffinity, then a resumable work list, in the order of what matters most:
+#           our client (with and without per-chunk usage) beside vllm bench serve, CPU contention (hog),
+#           pcie_facts with the bandwidth probe during a run, noise, max_num_seqs 32 at c=64, the tuning stages
+#           (call it again, back to back, until it has nothing left: carry .vllmchunks/02 the first time)
+# (The first H200 session's phases `main` and `gate` are in git history at 68c555b, docs/gpu_h200.md.)
+# Settings: BUDGET (s of work before the phase stops starting new runs, default 540), ROUNDS (compare, 3),
+# PCU (our client's per-chunk usage in noise/gate/tune, default --no-per-chunk-usage), CLIENT_CPUS (12-15).
 #   usage (device tool, from the checkout root): cd .h200tree && OUT=$OUT bash tests/tools/device_h200_vllm.sh PHASE
 set -u
-PHASE=${1:?phase: stage1, main or gate}
+PHASE=${1:?phase: stage1 or run}
 OUT=${OUT:?set OUT to the output directory}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)          # .h200tree
 CHUNKS=${CHUNKS:-$ROOT/../.vllmchunks}
@@ -26,10 +29,12 @@ source "$CHUNKS/scripts/common.sh"                  # NVLink multicast off, hub 
 export PYTHONPATH=/tmp/site:/tmp/ansite:$ROOT/.collections LC_ALL=C.UTF-8 LANG=C.UTF-8 PYTHONUNBUFFERED=1
 W=/tmp/h200; mkdir -p "$W"
 exec > >(tee -a "$OUT/phase-$PHASE.log") 2>&1
-# results are written to $W as they come and copied to $OUT every few seconds (a killed call keeps them)
-( while sleep 5; do cp "$W"/*.json "$OUT"/ 2>/dev/null; done ) &
+# results are written to $W as they come and packed into $OUT/h200.tar every few seconds (a killed call keeps
+# them; at most 8 files come back from a call, so the JSON travel as one tar and the server logs as another)
+pack() { (cd "$W" && tar -cf "$OUT/.h200.tar" ./*.json) 2>/dev/null && mv "$OUT/.h200.tar" "$OUT/h200.tar"; }
+( while sleep 5; do pack; done ) &
 copier=$!
-finish() { kill "$copier" 2>/dev/null; cp "$W"/*.json "$OUT"/ 2>/dev/null; for f in "$W"/server-*.log; do [ -f "$f" ] && cp "$f" "$OUT"/; done; echo "$PHASE took $(( $(date +%s) - S )) s"; }
+finish() { kill "$copier" 2>/dev/null; pack; (cd "$W" && ls ./*.log > /dev/null 2>&1 && tar -cJf "$OUT/logs.tar.xz" ./*.log); echo "$PHASE took $(( $(date +%s) - S )) s"; }
 trap finish EXIT
 cd "$ROOT" || exit 1
 mkdir -p .collections/ansible_collections/gpufleet
@@ -42,52 +47,66 @@ stage1)
   ls -la /opt/torch/.venv/bin/python* "$(dirname "$(dirname "$(command -v python3)")")"/pyvenv.cfg 2>&1
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
   ;;
-main)
-  [ -f /tmp/acc/C.so ] || { echo "chunk 01 missing: the machine was not kept warm; run stage1 again"; exit 2; }
-  cp "$CHUNKS"/02/* /tmp/acc/ && python3 "$CHUNKS/scripts/install.py" || exit 2
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ansite whl/*.whl || exit 2
-  python3 "$CHUNKS/scripts/make_model.py" /tmp/model 2>&1 | grep -v Writing
-  echo "installed and model made at t=$(( $(date +%s) - S ))"
-  "${D[@]}" render --host-vars tests/tools/h200/host_vars.yml --profiles tests/tools/h200/profiles.yml --out "$W/rendered" || exit 2
-  python3 - "$W/rendered" "$W/rendered.json" <<'PY'
+run)
+  # One work list, resumable: every step skips what an earlier call of this machine finished (results in
+  # /tmp/h200) and starts nothing it cannot finish before BUDGET. The same command for every call after
+  # stage1; the first of them carries chunk 02 (the install), the later ones only .h200tree and the scripts.
+  read -r -a P <<< "${PCU---no-per-chunk-usage}"   # how our client asks in noise, gate and tune (compare runs both)
+  T=(taskset -c "${CLIENT_CPUS:-12-15}")       # the clients' CPUs; the server's are the unit's CPUAffinity
+  left() { echo $((DL - $(date +%s))); }
+  if [ ! -d /tmp/site/vllm ]; then
+    [ -f /tmp/acc/C.so ] || { echo "chunk 01 missing: the machine was not kept warm; run stage1 again"; exit 2; }
+    cp "$CHUNKS"/02/* /tmp/acc/ && python3 "$CHUNKS/scripts/install.py" || exit 2
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ansite whl/*.whl || exit 2
+  fi
+  [ -f /tmp/model/config.json ] || python3 "$CHUNKS/scripts/make_model.py" /tmp/model 2>&1 | grep -v Writing
+  if [ ! -f "$W/rendered.json" ]; then
+    "${D[@]}" render --host-vars tests/tools/h200/host_vars.yml --profiles tests/tools/h200/profiles.yml --out "$W/rendered" || exit 2
+    python3 - "$W/rendered" "$W/rendered.json" <<'PY'
 import json, os, sys
 d = sys.argv[1]
 json.dump({f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d))}, open(sys.argv[2], "w"), indent=1)
 PY
-  "${D[@]}" serve --rendered "$W/rendered/baseline.json" --log "$W/server-baseline.log" --record "$W/server-baseline.json" --timeout 300 \
-    || { tail -60 "$W/server-baseline.log"; exit 1; }
-  echo "baseline ready at t=$(( $(date +%s) - S ))"
-  VB=".vllmbench"; printf '#!/bin/sh\nexec python3 -c "%s" "$@"\n' \
-    "import sys; from vllm.benchmarks import serve; from vllm.utils.argparse_utils import FlexibleArgumentParser as P; p=P(prog='vllm bench serve'); serve.add_cli_args(p); serve.main(p.parse_args(sys.argv[1:]))" > $VB
-  chmod +x $VB
-  timeout $((DL - $(date +%s) + 30)) "${D[@]}" compare --out "$W/compare.json" --vllm-cmd "./$VB" --tokenizer /tmp/model \
-    --concurrency 16 64 256 --requests-per-slot 8 --rounds 3 --deadline $((DL - 170))
-  echo "compare rc=$? at t=$(( $(date +%s) - S ))"
-  # pcie_facts with the bandwidth probe while one run at c=64 streams from the server
-  echo '{"ANSIBLE_MODULE_ARGS": {"bandwidth_probe": true, "probe_size_mb": 256}}' > "$W/pcie-args.json"
-  ( sleep 3; python3 plugins/modules/pcie_facts.py "$W/pcie-args.json" > "$W/pcie_facts.json" 2> "$W/pcie_facts.err" ) &
-  probe=$!
-  "${D[@]}" noise --out "$W/pcie_run.json" --concurrency 64 --lengths 16 --runs 2 --deadline $((DL - 120))
-  wait "$probe"   # not a bare wait: the copier runs in the background until the end (the H200 run lost its noise step to that)
-  tail -3 "$W/pcie_facts.err"
-  timeout $((DL - $(date +%s) + 20)) "${D[@]}" noise --out "$W/noise.json" --concurrency 16 64 256 --lengths 2 8 --runs 8 --deadline $((DL - 10))
-  echo "noise rc=$?"
-  ;;
-gate)
-  [ -d /tmp/site/vllm ] || { echo "site missing: the machine was not kept warm; run stage1 and main again"; exit 2; }
-  rec=$(python3 -c "import json;print(json.load(open('$W/server-baseline.json'))['pid'])")
-  curl -sf http://127.0.0.1:8000/health > /dev/null || {
-    echo "baseline server $rec not answering: starting it again"
-    "${D[@]}" serve --rendered "$W/rendered/baseline.json" --log "$W/server-baseline.log" --record "$W/server-baseline.json" --timeout 300 || exit 1; }
-  if [ ! -f "$W/gate.done" ]; then
-    timeout $((DL - $(date +%s) + 30)) "${D[@]}" gate --out "$W/gate.json" --rendered-dir "$W/rendered" --logdir "$W" \
-      --concurrency 64 --requests-per-slot 8 --candidates eager seqs8 hog --server-record "$W/server-baseline.json" \
-      --deadline $((DL - 60)) && touch "$W/gate.done"
-    echo "gate rc=$? at t=$(( $(date +%s) - S ))"
   fi
-  timeout $((DL - $(date +%s) + 30)) "${D[@]}" tune --out "$W/tune.json" --profiles tests/tools/h200/profiles.yml \
-    --host-vars tests/tools/h200/host_vars.yml --logdir "$W" --concurrency 64 --requests-per-slot 8 --deadline "$DL"
-  echo "tune rc=$?"
+  echo "installed, model, rendered at t=$(( $(date +%s) - S ))"
+  curl -sf http://127.0.0.1:8000/health > /dev/null || {
+    "${T[@]}" "${D[@]}" serve --rendered "$W/rendered/baseline.json" --log "$W/server-baseline.log" --record "$W/server-baseline.json" \
+      --timeout 300 || { tail -60 "$W/server-baseline.log"; exit 1; }; }
+  echo "baseline ready at t=$(( $(date +%s) - S )); its CPUs: $(taskset -pc "$(python3 -c "import json;print(json.load(open('$W/server-baseline.json'))['pid'])")")"
+  R=(--server-record "$W/server-baseline.json")
+  # 1. our client with and without per-chunk usage beside vllm bench serve (one long-lived worker process)
+  timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" compare --out "$W/compare.json" "${R[@]}" --tokenizer /tmp/model \
+    --concurrency 16 64 256 --requests 128 512 1024 --rounds "${ROUNDS:-3}" --deadline $((DL - 20))
+  echo "compare rc=$? at t=$(( $(date +%s) - S ))"
+  # 2. CPU contention on the server's CPUs: one busy loop pinned to each of them during every candidate run
+  [ "$(left)" -gt 100 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" gate --out "$W/gate.json" "${R[@]}" "${P[@]}" --skip-aa \
+    --rendered-dir "$W/rendered" --logdir "$W" --concurrency 64 --requests-per-slot 4 --candidates hog --candidate-s 60 --deadline $((DL - 30))
+  # 5. pcie_facts with the bandwidth probe while two runs at c=64 stream from the server
+  if [ ! -f "$W/pcie_facts.json" ] && [ "$(left)" -gt 60 ]; then
+    echo '{"ANSIBLE_MODULE_ARGS": {"bandwidth_probe": true, "probe_size_mb": 256}}' > "$W/pcie-args.in"
+    ( sleep 3; python3 plugins/modules/pcie_facts.py "$W/pcie-args.in" > "$W/pcie_facts.json" 2> "$W/pcie_facts.err" ) &
+    probe=$!
+    "${T[@]}" "${D[@]}" noise --out "$W/pcie_run.json" "${R[@]}" "${P[@]}" --concurrency 64 --lengths 16 --runs 2 --deadline $((DL - 40))
+    wait "$probe"   # not a bare wait: the copier runs in the background until the end
+    tail -3 "$W/pcie_facts.err"
+  fi
+  # 3. run-to-run noise: 8 whole runs per level and run length (requests per slot)
+  for cell in "64 16" "256 4" "16 16"; do
+    read -r level slots <<< "$cell"
+    [ "$(left)" -gt 95 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" noise --out "$W/noise.json" "${R[@]}" "${P[@]}" \
+      --concurrency "$level" --lengths "$slots" --runs 8 --deadline $((DL - 90))
+  done
+  # 2. a smaller max_num_seqs (32) than the gate's concurrency (64): its own server beside the baseline
+  [ "$(left)" -gt 110 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" gate --out "$W/gate.json" "${R[@]}" "${P[@]}" --skip-aa \
+    --rendered-dir "$W/rendered" --logdir "$W" --concurrency 64 --requests-per-slot 4 --candidates hog seqs32 --candidate-s 100 \
+    --deadline $((DL - 20))
+  # 4. the measured-tuning stages, each gated at c=64 (4 requests per slot) against the kept configuration
+  [ "$(left)" -gt 150 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" tune --out "$W/tune.json" "${R[@]}" "${P[@]}" \
+    --profiles tests/tools/h200/profiles.yml --host-vars tests/tools/h200/host_vars.yml --logdir "$W" --concurrency 64 \
+    --requests-per-slot 4 --deadline "$DL"
+  echo "tune rc=$? at t=$(( $(date +%s) - S ))"
+  [ "$(left)" -gt 130 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" noise --out "$W/noise.json" "${R[@]}" "${P[@]}" \
+      --concurrency 16 --lengths 32 --runs 8 --deadline $((DL - 120))
   ;;
 *) echo "unknown phase $PHASE"; exit 2 ;;
 esac

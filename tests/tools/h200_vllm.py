@@ -138,17 +138,87 @@ def serve(rendered: dict, log: str, venv: str | None = None) -> dict:
             raise SystemExit(f"refusing to start: {key} is {env.get(key)!r} in the rendered environment, not {value!r} "
                              "(NVLink multicast stays off on these machines)")
     nofile = rendered["limit_nofile"]
+    # systemd.exec(5) CPUAffinity= from the role's vllm_service_unit_settings; without it a unit gets every
+    # CPU (the driver itself may run pinned elsewhere, e.g. under taskset, and a child would inherit that)
+    cpus = cpu_list(str((rendered.get("unit_settings") or {}).get("CPUAffinity", ""))) or set(range(os.cpu_count() or 1))
 
     def limits() -> None:
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         want = nofile if hard == resource.RLIM_INFINITY else min(nofile, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, max(hard, want) if hard != resource.RLIM_INFINITY else hard))
+        os.sched_setaffinity(0, cpus)
 
     fh = open(log, "ab")  # noqa: SIM115 - handed to the child
     proc = subprocess.Popen(rendered["argv"], env=env, cwd=rendered["state_dir"], stdout=fh, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=limits)
+    SERVERS[rendered["ready_url"]] = proc.pid
     return {"pid": proc.pid, "argv": rendered["argv"], "url": rendered["ready_url"], "log": log,
-            "environment": rendered["environment"], "inherited_env": sorted(inherited), "started": time.time()}
+            "environment": rendered["environment"], "inherited_env": sorted(inherited), "started": time.time(),
+            "cpu_affinity": sorted(cpus), "unit_settings": rendered.get("unit_settings") or {}}
+
+
+def cpu_list(text: str) -> set[int]:
+    """A systemd CPU list ("0-11", "0 2 4", "0,1,8-15") as a set of CPU numbers; empty text gives an empty set."""
+    cpus: set[int] = set()
+    for part in text.replace(",", " ").split():
+        low, _sep, high = part.partition("-")
+        cpus.update(range(int(low), int(high or low) + 1))
+    return cpus
+
+
+# ---- what the server and the host did during a run (read from /proc, Linux) --------------------------------
+SERVERS: dict[str, int] = {}  # url -> pid of a server this driver started (its process group), or --server-record
+CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def group_cpu(pgid: int | None) -> dict[str, float]:
+    """CPU seconds (user + system) of each live process in process group ``pgid``, keyed "pid:comm"."""
+    out: dict[str, float] = {}
+    if not pgid:
+        return out
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        comm = data[data.index("(") + 1:data.rindex(")")]
+        fields = data[data.rindex(")") + 2:].split()
+        if int(fields[2]) == pgid:  # pgrp; utime and stime are fields 14 and 15 of stat(5)
+            out[f"{name}:{comm}"] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
+def host_stat() -> list[int]:
+    """The aggregate ``cpu`` line of /proc/stat: user nice system idle iowait irq softirq steal (ticks)."""
+    with open("/proc/stat", encoding="utf-8") as fh:
+        return [int(v) for v in fh.readline().split()[1:9]]
+
+
+class Watch:
+    """Server CPU (its process group) and host CPU (busy, steal) between two points in time."""
+
+    def __init__(self, url: str) -> None:
+        self.pgid = SERVERS.get(url)
+        self.t0 = time.time()
+        self.cpu0 = group_cpu(self.pgid)
+        self.stat0 = host_stat()
+
+    def result(self, requests: int) -> dict:
+        cpu1 = group_cpu(self.pgid)
+        stat1 = host_stat()
+        wall = max(time.time() - self.t0, 1e-9)
+        by_proc = {k: round(v - self.cpu0.get(k, 0.0), 3) for k, v in cpu1.items() if v - self.cpu0.get(k, 0.0) > 0.005}
+        total = sum(by_proc.values())
+        d = [b - a for a, b in zip(self.stat0, stat1)]
+        ticks = max(sum(d), 1)
+        return {"server_pid": self.pgid, "server_cpu_s": round(total, 3),
+                "server_cpu_s_per_request": round(total / max(requests, 1), 6),
+                "server_cpu_by_process": by_proc, "server_cores_busy": round(total / wall, 3),
+                "host_busy_pct": round(100.0 * (ticks - d[3] - d[4]) / ticks, 2), "host_steal_pct": round(100.0 * d[7] / ticks, 3),
+                "wall_s": round(wall, 3)}
 
 
 def alive(pid: int) -> bool:
@@ -198,13 +268,34 @@ def cmd_serve(args) -> int:
 
 
 # ---- measuring --------------------------------------------------------------------------------------
-def run_once(url: str, level: int, requests: int, seed: int, args, warmup: int = 0, repetitions: int = 1) -> dict:
-    """One ic.benchmark call; its runs with the client's CPU (getrusage of this process) around it."""
+class RunWatch:
+    """inference_client.benchmark()'s ``monitor``: a Watch over each measured run's own window."""
+
+    def __init__(self, url: str, requests: int) -> None:
+        self.url, self.requests, self.watch = url, requests, None
+
+    async def start(self) -> None:
+        self.watch = Watch(self.url)
+
+    async def stop(self, _level: int) -> dict:
+        return self.watch.result(self.requests) if self.watch else {}
+
+    def close(self) -> None:
+        self.watch = None
+
+
+def run_once(url: str, level: int, requests: int, seed: int, args, warmup: int = 0, repetitions: int = 1,
+             per_chunk_usage: bool | None = None) -> dict:
+    """One ic.benchmark call; its runs with the client's CPU (getrusage of this process) around it, and
+    the server's CPU (its process group) and the host's busy and steal time over each run's window."""
+    pcu = getattr(args, "per_chunk_usage", True) if per_chunk_usage is None else per_chunk_usage
     cfg = ic.BenchmarkConfig(url=url, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                              concurrency=[level], requests=requests, warmup=warmup, repetitions=repetitions, seed=seed,
-                             timeout=600, per_chunk_usage=getattr(args, "per_chunk_usage", True))
+                             timeout=600, per_chunk_usage=pcu)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
-    result = ic.run(ic.benchmark(cfg))
+    call = Watch(url)
+    result = ic.run(ic.benchmark(cfg, monitor=lambda _pool, _headers: RunWatch(url, requests)))
+    call_load = call.result(requests * repetitions + warmup + 1)
     r1 = resource.getrusage(resource.RUSAGE_SELF)
     cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     lv = result["levels"][0]
@@ -214,52 +305,146 @@ def run_once(url: str, level: int, requests: int, seed: int, args, warmup: int =
         runs.append({"output_throughput": run["output_throughput"], "duration_s": run["duration_s"],
                      "requests": requests, "errors": run["errors"], "client_cpu_pct": run["client_cpu_pct"],
                      "client_cpu_s_per_request": round(window_cpu / requests, 6),
-                     "ttft_ms": run["ttft_ms"], "tpot_ms": run["tpot_ms"], "itl_ms": run["itl_ms"]})
+                     "ttft_ms": run["ttft_ms"], "tpot_ms": run["tpot_ms"], "itl_ms": run["itl_ms"],
+                     "itl_exact": run.get("itl_exact"), "tokens_per_chunk": run.get("tokens_per_chunk"),
+                     "per_chunk_usage": pcu, "server_load": run.get("server_load")})
     return {"runs": runs, "process_cpu_s": round(cpu, 3), "process_cpu_s_per_request": round(cpu / (requests * repetitions + warmup), 6),
-            "server": {k: result["server"].get(k) for k in ("model", "max_model_len", "root")}}
+            "call_load": call_load, "server": {k: result["server"].get(k) for k in ("model", "max_model_len", "root")}}
 
 
-def _bench_args(args, url: str, requests: int):
-    return argparse.Namespace(url=url, model=None, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
-                              requests=requests, warmup=args.warmup, seed=args.seed, prompt_mode="token_ids",
-                              token_id_range=list(ic.DEFAULT_TOKEN_ID_RANGE), vllm_cmd=args.vllm_cmd, vllm_venv=None)
+class VllmBench:
+    """``vllm bench serve`` in one long-lived process (this script's ``vllmbench-worker``): vLLM is imported once
+    (10-15 s of CPU, which was inside every run's process CPU before), then each run is vLLM's own
+    ``serve.main()`` on that run's arguments, and its result dictionary comes back with the worker's CPU."""
+
+    def __init__(self, python: str = sys.executable) -> None:
+        self.proc = subprocess.Popen([python, os.path.abspath(__file__), "vllmbench-worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, bufsize=1)
+
+    def run(self, argv: list[str]) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps({"argv": argv}) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("@@RESULT "):
+                got = json.loads(line[len("@@RESULT "):])
+                if got.get("error"):
+                    raise SystemExit(f"vllm bench serve failed: {got['error']}\nargv: {' '.join(argv)}")
+                return got
+        raise SystemExit(f"the vllm bench worker ended (rc {self.proc.wait()}) before its result")
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def vllm_bench_argv(args, url: str, level: int, requests: int, seed: int, model: str, tokenizer: str) -> list[str]:
+    """The workload of our client, spelled for ``vllm bench serve`` (as tests/benchmarks/bench_client_vs_vllm.py)."""
+    return ["--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
+            "--tokenizer", tokenizer, "--dataset-name", "random", "--random-input-len", str(args.prompt_tokens),
+            "--random-output-len", str(args.output_tokens), "--random-range-ratio", "0", "--ignore-eos",
+            "--num-prompts", str(requests), "--max-concurrency", str(level), "--request-rate", "inf",
+            "--seed", str(seed), "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99",
+            "--num-warmups", str(args.warmup), "--temperature", "0", "--disable-tqdm"]
+
+
+def cmd_vllmbench_worker(_args) -> int:
+    """Read one JSON line {"argv": [...]} per run from stdin; answer each with one ``@@RESULT {json}`` line."""
+    from vllm.benchmarks import serve
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    parser = FlexibleArgumentParser(prog="vllm bench serve")
+    serve.add_cli_args(parser)
+    keep = ("output_throughput", "duration", "completed", "total_output_tokens", "median_ttft_ms", "p99_ttft_ms",
+            "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms", "request_throughput")
+    for line in sys.stdin:
+        argv = json.loads(line)["argv"]
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.time()
+        try:
+            res, error = serve.main(parser.parse_args(argv)) or {}, None
+        except (Exception, SystemExit) as err:  # noqa: BLE001 - reported to the driver, which stops
+            res, error = {}, f"{type(err).__name__}: {err}"
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        out = {k: res.get(k) for k in keep}
+        out.update(error=error, wall_s=round(time.time() - t0, 3),
+                   cpu_s=round((r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime), 3))
+        sys.stdout.write("@@RESULT " + json.dumps(out, default=str) + "\n")
+        sys.stdout.flush()
+    return 0
+
+
+CLIENTS = {"ours": True, "ours_no_usage": False}  # our client with and without per-chunk usage
 
 
 def cmd_compare(args) -> int:
-    """Ours and vllm bench serve in turns (which goes first alternates), at each level."""
-    import bench_client_vs_vllm as bcv
+    """Our client (with and without per-chunk usage) and vllm bench serve in turns, at each level.
+
+    Round r runs the clients in an order rotated by r; every client gets that round's seed, so no client
+    meets prompts that an earlier run left in vLLM's prefix cache."""
     out = load(args.out, {"levels": {}, "settings": vars(args)})
-    help_text = bcv.vllm_help(_bench_args(args, args.url, 1))
     with urllib.request.urlopen(args.url + "/v1/models", timeout=10) as resp:
         entry = json.load(resp)["data"][0]
     model, tokenizer = entry["id"], args.tokenizer or entry.get("root")
-    for level in args.concurrency:
-        requests = args.requests_per_slot * level
-        rec = out["levels"].setdefault(str(level), {"requests": requests, "ours": [], "vllm": []})
-        for rnd in range(args.rounds):
-            if time.time() > args.deadline:
-                out["deadline_hit"] = True
+    clients = list(args.clients)
+    bench = VllmBench(args.vllm_python) if "vllm" in clients else None
+    try:
+        for i, level in enumerate(args.concurrency):
+            requests = (args.requests[i] if args.requests else args.requests_per_slot * level)
+            rec = out["levels"].setdefault(str(level), {"requests": requests, **{c: [] for c in clients}})
+            for rnd in range(args.rounds):
+                if time.time() > args.deadline:
+                    out["deadline_hit"] = True
+                    dump(args.out, out)
+                    return 3
+                seed = args.seed + 100 * rnd + level
+                for who in clients[rnd % len(clients):] + clients[:rnd % len(clients)]:
+                    if len(rec.get(who, [])) > rnd:
+                        continue  # done by an earlier call (the command is resumable)
+                    if time.time() > args.deadline:
+                        out["deadline_hit"] = True
+                        dump(args.out, out)
+                        return 3
+                    if who in CLIENTS:
+                        got = run_once(args.url, level, requests, seed, args, warmup=args.warmup,
+                                       per_chunk_usage=CLIENTS[who])
+                        run = dict(got["runs"][0], process_cpu_s=got["process_cpu_s"],
+                                   process_cpu_s_per_request=got["process_cpu_s_per_request"], call_load=got["call_load"],
+                                   round=rnd, seed=seed)
+                    else:
+                        watch = Watch(args.url)
+                        argv = vllm_bench_argv(args, args.url, level, requests, seed, model, tokenizer)
+                        try:
+                            res = bench.run(argv)
+                        except SystemExit as err:  # once: a fresh worker (vLLM imported again), then give up
+                            print("vllm bench worker failed, starting another:", str(err)[-600:], flush=True)
+                            bench.close()
+                            bench = VllmBench(args.vllm_python)
+                            watch = Watch(args.url)
+                            res = bench.run(argv)
+                        run = {"output_throughput": round(res["output_throughput"], 3), "duration_s": res["duration"],
+                               "errors": requests - (res["completed"] or 0), "ttft_p50_ms": res["median_ttft_ms"],
+                               "ttft_p99_ms": res["p99_ttft_ms"], "tpot_p50_ms": res["median_tpot_ms"],
+                               "tpot_p99_ms": res["p99_tpot_ms"], "itl_p50_ms": res["median_itl_ms"],
+                               "total_output_tokens": res["total_output_tokens"], "process_cpu_s": res["cpu_s"],
+                               "process_cpu_s_per_request": round(res["cpu_s"] / requests, 6),
+                               "process_wall_s": res["wall_s"], "call_load": watch.result(requests + args.warmup + 1),
+                               "round": rnd, "seed": seed}
+                    rec.setdefault(who, []).append(run)
+                    dump(args.out, out)
+                    print("compare", level, who, rnd, run["output_throughput"], run.get("client_cpu_s_per_request"),
+                          run["process_cpu_s_per_request"], run["call_load"]["server_cpu_s_per_request"],
+                          run["call_load"]["host_steal_pct"], flush=True)
+                if "ours" in rec and "vllm" in rec:
+                    rec.update(vfs.compare_summary(rec["ours"], rec["vllm"]))
+                if "ours_no_usage" in rec and "vllm" in rec:
+                    rec["no_usage"] = vfs.compare_summary(rec["ours_no_usage"], rec["vllm"])
                 dump(args.out, out)
-                return 3
-            order = ("ours", "vllm") if rnd % 2 == 0 else ("vllm", "ours")
-            for who in order:
-                if who == "ours":
-                    got = run_once(args.url, level, requests, args.seed + 100 * rnd, args, warmup=args.warmup)
-                    run = dict(got["runs"][0], process_cpu_s=got["process_cpu_s"],
-                               process_cpu_s_per_request=got["process_cpu_s_per_request"])
-                    rec["ours"].append(run)
-                else:
-                    c0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    with __import__("tempfile").TemporaryDirectory() as wd:
-                        run = bcv.theirs(_bench_args(args, args.url, requests), level, model, tokenizer, help_text, wd)
-                    c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    cpu = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
-                    run.update(process_cpu_s=round(cpu, 3), process_cpu_s_per_request=round(cpu / requests, 6))
-                    rec["vllm"].append(run)
-                print("compare", level, who, rnd, run["output_throughput"], run.get("client_cpu_s_per_request"),
-                      run["process_cpu_s_per_request"], flush=True)
-            rec.update(vfs.compare_summary(rec["ours"], rec["vllm"]))
-            dump(args.out, out)
+    finally:
+        if bench:
+            bench.close()
     dump(args.out, out)
     return 0
 
@@ -290,7 +475,8 @@ def cmd_noise(args) -> int:
 
 class Hog:
     """CPU contention as a regression of known kind: one busy loop per CPU the server may run on
-    (its affinity), each in its own session, for the length of a candidate run; stopped after it."""
+    (its affinity), each pinned to its CPU, for the length of a candidate run; stopped after it (and, as
+    children in this process's session, with the device call if it is killed)."""
 
     def __init__(self, pid: int | None, per_cpu: int = 1) -> None:
         self.cpus = sorted(os.sched_getaffinity(pid or 0))
@@ -300,8 +486,7 @@ class Hog:
     def __enter__(self) -> "Hog":
         for cpu in self.cpus * self.per_cpu:
             self.procs.append(subprocess.Popen(
-                [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"],
-                start_new_session=True))
+                [sys.executable, "-c", f"import os\nos.sched_setaffinity(0, {{{cpu}}})\nwhile True: pass"]))
         return self
 
     def __exit__(self, *_exc) -> None:
@@ -359,9 +544,11 @@ def start_profile(rendered: dict, logdir: str, name: str, timeout: float) -> dic
 def cmd_gate(args) -> int:
     """A/A on the baseline, then each named regression profile against it (server started, gated, stopped)."""
     out = load(args.out, {"gates": [], "settings": vars(args)})
+    # a case cut off by an earlier call's deadline is measured again from the start, in place of that record
+    out["gates"] = [g for g in out["gates"] if not g.get("deadline_hit") or g["label"] not in args.candidates]
     done = {g["label"] for g in out["gates"] if not g.get("deadline_hit")}
     level, requests = args.concurrency[0], args.requests_per_slot * args.concurrency[0]
-    if "A/A" not in done:
+    if "A/A" not in done and not args.skip_aa:
         out["gates"].append(gate_ab(args.url, args.url, level, requests, args, "A/A"))
         dump(args.out, out)
     for name in args.candidates:
@@ -400,6 +587,11 @@ def cmd_tune(args) -> int:
                             "settings": vars(args)})
     level = args.concurrency[0]
     table_levels = args.table_levels
+    pending = state.pop("pending", None)
+    if pending and pending.get("pid"):  # a stage server left by a call killed at its limit: stop it, run it again
+        stop(pending["pid"])
+    if state["current"].get("pid"):
+        SERVERS[state["current"]["url"]] = state["current"]["pid"]
     if not state["records"]:  # the baseline's own figures at every table level
         levels = {str(c): run_once(args.url, c, args.requests_per_slot * c, 11 + c, args, warmup=c)["runs"]
                   for c in table_levels}
@@ -414,12 +606,16 @@ def cmd_tune(args) -> int:
         cand_vars = {**cur["vars"], **stage["vars"], "vllm_service_port": port}
         port += 1
         rendered = render(args.host_vars, {**{k: _yaml(v) for k, v in (s.split("=", 1) for s in args.set)}, **cand_vars})
+        state["pending"] = {"pid": None, "port": cand_vars["vllm_service_port"]}
         rec = start_profile(rendered, args.logdir, f"stage{len(state['records'])}", args.start_timeout)
+        state["pending"]["pid"] = rec["pid"]
+        dump(args.out, state)
         entry = {"stage": stage["name"], "changed": stage["vars"], "argv": rendered["argv"], "levels": {}, "gate": None,
                  "start_wait_s": rec["ready"]["wait_s"]}
         if not rec["ready"]["ready"]:
             entry["error"] = rec["ready"]["why"]
             stop(rec["pid"])
+            state.pop("pending", None)
             state["records"].append(entry)
             dump(args.out, state)
             continue
@@ -438,6 +634,7 @@ def cmd_tune(args) -> int:
                                 "url": rendered["ready_url"], "pid": rec["pid"], "name": stage["name"]}
         else:
             stop(rec["pid"])
+        state.pop("pending", None)
         state["records"].append(entry)
         state["table"] = vfs.stage_table(state["records"], level)
         dump(args.out, state)
@@ -447,7 +644,12 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def _terminated(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _terminated)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("render")
@@ -479,9 +681,14 @@ def main() -> int:
         q.add_argument("--logdir", default="/tmp")
         q.add_argument("--rendered-dir", default="")
         q.add_argument("--start-timeout", type=float, default=300)
+        q.add_argument("--server-record", default="",
+                       help="serve's record of the server at --url (its pid: the server's CPU per run, the hog's CPUs)")
         if name == "compare":
             q.add_argument("--rounds", type=int, default=3)
-            q.add_argument("--vllm-cmd", required=True)
+            q.add_argument("--clients", nargs="+", default=["ours", "ours_no_usage", "vllm"],
+                           choices=["ours", "ours_no_usage", "vllm"])
+            q.add_argument("--requests", type=int, nargs="+", help="requests per run at each level (else per slot)")
+            q.add_argument("--vllm-python", default=sys.executable, help="the python that imports vLLM (its worker)")
             q.add_argument("--tokenizer")
         if name == "noise":
             q.add_argument("--runs", type=int, default=8)
@@ -490,15 +697,18 @@ def main() -> int:
             q.add_argument("--candidates", nargs="*", default=["eager", "seqs8", "hog"],
                            help="profiles of the rendered dir, and 'hog' (CPU contention on the baseline's CPUs)")
             q.add_argument("--candidate-s", type=float, default=150, help="seconds a candidate needs; skipped with less left")
-            q.add_argument("--server-record", default="", help="serve's record of the baseline (its pid, for the hog)")
             q.add_argument("--hog-per-cpu", type=int, default=1)
+            q.add_argument("--skip-aa", action="store_true", help="no A/A first (measured before on this setup)")
         if name == "tune":
             q.add_argument("--profiles", required=True)
             q.add_argument("--host-vars", required=True)
             q.add_argument("--table-levels", type=int, nargs="+", default=[16, 64, 256])
             q.add_argument("--set", action="append", default=[])
+    sub.add_parser("vllmbench-worker", help="vllm bench serve runs from stdin (compare starts it)")
     args = p.parse_args()
-    return {"render": cmd_render, "serve": cmd_serve, "compare": cmd_compare, "noise": cmd_noise, "gate": cmd_gate,
+    if getattr(args, "server_record", "") and os.path.exists(args.server_record):
+        SERVERS[args.url] = load(args.server_record)["pid"]
+    return {"vllmbench-worker": cmd_vllmbench_worker, "render": cmd_render, "serve": cmd_serve, "compare": cmd_compare, "noise": cmd_noise, "gate": cmd_gate,
             "tune": cmd_tune}[args.cmd](args)
 
 
