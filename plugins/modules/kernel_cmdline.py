@@ -185,6 +185,7 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd, ToolMissing
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline import (
     DROPIN, DROPIN_DIR, GRUB_CFG, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, change_owner, check_length,
@@ -194,34 +195,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline 
     wanted_args,
 )
 
-C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
-SBIN_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
-
-class Bootloader:
-    """Finds and runs the bootloader tools; with a root other than / they run through chroot."""
-
-    def __init__(self, module: AnsibleModule, fs: HostFS):
-        self.module = module
-        self.fs = fs
-
-    def find(self, name: str, required: bool = False) -> str | None:
-        if self.fs.root == "/":
-            return self.module.get_bin_path(name, required=required)
-        for directory in SBIN_DIRS:
-            if self.fs.exists(f"{directory}/{name}"):
-                return f"{directory}/{name}"
-        if required:
-            self.module.fail_json(msg=f"{name} is not installed under root {self.fs.root} (looked in {', '.join(SBIN_DIRS)}).")
-        return None
-
-    def argv(self, argv: list[str]) -> list[str]:
-        if self.fs.root == "/":
-            return argv
-        return [self.module.get_bin_path("chroot", required=True), self.fs.root] + argv
-
-    def run(self, argv: list[str]) -> tuple[int, str, str]:
-        return self.module.run_command(argv)
+class Bootloader(HostCmd):
+    """Finds and runs the bootloader tools (HostCmd: under root, through chroot, in the C locale)."""
 
     def detect(self, wanted: str) -> tuple[str, list[str]]:
         """(bootloader, argv of the command that applies the configuration)."""
@@ -482,7 +458,6 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = C_LOCALE
     try:
         owner = validate_owner(module.params["owner"])
         args = validate_args(module.params["args"]) if module.params["state"] == "present" else []
@@ -493,7 +468,10 @@ def main():
         module.fail_json(msg=f"Conflicting kernel arguments in args, nothing changed: {'; '.join(conflicts)}. Keep one of them.")
     fs = HostFS(module.params["root"])
     loader = Bootloader(module, fs)
-    bootloader, apply_argv = loader.detect(module.params["bootloader"])
+    try:
+        bootloader, apply_argv = loader.detect(module.params["bootloader"])
+    except ToolMissing as err:
+        module.fail_json(msg=str(err))
     try:
         result = KernelCmdline(module, fs, loader, bootloader, apply_argv).run(owner, args, module.params["state"])
     except CmdlineError as err:

@@ -215,41 +215,26 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.grub import (
+    GRUB_CFG, GRUB_DEFAULTS, GRUB_DROPIN_DIR, GRUBENV, dropin_order, entry_for, grub_settings, parse_grub_cfg, parse_grubenv,
+    resolve_saved,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import (
-    GRUB_CFG, GRUB_DEFAULTS, GRUB_DROPIN_DIR, GRUBENV, SAVED_DROPIN, SAVED_DROPIN_TEXT, KernelUpgradeError, boot_space_needed,
-    check_boot_space, check_driver, check_grub_default, check_grubenv, check_old_kernel, check_target, decide, driver_files,
-    driver_required, dropin_order, entry_for, grub_settings, installed_kernels, mount_for, parse_apt_simulation, parse_grub_cfg,
-    parse_grubenv, resolve_saved, validate_version, BOOT_FILES,
+    SAVED_DROPIN, SAVED_DROPIN_TEXT, KernelUpgradeError, boot_space_needed, check_boot_space, check_driver, check_grub_default,
+    check_grubenv, check_old_kernel, check_target, decide, driver_files, driver_required, installed_kernels, mount_for,
+    parse_apt_simulation, validate_version, BOOT_FILES,
 )
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import FlowError
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import JOURNAL, load_journal
 
-C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
-SBIN_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
 MAX_WALK = 20000
 
 
-class Host:
-    """Reads of the host (through HostFS) and its commands (through chroot when root is not /)."""
-
-    def __init__(self, module: AnsibleModule, fs: HostFS):
-        self.module = module
-        self.fs = fs
-
-    def find(self, name: str) -> str | None:
-        if self.fs.root == "/":
-            return self.module.get_bin_path(name)
-        return next((f"{d}/{name}" for d in SBIN_DIRS if self.fs.exists(f"{d}/{name}")), None)
-
-    def argv(self, argv: list[str]) -> list[str]:
-        if self.fs.root == "/":
-            return argv
-        return [self.module.get_bin_path("chroot", required=True), self.fs.root] + argv
-
-    def run(self, argv: list[str]) -> tuple[int, str, str]:
-        return self.module.run_command(self.argv(argv))
+class Host(HostCmd):
+    """Reads of the host (through HostFS) and its commands (HostCmd: under root, through chroot, C locale)."""
 
     def running(self) -> str:
         text = self.fs.read_optional("/proc/sys/kernel/osrelease")
@@ -354,7 +339,7 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
         actions = [{"action": "write_dropin", "path": SAVED_DROPIN}, {"action": "update_grub", "argv": host.argv(argv)}]
         if not module.check_mode:
             host.fs.write_atomic(SAVED_DROPIN, SAVED_DROPIN_TEXT, 0o644)
-            rc, out, err = host.run(argv)
+            rc, out, err = host.run_in_root(argv)
             if rc != 0:
                 host.fs.remove(SAVED_DROPIN)
                 module.fail_json(msg=f"'{' '.join(argv)}' exited {rc}: {(err or out).strip()[-600:]}. {SAVED_DROPIN} was removed "
@@ -379,12 +364,12 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
         apt_get = host.find("apt-get")
         if apt_get:
             spec = f"{package}={p['package_version']}" if p["package_version"] else package
-            rc, out, err = host.run([apt_get, "install", "-s", "--no-install-recommends", spec])
+            rc, out, err = host.run_in_root([apt_get, "install", "-s", "--no-install-recommends", spec])
             sim = parse_apt_simulation(rc, out, err)
     held: list[str] = []
     apt_mark = host.find("apt-mark")
     if apt_mark:
-        rc, out, _err = host.run([apt_mark, "showhold"])
+        rc, out, _err = host.run_in_root([apt_mark, "showhold"])
         if rc == 0:
             held = sorted(line.strip() for line in out.splitlines() if line.strip())
 
@@ -441,7 +426,6 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = C_LOCALE
     fs = HostFS(module.params["root"])
     try:
         result = gather_and_decide(module, Host(module, fs))
