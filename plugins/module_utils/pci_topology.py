@@ -18,9 +18,7 @@ import re
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import (
-    CFG_EXTENDED, ConfigSpaceError, decode_config,
-)
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import PCI_DEVICES, read_config
 
 try:
     import pyudev
@@ -29,7 +27,6 @@ except ImportError:  # optional: names then come from pci.ids
     pyudev = None
     HAS_PYUDEV = False
 
-PCI_DEVICES = "/sys/bus/pci/devices"
 IOMMU_GROUPS = "/sys/kernel/iommu_groups"
 NODES = "/sys/devices/system/node"
 HUGEPAGES = "/sys/kernel/mm/hugepages"
@@ -322,13 +319,11 @@ class PciWalker:
             }
         if any(attr[k] is not None for k in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")):
             rec["aer_counters"] = {k[8:]: parse_counters(attr[k]) for k in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")}
-        cfg_path = f"{PCI_DEVICES}/{bdf}/config"
-        try:
-            rec["config"] = decode_config(self.fs.read_bytes(cfg_path, CFG_EXTENDED))
-        except HostFSError as err:
-            rec["config_error"] = f"cannot read {cfg_path}: {err.strerror}"
-        except ConfigSpaceError as err:
-            rec["config_error"] = f"{cfg_path}: {err}"
+        read = read_config(self.fs, bdf)
+        if read.error:
+            rec["config_error"] = read.error
+        else:
+            rec["config"] = read.config
         self._devices[bdf] = rec
         return rec
 
