@@ -397,6 +397,17 @@ def _describe(walker: PciWalker, bdf: str) -> str:
     return f"{bdf} {class_name(b['class']) or '?'} [{(b['vendor'] or '?')[2:]}:{(b['device'] or '?')[2:]}]"
 
 
+def normalize_bdfs(raws) -> list[str]:
+    """Every given PCI address in the sysfs form (``0000:3b:00.0``), in order; TopologyError names a malformed one."""
+    out = []
+    for raw in raws or []:
+        bdf = normalize_bdf(raw)
+        if bdf is None:
+            raise TopologyError(f"'{raw}' is not a PCI address: write it as DDDD:BB:DD.F, for example 0000:3b:00.0 (lspci -D prints them).")
+        out.append(bdf)
+    return out
+
+
 def select_targets(walker: PciWalker, devices=None, vendor: str | None = None, device: str | None = None,
                    class_prefix: str | None = "03", exclude_vendors=BMC_VENDORS) -> list[str]:
     """The functions to audit: the listed BDFs, or every function matching the filters.
@@ -409,9 +420,7 @@ def select_targets(walker: PciWalker, devices=None, vendor: str | None = None, d
     if devices:
         out = []
         for raw in devices:
-            bdf = normalize_bdf(raw)
-            if bdf is None:
-                raise TopologyError(f"'{raw}' is not a PCI address: write it as DDDD:BB:DD.F, for example 0000:3b:00.0 (lspci -D prints them).")
+            bdf = normalize_bdfs([raw])[0]
             if bdf not in present:
                 known = ", ".join(present[:12]) + (" ..." if len(present) > 12 else "")
                 raise TopologyError(

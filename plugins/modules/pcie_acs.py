@@ -163,69 +163,33 @@ diff:
   type: dict
 """
 
-import sys
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
-    PciWalker, TopologyError, build_model, normalize_bdf, select_targets,
+    PciWalker, TopologyError, build_model, normalize_bdfs, select_targets,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_acs import (
     MASK, RECORD_FILE, AcsError, apply_writes, bit_names, failure_message, kernel_args, merge_record, pair_bridges,
     parse_record, persist_entries, plan_clear, plan_restore, read_acs, redirecting_bridges, setpci_argv, vfio_reasons,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import (
-    PERSIST_CONFIG, parse_persist, persistence_plan, render_json,
+    PERSIST_CONFIG, parse_persist, persistence_plan,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_state import PcieState, StepFailed, shown_actions
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_users import refusal, users
 
-C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
+class PcieAcs(PcieState):
+    SET_WHAT = "The ACS bits are set"
 
-
-class PcieAcs:
     def __init__(self, module: AnsibleModule, fs: HostFS, setpci: str):
-        self.module = module
-        self.fs = fs
-        self.setpci = setpci
-        self.record_path = module.params["state_dir"].rstrip("/") + "/" + RECORD_FILE
-
-    def read(self, path: str) -> str | None:
-        return self.fs.read_bytes(path).decode("utf-8", "replace") if self.fs.exists(path) else None
-
-    def python(self) -> str:
-        return "/usr/bin/python3" if self.fs.exists("/usr/bin/python3") else sys.executable
-
-    def systemctl_argv(self, *args: str) -> list[str]:
-        root = [] if self.fs.root == "/" else [f"--root={self.fs.root}"]
-        return [self.module.get_bin_path("systemctl", required=True)] + root + list(args)
-
-    def run(self, argv):
-        return self.module.run_command(argv)
+        super().__init__(module, fs, setpci, RECORD_FILE)
 
     def file_actions(self, record_text, record, acs_entries, persist: bool) -> list[dict]:
-        text = render_json(record) if record["devices"] else None
-        actions = []
-        if text != record_text:
-            actions.append({"action": "remove_record", "path": self.record_path} if text is None else
-                           {"action": "record_originals", "path": self.record_path, "content": text})
         payload = list(parse_persist(self.read(PERSIST_CONFIG), "devices").values())
         acs = acs_entries if persist else []
-        return actions + persistence_plan(self.read, self.fs.exists, self.python(), self.systemctl_argv, payload, acs,
-                                          bool(payload or acs), self.fs.root == "/")
-
-    def do_file_actions(self, actions: list[dict]) -> None:
-        for a in actions:
-            if a["action"] in ("record_originals", "write_file"):
-                self.fs.write_atomic(a["path"], a["content"], int(a.get("mode", "0644"), 8))
-            elif a["action"] in ("remove_record", "remove_file"):
-                self.fs.remove(a["path"])
-            elif a["action"] in ("enable_unit", "disable_unit", "daemon_reload"):
-                rc, out, err = self.run(a["argv"])
-                if rc != 0:
-                    self.module.fail_json(msg=f"'{' '.join(a['argv'])}' exited {rc}: {(err or out).strip()}. The ACS bits are "
-                                              "set; only the boot persistence failed. Check that systemd manages this host, "
-                                              "or set persist: false.", changed=True)
+        return self.record_action(record_text, record) + persistence_plan(
+            self.read, self.fs.exists, self.python(), self.systemctl_argv, payload, acs, bool(payload or acs), self.fs.root == "/")
 
     def guard(self, what: str, bdfs: list[str], force: bool, boot_way: str, result: dict) -> None:
         found = users(PciWalker(self.fs), bdfs)
@@ -310,10 +274,7 @@ class PcieAcs:
                 self.apply(writes)
             except AcsError:
                 if first:  # everything was rolled back: the record must not claim a change
-                    if record_text is None:
-                        self.fs.remove(self.record_path)
-                    else:
-                        self.fs.write_atomic(self.record_path, record_text, 0o644)
+                    self.put_record_back(record_text)
                 raise
             self.do_file_actions([a for a in files if a["action"] != "record_originals"])
         after = {b: (read_acs(self.fs, b)["ctrl"] if not self.module.check_mode else
@@ -356,7 +317,7 @@ class PcieAcs:
         return self.finish(result, [self.set_action(w) for w in plan["writes"]] + files, bridges, before, after, entries)
 
     def finish(self, result, actions, bridges, before, after, entries) -> dict:
-        shown = [{k: v for k, v in a.items() if k != "content"} for a in actions]
+        shown = shown_actions(actions)
         result["bridges"] = {b: {"ctrl_before": before.get(b), "ctrl_after": after.get(b),
                                  "cleared": bit_names((before.get(b) or 0) & ~(after.get(b) or 0) & MASK),
                                  "pairs": info["pairs"]} for b, info in bridges.items()}
@@ -380,16 +341,13 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = C_LOCALE
     p = module.params
     if not p["state_dir"].startswith("/"):
         module.fail_json(msg=f"state_dir must be an absolute path on the host, got {p['state_dir']!r}.")
-    devices = []
-    for raw in p["devices"]:
-        bdf = normalize_bdf(raw)
-        if bdf is None:
-            module.fail_json(msg=f"'{raw}' is not a PCI address: write it as DDDD:BB:DD.F, for example 0000:3b:00.0 (lspci -D prints them).")
-        devices.append(bdf)
+    try:
+        devices = normalize_bdfs(p["devices"])
+    except TopologyError as err:
+        module.fail_json(msg=str(err))
     acs = PcieAcs(module, HostFS(p["root"]), module.get_bin_path("setpci", required=True))
     try:
         if p["state"] == "present":
@@ -398,6 +356,8 @@ def main():
             result = acs.default(devices, p["force"])
     except (AcsError, TopologyError) as err:
         module.fail_json(msg=str(err), changed=False)
+    except StepFailed as err:
+        module.fail_json(msg=str(err), **err.fields)
     except HostFSError as err:
         module.fail_json(msg=f"pcie_acs under root {p['root']} failed: {err}. It reads sysfs and writes {PERSIST_CONFIG}, "
                              f"{p['state_dir']} and the boot unit: run it as root (become: true).", changed=False)

@@ -217,53 +217,28 @@ diff:
   type: dict
 """
 
-import sys
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker, normalize_bdf
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker, TopologyError, normalize_bdfs
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload import (
     PERSIST_CONFIG, RECORD_FILE, UNIT_WANTS, PayloadError, apply_writes,
     failure_message, gather, gather_recorded, merge_record, parse_mps, parse_persist, parse_record, parse_size,
-    persist_entries, plan_present, plan_restore, read_payload, restore_scope, render_json, setpci_argv,
+    persist_entries, plan_present, plan_restore, read_payload, restore_scope, setpci_argv,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import persistence_plan
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_state import PcieState, StepFailed, shown_actions
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_users import refusal, users
 
-C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
-
-
-class PciePayload:
-    """Readers of the record and persistence files; changers for registers, files and the unit."""
+class PciePayload(PcieState):
+    """The payload registers on top of PcieState (record, persistence files, unit)."""
 
     def __init__(self, module: AnsibleModule, fs: HostFS, setpci: str):
-        self.module = module
-        self.fs = fs
-        self.setpci = setpci
-        self.record_path = module.params["state_dir"].rstrip("/") + "/" + RECORD_FILE
-        self._systemctl = None
-
-    # ---- readers ----------------------------------------------------------------------------
-    def read(self, path: str) -> str | None:
-        """Exact file content (HostFS.read_text strips the last newline), None when absent."""
-        return self.fs.read_bytes(path).decode("utf-8", "replace") if self.fs.exists(path) else None
+        super().__init__(module, fs, setpci, RECORD_FILE)
 
     def record(self) -> tuple[str | None, dict]:
         text = self.read(self.record_path)
         return text, parse_record(text, self.fs.path(self.record_path))
-
-    def python(self) -> str:
-        return "/usr/bin/python3" if self.fs.exists("/usr/bin/python3") else sys.executable
-
-    def systemctl(self) -> str:
-        if self._systemctl is None:
-            self._systemctl = self.module.get_bin_path("systemctl", required=True)
-        return self._systemctl
-
-    def systemctl_argv(self, *args: str) -> list[str]:
-        root = [] if self.fs.root == "/" else [f"--root={self.fs.root}"]
-        return [self.systemctl()] + root + list(args)
 
     def persistence_actions(self, entries: list[dict], persist: bool) -> list[dict]:
         """File and unit steps that make the boot unit match ``entries`` (or remove it); the ACS
@@ -271,37 +246,6 @@ class PciePayload:
         acs = list(parse_persist(self.read(PERSIST_CONFIG), "acs").values())
         return persistence_plan(self.read, self.fs.exists, self.python(), self.systemctl_argv, entries if persist else [],
                                 acs, persist or bool(acs), self.fs.root == "/")
-
-    def record_action(self, before_text: str | None, record: dict) -> list[dict]:
-        text = render_json(record) if record["devices"] else None
-        if text == before_text:
-            return []
-        if text is None:
-            return [{"action": "remove_record", "path": self.record_path}]
-        return [{"action": "record_originals", "path": self.record_path, "content": text}]
-
-    # ---- changers -----------------------------------------------------------------------------
-    def run(self, argv: list[str]) -> tuple[int, str, str]:
-        return self.module.run_command(argv)
-
-    def do_file_actions(self, actions: list[dict]) -> None:
-        for action in actions:
-            kind = action["action"]
-            if kind in ("record_originals", "write_file"):
-                self.fs.write_atomic(action["path"], action["content"], int(action.get("mode", "0644"), 8))
-                if self.read(action["path"]) != action["content"]:
-                    self.module.fail_json(msg=f"{action['path']} does not read back what was written; another process writes it.")
-            elif kind in ("remove_record", "remove_file"):
-                self.fs.remove(action["path"])
-            elif kind in ("enable_unit", "disable_unit", "daemon_reload"):
-                rc, out, err = self.run(action["argv"])
-                if rc != 0:
-                    self.module.fail_json(msg=f"'{' '.join(action['argv'])}' exited {rc}: {(err or out).strip()}. The register "
-                                              f"values are set; only the boot persistence failed. Check that systemd manages "
-                                              f"this host, or set persist: false.", rc=rc, stderr=err)
-                if kind == "enable_unit" and not self.fs.exists(UNIT_WANTS):
-                    self.module.fail_json(msg=f"'{' '.join(action['argv'])}' succeeded but {UNIT_WANTS} does not exist: the unit "
-                                              "will not run at boot.")
 
     # ---- the two states -----------------------------------------------------------------------
     def present(self, devices: list[str], mps, mrrs, mrrs_cap, include_path: bool, persist: bool, on_readonly: str,
@@ -350,14 +294,11 @@ class PciePayload:
         hard = [f for f in outcome["failures"] if f["kind"] == "error" or on_readonly == "fail"]
         if hard:
             if first and not outcome["done"] and not outcome["rollback_failed"]:
-                if record_text is None:
-                    self.fs.remove(self.record_path)
-                else:
-                    self.fs.write_atomic(self.record_path, record_text, 0o644)
-            self.module.fail_json(msg=failure_message(hard[0], model["functions"], outcome),
-                                  changed=bool(outcome["rollback_failed"]), actions=[],
-                                  failures=outcome["failures"], rolled_back=outcome["rolled_back"],
-                                  rollback_failed=outcome["rollback_failed"], devices=plan["devices"])
+                self.put_record_back(record_text)
+            raise StepFailed(failure_message(hard[0], model["functions"], outcome),
+                             changed=bool(outcome["rollback_failed"]), actions=[],
+                             failures=outcome["failures"], rolled_back=outcome["rolled_back"],
+                             rollback_failed=outcome["rollback_failed"], devices=plan["devices"])
         for failure in outcome["failures"]:
             self.module.warn(failure_message(failure, model["functions"], {"rolled_back": [], "rollback_failed": []}))
             result["readonly"].append({k: failure[k] for k in ("device", "register", "wanted", "reads")})
@@ -436,7 +377,7 @@ class PciePayload:
         if not self.module.check_mode and sets:
             outcome = apply_writes(self.fs, plan["writes"], self.run, self.setpci)
             if outcome["failures"]:
-                self.module.fail_json(msg="Restoring the original values failed: " + failure_message(
+                raise StepFailed("Restoring the original values failed: " + failure_message(
                     outcome["failures"][0], model["functions"], outcome) + " The record is kept; run state=default again once fixed.",
                     changed=bool(outcome["rollback_failed"]), actions=[], failures=outcome["failures"],
                     rolled_back=outcome["rolled_back"], rollback_failed=outcome["rollback_failed"])
@@ -457,7 +398,7 @@ class PciePayload:
                 "boot_unit_enabled": self.fs.exists(UNIT_WANTS), "persisted": sorted(existing)}
 
     def finish(self, result: dict, actions: list[dict], before_state: dict, devices: dict, entries: list[dict], persist: bool) -> dict:
-        shown = [{k: v for k, v in a.items() if k != "content"} for a in actions]
+        shown = shown_actions(actions)
         result.update(changed=bool(shown), actions=shown)
         if self.module._diff:
             after = self.diff_state(devices, "after", {}, None)
@@ -485,7 +426,6 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = C_LOCALE
     p = module.params
     try:
         mps = parse_mps(p["mps"])
@@ -497,12 +437,10 @@ def main():
         module.fail_json(msg=f"state_dir must be an absolute path on the host, got {p['state_dir']!r}.")
     if p["state"] == "present" and mps is None and mrrs is None and mrrs_cap is None:
         module.fail_json(msg="Nothing to set: give mps (max_safe or bytes), mrrs or mrrs_cap, or state: default to restore.")
-    devices = []
-    for raw in p["devices"]:
-        bdf = normalize_bdf(raw)
-        if bdf is None:
-            module.fail_json(msg=f"'{raw}' is not a PCI address: write it as DDDD:BB:DD.F, for example 0000:3b:00.0 (lspci -D prints them).")
-        devices.append(bdf)
+    try:
+        devices = normalize_bdfs(p["devices"])
+    except TopologyError as err:
+        module.fail_json(msg=str(err))
     setpci = module.get_bin_path("setpci", required=True)
     payload = PciePayload(module, HostFS(p["root"]), setpci)
     try:
@@ -513,6 +451,8 @@ def main():
             result = payload.default(devices, p["persist"], p["force"])
     except PayloadError as err:
         module.fail_json(msg=str(err), changed=False)
+    except StepFailed as err:
+        module.fail_json(msg=str(err), **err.fields)
     except HostFSError as err:
         module.fail_json(msg=f"PCIe payload task under root {p['root']} failed: {err}. It reads sysfs and writes {PERSIST_CONFIG}, "
                              f"{p['state_dir']} and the boot unit: run it as root (become: true).")
