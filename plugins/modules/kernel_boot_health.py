@@ -98,10 +98,10 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.gpufleet.inference.plugins.module_utils.boot_health import (
     CONFIG, FILES, SCRIPT, TIMER_NAME, render_all,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import C_LOCALE
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import HEALTH_RESULT, JOURNAL
 
-C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
 WANTS = "/etc/systemd/system/timers.target.wants/" + TIMER_NAME
 
 

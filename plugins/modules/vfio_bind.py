@@ -238,6 +238,7 @@ import json
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import C_LOCALE
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError, finish
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PCI_DEVICES, PciWalker, normalize_bdf
 from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import (
@@ -540,7 +541,7 @@ def main():
             raise VfioError(f"The {name} driver is not loaded in the tree under root {root}: the module loads kernel "
                             "modules only on the live host (root: /).")
         argv = [module.get_bin_path("modprobe", required=True), name]
-        rc, out, err = module.run_command(argv, environ_update={"LC_ALL": "C"})
+        rc, out, err = module.run_command(argv, environ_update=dict(C_LOCALE))
         if rc != 0:
             raise VfioError(f"'{' '.join(argv)}' failed with rc {rc}: {(err or out).strip()}. Install the module for the running "
                             f"kernel (uname -r), or build {name} into it.")

@@ -116,6 +116,7 @@ import stat
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import C_LOCALE
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 
 LISTEN = "0A"
@@ -379,7 +380,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C")
+    module.run_command_environ_update = dict(C_LOCALE)
     p = module.params
     fs = HostFS(p["root"])
     if not 1 <= p["port"] <= 65535:

@@ -224,6 +224,7 @@ unit:
 import json
 import time
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import C_LOCALE
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_startlog import parse as parse_start_log
 
 from ansible.module_utils.basic import AnsibleModule
@@ -370,7 +371,7 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C")
+    module.run_command_environ_update = dict(C_LOCALE)
     p = module.params
     systemctl = module.get_bin_path("systemctl")
     journalctl = module.get_bin_path("journalctl")
