@@ -43,7 +43,7 @@ actions:
   description: Always empty; the module changes nothing.
   returned: always
   type: list
-  elements: str
+  elements: dict
   sample: []
 source:
   description: Where the owners were read from, C(dropin), C(state) or C(none).

@@ -159,7 +159,7 @@ actions:
   description: Always empty; the module changes nothing.
   returned: always
   type: list
-  elements: str
+  elements: dict
   sample: []
 findings_summary:
   description: Number of findings per severity, and in total.

@@ -89,7 +89,7 @@ actions:
   description: Always empty; the module changes nothing.
   returned: always
   type: list
-  elements: str
+  elements: dict
   sample: []
 model:
   description: What was found at the model path.

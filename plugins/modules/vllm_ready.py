@@ -121,7 +121,7 @@ actions:
   description: Always empty; the module changes nothing.
   returned: always
   type: list
-  elements: str
+  elements: dict
   sample: []
 seconds_to_healthy:
   description: Seconds until C(/health) answered 200.
