@@ -84,6 +84,18 @@ class HostFS:
         except OSError:
             return None
 
+    def read_exact(self, host_path: str, errors: str = "replace") -> str | None:
+        """The exact text of a file (trailing newlines kept, unlike read_text), None when it does not
+        exist; HostFSError when it exists and cannot be read (with ``errors="strict"``, text that is not
+        UTF-8 raises UnicodeDecodeError)."""
+        if not self.exists(host_path):
+            return None
+        try:
+            with open(self.path(host_path), "r", encoding="utf-8", errors=errors, newline="") as fh:
+                return fh.read()
+        except OSError as err:
+            raise HostFSError("read", host_path, err) from None
+
     def read_bytes(self, host_path: str, size: int = -1) -> bytes:
         try:
             with open(self.path(host_path), "rb") as fh:

@@ -51,7 +51,7 @@ class PcieState:
     # ---- readers ----------------------------------------------------------------------------
     def read(self, path: str) -> str | None:
         """Exact file content (HostFS.read_text strips the last newline), None when absent."""
-        return self.fs.read_bytes(path).decode("utf-8", "replace") if self.fs.exists(path) else None
+        return self.fs.read_exact(path)
 
     def python(self) -> str:
         """The interpreter the boot script names: the host's python3, else the one running this module."""

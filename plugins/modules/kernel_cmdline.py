@@ -236,7 +236,7 @@ class KernelCmdline:
     # ---- readers ----------------------------------------------------------------------------
     def read(self, path: str) -> str | None:
         """Exact file content (HostFS.read_text strips the last newline), None when absent."""
-        return self.fs.read_bytes(path).decode("utf-8", "replace") if self.fs.exists(path) else None
+        return self.fs.read_exact(path)
 
     def current(self) -> list[str]:
         text = self.fs.read_optional(PROC_CMDLINE)
