@@ -344,3 +344,33 @@ def overriding_dropins(files: list[tuple[str, str | None]], ours: str = DROPIN) 
                 out.append(path)
                 break
     return out
+
+
+# ---- reading the record through a HostFS (kernel_cmdline_info, kernel_cmdline) ----------------------
+def foreign_texts(fs) -> list[str]:
+    """/etc/default/grub and every grub.d drop-in but ours: where arguments set outside this module live."""
+    texts = [fs.read_optional(GRUB_DEFAULTS) or ""]
+    texts += [fs.read_optional(f"{DROPIN_DIR}/{n}") or "" for n in fs.listdir(DROPIN_DIR)
+              if n.endswith(".cfg") and f"{DROPIN_DIR}/{n}" != DROPIN]
+    return texts
+
+
+def gather(fs, owner: str | None = None) -> dict:
+    """The owners' arguments against /proc/cmdline. Raises CmdlineError or HostFSError."""
+    text = fs.read_optional(PROC_CMDLINE)
+    if text is None:
+        raise CmdlineError(f"Cannot read {PROC_CMDLINE} under root {fs.root}: run the module on a Linux host with /proc mounted.")
+    current = split_cmdline(text)
+    saved = parse_state(fs.read_text(STATE_FILE) if fs.exists(STATE_FILE) else None, fs.path(STATE_FILE))
+    foreign: list[str] = []
+    if fs.exists(DROPIN):
+        owners, _stray = parse_dropin(fs.read_text(DROPIN))
+        source = "dropin"
+        foreign = foreign_grub_args(foreign_texts(fs))
+    elif saved["owners"]:
+        owners, source = saved["owners"], "state"
+    else:
+        owners, source = {}, "none"
+    result = status(owners, current, saved["pending_removal"], owner, foreign)
+    result.update(owners=owners, source=source, pending_removal=saved["pending_removal"])
+    return result

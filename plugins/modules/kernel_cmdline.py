@@ -189,7 +189,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline import (
     DROPIN, DROPIN_DIR, GRUB_CFG, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, change_owner, check_length,
-    find_conflicts, grub_cfg_kernel, overriding_dropins, predicted_cmdline,
+    find_conflicts, foreign_texts, grub_cfg_kernel, overriding_dropins, predicted_cmdline,
     foreign_conflicts, foreign_grub_args, grub_cfg_args, parse_dropin, parse_grubby_info, parse_state, pending_after,
     plan_dropin, plan_grubby, render_state, split_cmdline, status, validate_args, validate_owner,
     wanted_args,
@@ -244,14 +244,6 @@ class KernelCmdline:
             self.module.fail_json(msg=f"Cannot read {PROC_CMDLINE} under root {self.fs.root}: the module compares the wanted "
                                       "arguments with the running kernel's. Run it on a Linux host with /proc mounted.")
         return split_cmdline(text)
-
-    def foreign_texts(self) -> list[str]:
-        texts = [self.read(GRUB_DEFAULTS) or ""]
-        for name in self.fs.listdir(DROPIN_DIR):
-            path = f"{DROPIN_DIR}/{name}"
-            if name.endswith(".cfg") and path != DROPIN:
-                texts.append(self.fs.read_optional(path) or "")
-        return texts
 
     def grubby_entries(self, grubby: str) -> list[dict]:
         rc, out, err = self.loader.run(self.loader.argv([grubby, "--info=ALL"]))
@@ -312,7 +304,7 @@ class KernelCmdline:
             owners_before, stray = parse_dropin(dropin_before)
             if stray:
                 self.module.warn(f"{DROPIN} holds lines this module did not write; they are dropped: {' | '.join(stray)}")
-            foreign = foreign_grub_args(self.foreign_texts())
+            foreign = foreign_grub_args(foreign_texts(self.fs))
             grub_cfg = self.fs.read_optional(GRUB_CFG)
             configured = grub_cfg_args(grub_cfg) or []
         else:
