@@ -15,18 +15,14 @@ extra result keys), never ``fail_json``-ed here: the module's ``main()`` turns t
 from __future__ import annotations
 
 import sys
-from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import UNIT_WANTS, render_json
 
 
-class StepFailed(Exception):
+class StepFailed(Failed):
     """A step failed after the module began to change the host; ``fields`` are extra result keys."""
-
-    def __init__(self, msg: str, **fields: Any):
-        super().__init__(msg)
-        self.fields = fields
 
 
 def shown_actions(actions: list[dict]) -> list[dict]:

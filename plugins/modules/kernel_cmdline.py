@@ -186,7 +186,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd, ToolMissing
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline import (
     DROPIN, DROPIN_DIR, GRUB_CFG, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, change_owner, check_length,
     find_conflicts, foreign_texts, grub_cfg_kernel, overriding_dropins, predicted_cmdline,
@@ -207,7 +207,7 @@ class Bootloader(HostCmd):
             if grubby:
                 return "grubby", [grubby]
         if not self.fs.exists(GRUB_DEFAULTS):
-            self.module.fail_json(msg=(
+            raise Failed(msg=(
                 f"GRUB files missing: {GRUB_DEFAULTS} does not exist{where}, and grubby is not installed. This module "
                 "drives GRUB 2 (update-grub on Debian/Ubuntu, grubby on EL); hosts that boot through systemd-boot, "
                 "a unified kernel image or a cloud provider's direct kernel boot need another way to set kernel arguments."))
@@ -217,10 +217,9 @@ class Bootloader(HostCmd):
         mkconfig = self.find("grub-mkconfig") or self.find("grub2-mkconfig")
         if mkconfig:
             return "grub_dropin", [mkconfig, "-o", GRUB_CFG]
-        self.module.fail_json(msg=(
+        raise Failed(msg=(
             f"GRUB files missing: {GRUB_DEFAULTS} exists{where} but neither update-grub nor grub-mkconfig is installed, "
             "so the drop-in cannot be turned into grub.cfg. Install grub2-common (Debian/Ubuntu: apt-get install grub2-common)."))
-        return "", []  # not reached
 
 
 class KernelCmdline:
@@ -241,18 +240,18 @@ class KernelCmdline:
     def current(self) -> list[str]:
         text = self.fs.read_optional(PROC_CMDLINE)
         if text is None:
-            self.module.fail_json(msg=f"Cannot read {PROC_CMDLINE} under root {self.fs.root}: the module compares the wanted "
+            raise Failed(msg=f"Cannot read {PROC_CMDLINE} under root {self.fs.root}: the module compares the wanted "
                                       "arguments with the running kernel's. Run it on a Linux host with /proc mounted.")
         return split_cmdline(text)
 
     def grubby_entries(self, grubby: str) -> list[dict]:
         rc, out, err = self.loader.run(self.loader.argv([grubby, "--info=ALL"]))
         if rc != 0:
-            self.module.fail_json(msg=f"'{grubby} --info=ALL' exited {rc}: {(err or out).strip()}. grubby cannot read the boot "
+            raise Failed(msg=f"'{grubby} --info=ALL' exited {rc}: {(err or out).strip()}. grubby cannot read the boot "
                                       "entries; check /boot/loader/entries and /etc/default/grub.", rc=rc, stderr=err)
         entries = parse_grubby_info(out)
         if not entries:
-            self.module.fail_json(msg=f"'{grubby} --info=ALL' listed no boot entry; nothing to add arguments to.")
+            raise Failed(msg=f"'{grubby} --info=ALL' listed no boot entry; nothing to add arguments to.")
         return entries
 
     def dropin_files(self) -> list[tuple[str, str | None]]:
@@ -274,7 +273,7 @@ class KernelCmdline:
         if self.bootloader == "grub_dropin" and added:
             over = overriding_dropins(self.dropin_files())
             if over:
-                self.module.fail_json(changed=False, overriding=over, msg=(
+                raise Failed(changed=False, overriding=over, msg=(
                     f"{', '.join(over)} {'sets' if len(over) == 1 else 'set'} GRUB_CMDLINE_LINUX_DEFAULT after {DROPIN} without "
                     "keeping its value, so grub-mkconfig would drop our arguments. Nothing was changed. Make it append "
                     '(GRUB_CMDLINE_LINUX_DEFAULT="${GRUB_CMDLINE_LINUX_DEFAULT} ...") or move its arguments to '
@@ -289,7 +288,7 @@ class KernelCmdline:
         for line in lines:
             problem = check_length(line, self.arch())
             if problem:
-                self.module.fail_json(changed=False, msg=problem, cmdline_bytes=len(line.encode("utf-8")))
+                raise Failed(changed=False, msg=problem, cmdline_bytes=len(line.encode("utf-8")))
 
     # ---- the run ------------------------------------------------------------------------------
     def run(self, owner: str, args: list[str], state: str) -> dict:
@@ -313,13 +312,13 @@ class KernelCmdline:
             configured = sorted({a for e in entries for a in e["args"]})
         owners_after = change_owner(owners_before, owner, args, state)
         if self.bootloader == "grubby" and any(";" in a for a in args):
-            self.module.fail_json(changed=False, msg=(
+            raise Failed(changed=False, msg=(
                 f"{', '.join(a for a in args if ';' in a)}: a device list with ';' is not written through grubby (boot loader "
                 "spec entries are parsed by GRUB, where ';' ends a command). Nothing was changed. Give one device per run "
                 "of the owning role, or use the runtime clear with its boot unit (pcie_acs persist: true)."))
         conflicts = find_conflicts(owners_after, grubby=self.bootloader == "grubby")
         if conflicts:
-            self.module.fail_json(msg=(
+            raise Failed(msg=(
                 f"Conflicting kernel arguments, nothing changed: {'; '.join(conflicts)}. Keep one of them: change the "
                 "variables of the owning roles (each owner's arguments are listed in the owners key of this result)."),
                 owners=owners_after)
@@ -393,8 +392,8 @@ class KernelCmdline:
                     self.fs.remove(STATE_FILE)
                 done.append(kind)
         except HostFSError as err:
-            self.module.fail_json(msg=f"Writing the boot configuration failed after {', '.join(done) or 'no step'}: {err}. "
-                                      "Run the module as root (become: true) on a writable /etc and /boot.")
+            raise Failed(msg=f"Writing the boot configuration failed after {', '.join(done) or 'no step'}: {err}. "
+                         "Run the module as root (become: true) on a writable /etc and /boot.") from None
         self.verify(owners_after, foreign, pending)
 
     def fail_command(self, action: dict, rc: int, out: str, err: str, dropin_before: str | None, done: list[str]) -> None:
@@ -408,8 +407,8 @@ class KernelCmdline:
             msg += f" {DROPIN} was put back as it was; grub.cfg is unchanged or partly written, so run {cmd} by hand once fixed."
         else:
             msg += f" Done before the failure: {', '.join(done) or 'nothing'}."
-        self.module.fail_json(msg=f"Updating the boot configuration failed: {msg} Fix the bootloader configuration and run again.",
-                              rc=rc, stdout=out, stderr=err)
+        raise Failed(msg=f"Updating the boot configuration failed: {msg} Fix the bootloader configuration and run again.",
+                     rc=rc, stdout=out, stderr=err)
 
     def verify(self, owners_after: dict, foreign: list[str], pending: dict) -> None:
         """Read the configuration back: it must hold what was asked."""
@@ -417,7 +416,7 @@ class KernelCmdline:
         if self.bootloader == "grub_dropin":
             owners_now, _stray = parse_dropin(self.read(DROPIN))
             if owners_now != {o: a for o, a in owners_after.items() if a}:
-                self.module.fail_json(msg=f"{DROPIN} reads back {owners_now}, not {owners_after}: something else writes it.")
+                raise Failed(msg=f"{DROPIN} reads back {owners_now}, not {owners_after}: something else writes it.")
             cfg = grub_cfg_args(self.fs.read_optional(GRUB_CFG))
             if cfg is None:
                 return
@@ -431,7 +430,7 @@ class KernelCmdline:
             where = "a grubby boot entry"
         if missing or left:
             over = overriding_dropins(self.dropin_files()) if self.bootloader == "grub_dropin" else []
-            self.module.fail_json(changed=True, overriding=over, msg=(
+            raise Failed(changed=True, overriding=over, msg=(
                 (f"{', '.join(over)} overrides GRUB_CMDLINE_LINUX_DEFAULT after {os.path.basename(DROPIN)}. " if over else "") +
                 f"The bootloader tool succeeded but {where} still {'lacks ' + ', '.join(missing) if missing else ''}"
                 f"{' and ' if missing and left else ''}{'has ' + ', '.join(left) if left else ''}. Another file overrides "
@@ -464,10 +463,14 @@ def main():
         bootloader, apply_argv = loader.detect(module.params["bootloader"])
     except ToolMissing as err:
         module.fail_json(msg=str(err))
+    except Failed as err:
+        module.fail_json(msg=str(err), **err.fields)
     try:
         result = KernelCmdline(module, fs, loader, bootloader, apply_argv).run(owner, args, module.params["state"])
     except CmdlineError as err:
         module.fail_json(msg=str(err))
+    except Failed as err:
+        module.fail_json(msg=str(err), **err.fields)
     except HostFSError as err:
         module.fail_json(msg=f"Reading the boot configuration under root {fs.root} failed: {err}. Run the module as root "
                              "(become: true).")

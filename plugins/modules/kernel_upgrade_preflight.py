@@ -216,7 +216,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.grub import (
     GRUB_CFG, GRUB_DEFAULTS, GRUB_DROPIN_DIR, GRUBENV, dropin_order, entry_for, grub_settings, parse_grub_cfg, parse_grubenv,
     resolve_saved,
@@ -239,7 +239,7 @@ class Host(HostCmd):
     def running(self) -> str:
         text = self.fs.read_optional("/proc/sys/kernel/osrelease")
         if not text:
-            self.module.fail_json(msg=f"Cannot read /proc/sys/kernel/osrelease under root {self.fs.root}: the running kernel is "
+            raise Failed(msg=f"Cannot read /proc/sys/kernel/osrelease under root {self.fs.root}: the running kernel is "
                                       "unknown. Run the module on a Linux host with /proc mounted.")
         return text.strip()
 
@@ -313,16 +313,16 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
     try:
         target = validate_version(p["target"], "target")
     except KernelUpgradeError as err:
-        module.fail_json(msg=str(err))
+        raise Failed(msg=str(err)) from None
     package = p["package"] or f"linux-image-{target}"
     running = host.running()
     running_package = f"linux-image-{running}"
 
     if host.find("grubby") and not host.find("update-grub"):
-        module.fail_json(msg="This host boots through grubby (EL): the kernel_upgrade flow supports Debian and Ubuntu with GRUB 2 "
+        raise Failed(msg="This host boots through grubby (EL): the kernel_upgrade flow supports Debian and Ubuntu with GRUB 2 "
                              "(update-grub, grub-reboot) only for now. Upgrade EL hosts by hand (grubby --set-default).")
     if not host.fs.exists(GRUB_CFG):
-        module.fail_json(msg=f"{GRUB_CFG} does not exist under root {host.fs.root}: this host does not boot through GRUB 2 "
+        raise Failed(msg=f"{GRUB_CFG} does not exist under root {host.fs.root}: this host does not boot through GRUB 2 "
                              "(systemd-boot, a unified kernel image or a cloud provider's direct kernel boot?). The one-shot "
                              "boot this flow relies on needs GRUB; upgrade the kernel another way.")
 
@@ -333,7 +333,7 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
     if not grub_check["ok"] and grub_check.get("fixable"):
         update = host.find("update-grub") or host.find("grub-mkconfig")
         if not update:
-            module.fail_json(msg="GRUB_DEFAULT must be set to saved but neither update-grub nor grub-mkconfig is installed: "
+            raise Failed(msg="GRUB_DEFAULT must be set to saved but neither update-grub nor grub-mkconfig is installed: "
                                  "install grub2-common.")
         argv = [update] if update.endswith("update-grub") else [update, "-o", GRUB_CFG]
         actions = [{"action": "write_dropin", "path": SAVED_DROPIN}, {"action": "update_grub", "argv": host.argv(argv)}]
@@ -342,7 +342,7 @@ def gather_and_decide(module: AnsibleModule, host: Host) -> dict:
             rc, out, err = host.run_in_root(argv)
             if rc != 0:
                 host.fs.remove(SAVED_DROPIN)
-                module.fail_json(msg=f"'{' '.join(argv)}' exited {rc}: {(err or out).strip()[-600:]}. {SAVED_DROPIN} was removed "
+                raise Failed(msg=f"'{' '.join(argv)}' exited {rc}: {(err or out).strip()[-600:]}. {SAVED_DROPIN} was removed "
                                      "again; fix the GRUB configuration and run again.", rc=rc, stderr=err)
             settings = grub_settings(host.grub_files())
             grub_check = check_grub_default(settings, False, True)
@@ -429,6 +429,8 @@ def main():
     fs = HostFS(module.params["root"])
     try:
         result = gather_and_decide(module, Host(module, fs))
+    except Failed as err:
+        module.fail_json(msg=str(err), **err.fields)
     except HostFSError as err:
         module.fail_json(msg=f"Reading the boot configuration under root {fs.root} failed: {err}. Run the module as root "
                              "(become: true).")
