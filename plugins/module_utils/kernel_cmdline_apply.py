@@ -68,14 +68,14 @@ class KernelCmdline:
         text = self.fs.read_optional(PROC_CMDLINE)
         if text is None:
             raise Failed(msg=f"Cannot read {PROC_CMDLINE} under root {self.fs.root}: the module compares the wanted "
-                                      "arguments with the running kernel's. Run it on a Linux host with /proc mounted.")
+                             "arguments with the running kernel's. Run it on a Linux host with /proc mounted.")
         return split_cmdline(text)
 
     def grubby_entries(self, grubby: str) -> list[dict]:
         rc, out, err = self.loader.run(self.loader.argv([grubby, "--info=ALL"]))
         if rc != 0:
             raise Failed(msg=f"'{grubby} --info=ALL' exited {rc}: {(err or out).strip()}. grubby cannot read the boot "
-                                      "entries; check /boot/loader/entries and /etc/default/grub.", rc=rc, stderr=err)
+                             "entries; check /boot/loader/entries and /etc/default/grub.", rc=rc, stderr=err)
         entries = parse_grubby_info(out)
         if not entries:
             raise Failed(msg=f"'{grubby} --info=ALL' listed no boot entry; nothing to add arguments to.")
@@ -220,7 +220,7 @@ class KernelCmdline:
                 done.append(kind)
         except HostFSError as err:
             raise Failed(msg=f"Writing the boot configuration failed after {', '.join(done) or 'no step'}: {err}. "
-                         "Run the module as root (become: true) on a writable /etc and /boot.") from None
+                             "Run the module as root (become: true) on a writable /etc and /boot.") from None
         self.verify(owners_after, foreign, pending)
 
     def fail_command(self, action: dict, rc: int, out: str, err: str, dropin_before: str | None, done: list[str]) -> None:
