@@ -42,8 +42,8 @@ LAYERS = {
         "pci_topology", "pcie_state", "tune_measured", "vllm_flag_stages"],
     3: ["history_report", "hugepages", "irq_affinity", "kernel_upgrade_journal", "kernel_upgrade_report", "load_monitor",
         "nvml", "pcie_acs", "pcie_findings", "pcie_payload", "pcie_users", "stage_table", "vfio"],
-    4: ["boot_health", "irq_pinning", "kernel_cmdline_apply", "kernel_upgrade_preflight", "pcie_audit",
-        "vfio_bind"],
+    4: ["boot_health", "irq_pinning", "kernel_cmdline_apply", "kernel_upgrade_preflight", "pcie_acs_apply",
+        "pcie_audit", "pcie_payload_apply", "vfio_bind"],
 }
 LAYER = {name: layer for layer, names in LAYERS.items() for name in names}
 
