@@ -6,7 +6,7 @@ imports themselves (parsed with ast, nothing is imported):
 
 - every module_utils file has a layer, and imports module_utils of lower layers only (no cycles,
   no reaching up);
-- no module_utils imports AnsibleModule or calls fail_json/exit_json (modules do, in main());
+- no module_utils imports AnsibleModule or calls fail_json/exit_json, and no module calls them below main();
 - the layer table in docs/development.md is this one;
 - the module_utils the irq_affinity role copies to the host are exactly the import closure of the
   module_utils its re-apply script imports;
@@ -112,6 +112,20 @@ def test_module_utils_never_use_ansible_module():
         if path.name != "hostfs.py" and re.search(r"\.(fail_json|exit_json)\(", code):
             wrong.append(f"{path.name} calls fail_json/exit_json (only a module's main() may)")
     # hostfs.finish() is the one shared end of a module run: it is what main() calls.
+    assert wrong == []
+
+
+def test_modules_fail_only_in_main():
+    """fail_json/exit_json are called in a module's main() (or through hostfs.finish) only: the code below
+    raises, so that a failure never exits from the middle of a helper."""
+    wrong = []
+    for path in sorted((REPO / "plugins" / "modules").glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name != "main":
+                calls = [n.lineno for n in ast.walk(node) if isinstance(n, ast.Attribute) and n.attr in ("fail_json", "exit_json")]
+                if calls:
+                    wrong.append(f"{path.name}: {node.name} calls fail_json/exit_json (lines {calls})")
     assert wrong == []
 
 
