@@ -108,7 +108,7 @@ def execute(p: dict, fs, cmds, check_mode: bool, warn=None) -> dict:
         if vllm_unit and not unit_exists(fs, vllm_unit):
             # a server that is not this unit (a container, another name) must not make the candidate revert
             warn(f"{vllm_unit} is not a systemd unit on this host ({', '.join(UNIT_DIRS)}): the boot-health check "
-                        "leaves the inference server out; set kernel_upgrade_vllm_unit to the server's unit to include it")
+                 "leaves the inference server out; set kernel_upgrade_vllm_unit to the server's unit to include it")
             vllm_unit = ""
         try:
             wanted = render_all(p["target"], old=p["old"], commit_timeout=p["commit_timeout"],

@@ -59,7 +59,6 @@ BOOT_SPACE_SLACK = 16 * 1024 * 1024
 VERSION_RE = re.compile(r"^[0-9][A-Za-z0-9._+~-]*$")
 
 
-
 class KernelUpgradeError(ValueError):
     """Input that cannot be judged; the message says what, where and what to do."""
 

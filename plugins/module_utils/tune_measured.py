@@ -469,7 +469,7 @@ def read_aspm_policy(fs: HostFS) -> str:
     text = fs.read_optional("/sys/module/pcie_aspm/parameters/policy")
     if not text:
         raise TuneError("cannot record the ASPM policy: /sys/module/pcie_aspm/parameters/policy is missing (a kernel "
-                           "without ASPM support); leave the ASPM stage out (skip: [aspm])")
+                        "without ASPM support); leave the ASPM stage out (skip: [aspm])")
     for word in text.split():
         if word.startswith("[") and word.endswith("]"):
             return word[1:-1]
@@ -508,7 +508,7 @@ def load(fs: HostFS, path: str) -> dict | None:
         state = json.loads(text)
     except ValueError as err:
         raise TuneError(f"the state file {path} is not JSON ({err}): it was damaged; move it away and start over "
-                           "(the roles' own state: absent undoes what was applied)") from err
+                        "(the roles' own state: absent undoes what was applied)") from err
     if state.get("format") != FORMAT:
         raise TuneError(f"{path} holds {state.get('format')!r}, not {FORMAT}: not a measured-tuning state")
     return state
