@@ -90,7 +90,7 @@ def test_another_plan_is_refused_while_one_is_unfinished(tmp_path, capsys):
     other = run_module(tune_measured, {**common, "op": "start", "stages": [dict(stage, vars={"x": 2})], "vllm_defaults": {"x": 0}}, capsys)
     assert other["failed"] and "unfinished measured-tuning run made from another" in other["msg"]
     fresh = run_module(tune_measured, {**common, "op": "start", "stages": [dict(stage, vars={"x": 2})], "vllm_defaults": {"x": 0},
-                      "restart": True}, capsys)
+                                       "restart": True}, capsys)
     assert fresh["next"]["action"] == "benchmark" and fresh["next"]["stage"] == "baseline"
 
 
@@ -105,8 +105,8 @@ def test_check_mode_writes_nothing(tmp_path, capsys):
 def test_complete_of_a_stale_action_is_refused(tmp_path, capsys):
     common = {"root": str(tmp_path), "state_file": "/state.json"}
     run_module(tune_measured, {**common, "op": "start", "profiles": ["latency"],
-              "stages": [{"name": "a", "kind": "vllm", "role": "r", "vars": {"x": 1}}], "vllm_defaults": {"x": 0}},
-             capsys)
+                               "stages": [{"name": "a", "kind": "vllm", "role": "r", "vars": {"x": 1}}], "vllm_defaults": {"x": 0}},
+               capsys)
     bad = run_module(tune_measured, {**common, "op": "complete", "action_id": 7}, capsys)
     assert bad["failed"] and "action 1 (benchmark baseline) is pending" in bad["msg"]
 

@@ -276,7 +276,7 @@ def test_builtin_driver_binds_by_udev_and_is_refused_by_modprobe(tmp_path):
 def test_main_check_mode_on_a_fake_tree(tmp_path, capsys):
     host = gpu_host(tmp_path)
     result = run_module(vfio_bind, {"root": str(host.root), "devices": ["10de:2330"], "persist": "udev", "_ansible_check_mode": True,
-                       "_ansible_diff": True}, capsys)
+                                    "_ansible_diff": True}, capsys)
     assert result["changed"] is True and result["persist"] == {"method": "udev", "files": [vfio.UDEV_RULES]}
     assert len(result["diff"]) == 2
     assert not HostFS(str(host.root)).exists(vfio.UDEV_RULES)

@@ -253,7 +253,7 @@ def test_main_ok_and_read_only(tmp_path, capsys):
     model_dir(tmp_path)
     fake_proc(tmp_path, {})
     result = run_module(vp, {"model": "/srv/models/tiny", "port": 8002, "unit": "vllm.service", "user": "nobody",
-                       "root": str(tmp_path)}, capsys)
+                             "root": str(tmp_path)}, capsys)
     assert result["changed"] is False and result["actions"] == []
     assert result["model"]["config"] is True and result["port"]["free"] is True
 
@@ -269,7 +269,7 @@ def test_main_port_conflict(tmp_path, capsys):
     model_dir(tmp_path)
     fake_proc(tmp_path, {4242: {"inodes": [145363], "cgroup": CGROUP_V1, "cmdline": ["/usr/bin/python3", "-m", "http.server"]}})
     result = run_module(vp, {"model": "/srv/models/tiny", "port": 8123, "unit": "vllm.service", "user": "nobody",
-                       "root": str(tmp_path)}, capsys)
+                             "root": str(tmp_path)}, capsys)
     assert result["failed"] and "already in use by pid 4242" in result["msg"]
     assert result["port"]["listeners"][0]["unit"] == "probe.service"
 
@@ -277,7 +277,7 @@ def test_main_port_conflict(tmp_path, capsys):
 def test_main_hub_id_is_not_checked(tmp_path, capsys):
     fake_proc(tmp_path, {})
     result = run_module(vp, {"model": "Qwen/Qwen3-8B", "model_is_path": False, "port": 8002, "unit": "vllm.service",
-                       "root": str(tmp_path)}, capsys)
+                             "root": str(tmp_path)}, capsys)
     assert not result.get("failed") and result["model"]["kind"] == "hub id"
 
 

@@ -120,7 +120,7 @@ def test_unit_broken(now, reason):
 def test_ready_service_passes_every_check(server, tools, capsys):
     server.cfg.update(key=KEY, unhealthy=2)
     result = run_module(vr, {"url": url(server), "served_model_name": "tiny", "api_key": KEY, "unit": "vllm.service",
-                       "interval": 0.05, "timeout": 10}, capsys)
+                             "interval": 0.05, "timeout": 10}, capsys)
     assert result["changed"] is False and result["actions"] == []
     assert result["models"] == ["tiny"] and result["metrics"] == 2
     assert result["completion"]["completion_tokens"] == 4 and result["completion"]["text"] == " Paris" * 4
@@ -169,7 +169,7 @@ def test_crash_loop_fails_fast_with_the_journal(server, tools, capsys):
     server.cfg.update(unhealthy=10 ** 6)
     tools.write_text("ActiveState=activating\nSubState=auto-restart\nMainPID=0\nNRestarts=3\nResult=exit-code\n")
     result = run_module(vr, {"url": url(server), "served_model_name": "tiny", "unit": "vllm.service", "timeout": 600,
-                       "interval": 0.05}, capsys)
+                             "interval": 0.05}, capsys)
     assert "never answered 200 (HTTP 503): the unit's process exited and systemd is restarting it" in result["msg"]
     assert "libnuma.so.1" in result["msg"]
 

@@ -37,7 +37,7 @@ def warnings_of(result) -> list[str]:
 
 def test_kernel_path_from_a_log_file(lab, capsys):
     result = run_module(vr, {"url": lab.url, "served_model_name": "tiny", "checks": ["health", "models", "completion"],
-                       "timeout": 20, "start_log": os.path.join(LOGS, "start-baseline.log")}, capsys)
+                             "timeout": 20, "start_log": os.path.join(LOGS, "start-baseline.log")}, capsys)
     kp = result["kernel_path"]
     assert kp["attention_backend"] == "FLASH_ATTN" and kp["cuda_graphs"]["captured"]
     assert kp["cuda_graphs"]["capture_sizes"][-1] == 512 and kp["starts"] == 2
@@ -54,7 +54,7 @@ def test_kernel_path_from_the_journal(lab, capsys, tmp_path, monkeypatch):
     journalctl.chmod(journalctl.stat().st_mode | stat.S_IXUSR)
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
     result = run_module(vr, {"url": lab.url, "served_model_name": "tiny", "checks": ["health", "models"], "timeout": 20,
-                       "unit": "vllm.service", "start_log_journal": True}, capsys)
+                             "unit": "vllm.service", "start_log_journal": True}, capsys)
     kp = result["kernel_path"]
     assert kp["enforce_eager"] is True and kp["cuda_graphs"]["mode"] == "NONE"
     assert any("CUDA graphs are off" in w and "--enforce-eager" in w for w in warnings_of(result))
@@ -67,5 +67,5 @@ def test_no_start_log_gives_null(lab, capsys):
 
 def test_unreadable_start_log_warns(lab, capsys, tmp_path):
     result = run_module(vr, {"url": lab.url, "served_model_name": "tiny", "checks": ["health"], "timeout": 20,
-                       "start_log": str(tmp_path / "missing.log")}, capsys)
+                             "start_log": str(tmp_path / "missing.log")}, capsys)
     assert result["kernel_path"] is None and any("could not be read" in w for w in warnings_of(result))
