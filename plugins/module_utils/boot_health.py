@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The boot-health unit of a candidate kernel: what kernel_boot_health writes on the host.
+"""The boot-health unit of a candidate kernel: what kernel_boot_health writes on the host, and
+``execute``, which writes it (through HostFS) and runs systemctl (through HostCmd).
 
 A oneshot service that runs the check script (roles/kernel_upgrade/files/gpufleet-boot-health.py,
 copied to ``SCRIPT``) only under the candidate kernel (``ConditionKernelVersion``), a timer that
@@ -13,6 +14,9 @@ from __future__ import annotations
 
 import json
 from typing import Any
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import HEALTH_RESULT, JOURNAL
 
 SCRIPT = "/usr/local/libexec/gpufleet-boot-health"
 CONFIG = "/etc/gpufleet/boot-health.json"
@@ -66,3 +70,86 @@ WantedBy=timers.target
 
 def render_all(target: str, **cfg: Any) -> dict[str, str]:
     return {CONFIG: render_config(target, **cfg), SERVICE: render_service(target), TIMER: render_timer(target)}
+
+
+WANTS = "/etc/systemd/system/timers.target.wants/" + TIMER_NAME
+
+
+class BootHealthError(Exception):
+    pass
+
+
+UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system",
+             "/lib/systemd/system")
+
+
+def unit_exists(fs: HostFS, unit: str) -> bool:
+    return any(fs.exists(f"{d}/{unit}") for d in UNIT_DIRS)
+
+
+def systemctl(cmds, *args: str) -> list[str]:
+    """systemctl on the host; under another root the tree's own, through chroot (HostCmd)."""
+    return cmds.argv([cmds.find("systemctl", required=True) if not cmds.chrooted else "systemctl", *args])
+
+
+def execute(p: dict, fs, cmds, check_mode: bool, warn=None) -> dict:
+    """Write (or remove) the boot-health unit and its configuration, enable (or disable) the timer; the
+    result with ``actions`` and the ``diff``. Raises BootHealthError."""
+    warn = warn or (lambda msg: None)
+    actions: list[dict] = []
+    before = {path: fs.read_optional(path) for path in FILES}
+    if p["state"] == "present":
+        if not p["target"]:
+            raise BootHealthError("target is required with state=present: the candidate kernel release")
+        if not fs.exists(SCRIPT):
+            raise BootHealthError(f"the check script {SCRIPT} is not on the host: copy "
+                                  "roles/kernel_upgrade/files/gpufleet-boot-health.py there first (the role does)")
+        vllm_unit = p["vllm_unit"]
+        if vllm_unit and not unit_exists(fs, vllm_unit):
+            # a server that is not this unit (a container, another name) must not make the candidate revert
+            warn(f"{vllm_unit} is not a systemd unit on this host ({', '.join(UNIT_DIRS)}): the boot-health check "
+                 "leaves the inference server out; set kernel_upgrade_vllm_unit to the server's unit to include it")
+            vllm_unit = ""
+        try:
+            wanted = render_all(p["target"], old=p["old"], commit_timeout=p["commit_timeout"],
+                                driver_modules=p["driver_modules"], gpu_required=p["gpu_required"],
+                                vllm_unit=vllm_unit, vllm_grace=p["vllm_grace"], journal=JOURNAL,
+                                result=HEALTH_RESULT)
+        except ValueError as err:
+            raise BootHealthError(str(err)) from None
+        writes = [path for path, text in wanted.items() if before[path] != text.rstrip("\n")]
+        actions += [{"action": "write", "path": path} for path in writes]
+        if fs.exists(HEALTH_RESULT):
+            actions.append({"action": "remove", "path": HEALTH_RESULT})
+        commands = []
+        if writes:
+            commands.append(systemctl(cmds, "daemon-reload"))
+        if writes or not fs.exists(WANTS):
+            commands.append(systemctl(cmds, "enable", TIMER_NAME))
+        actions += [{"action": "run", "argv": argv} for argv in commands]
+        after = {path: wanted[path].rstrip("\n") for path in FILES}
+    else:
+        present = [path for path in FILES if before[path] is not None]
+        commands = []
+        if fs.exists(WANTS):
+            commands.append(systemctl(cmds, "disable", TIMER_NAME))
+        actions += [{"action": "run", "argv": argv} for argv in commands]
+        actions += [{"action": "remove", "path": path} for path in present]
+        if present:
+            actions.append({"action": "run", "argv": systemctl(cmds, "daemon-reload")})
+        after = {path: None for path in FILES}
+    if actions and not check_mode:
+        for action in actions:
+            if action["action"] == "write":
+                fs.write_durable(action["path"], wanted[action["path"]], 0o644)
+            elif action["action"] == "remove":
+                fs.remove(action["path"])
+            else:
+                rc, out, err = cmds.run(action["argv"])
+                if rc != 0:
+                    raise BootHealthError(f"'{' '.join(action['argv'])}' exited {rc}: {(err or out).strip()[-400:]}; the "
+                                          "boot-health unit is not in place as asked: fix systemd on the host and run again")
+    return {"changed": bool(actions), "files": list(FILES), "actions": actions,
+            "diff": {"before": "".join(f"# {k}\n{v}\n" for k, v in before.items() if v is not None),
+                     "after": "".join(f"# {k}\n{v}\n" for k, v in after.items() if v is not None),
+                     "before_header": CONFIG, "after_header": CONFIG}}

@@ -153,3 +153,29 @@ def holder_status(lease: dict[str, Any] | None, me: dict[str, Any], stat_of) -> 
     if start is None or start != lease.get("pid_start"):
         return "dead"
     return "alive"
+
+
+def execute(p: dict, fs, check_mode: bool) -> dict:
+    """Take, renew, release, break or read the lease file under ``fs`` as ``p`` asks; the result with
+    ``actions`` and the ``diff``. Raises LeaseError."""
+    path = p["path"]
+    current = parse(fs.read_text(path, default=""), path)
+    now = time.time()
+    if p["state"] == "query":
+        return {"changed": False, "lease": current, "previous": current, "what": "unchanged", "actions": [], "diff": {}}
+    lease, what = plan(current, p["state"], p["run_id"], now, p["ttl"], p["operator"], p["play"], p["break_expired"],
+                       p["holder"], p["take_over"])
+    actions = []
+    if what == "released":
+        actions.append({"action": "remove_lease", "path": path, "what": what})
+    elif lease is not None:
+        actions.append({"action": "write_lease", "path": path, "what": what})
+    if actions and not check_mode:
+        if lease is None:
+            fs.remove(path)
+            fs.fsync_dir(path)
+        else:
+            fs.write_durable(path, render(lease), 0o644)
+    return {"changed": bool(actions), "lease": lease, "previous": current, "what": what, "actions": actions,
+            "diff": {"before": render(current) if current else "", "after": render(lease) if lease else "",
+                     "before_header": path, "after_header": path}}

@@ -26,6 +26,15 @@ class HostFSError(Exception):
         super().__init__(f"cannot {op} {path}: {self.strerror}")
 
 
+class Failed(Exception):
+    """A module run that must end in failure, raised below main(): the message, and ``fields``, the extra
+    result keys (``changed``, ``rc``, ``stderr``, ...). main() or finish() turns it into fail_json."""
+
+    def __init__(self, msg: str, **fields):
+        super().__init__(msg)
+        self.fields = fields
+
+
 def fsync_dir(path: str) -> None:
     """fsync a directory, so that a rename or unlink in it survives a crash."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -83,6 +92,18 @@ class HostFS:
                 return fh.read().rstrip("\n")
         except OSError:
             return None
+
+    def read_exact(self, host_path: str, errors: str = "replace") -> str | None:
+        """The exact text of a file (trailing newlines kept, unlike read_text), None when it does not
+        exist; HostFSError when it exists and cannot be read (with ``errors="strict"``, text that is not
+        UTF-8 raises UnicodeDecodeError)."""
+        if not self.exists(host_path):
+            return None
+        try:
+            with open(self.path(host_path), "r", encoding="utf-8", errors=errors, newline="") as fh:
+                return fh.read()
+        except OSError as err:
+            raise HostFSError("read", host_path, err) from None
 
     def read_bytes(self, host_path: str, size: int = -1) -> bytes:
         try:
@@ -172,6 +193,8 @@ def finish(module, name: str, does: str, run, known_error) -> None:
         result = run()
     except known_error as err:
         module.fail_json(msg=str(err), changed=False)
+    except Failed as err:
+        module.fail_json(msg=str(err), **err.fields)
     except HostFSError as err:
         module.fail_json(msg=f"{name} under root {root} failed: {err}. The module {does}: run it as root "
                              "(become: true) on the host itself, not in a container.")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import NODES, parse_cpulist, parse_meminfo
 
 GLOBAL = "/sys/kernel/mm/hugepages"
@@ -220,3 +220,150 @@ def booted_with(cmdline: str, args: list[str]) -> bool:
     tokens = cmdline.split()
     pairs = [args[i:i + 2] for i in range(0, len(args), 2)]
     return bool(args) and all(any(tokens[i:i + 2] == pair for i in range(len(tokens) - 1)) for pair in pairs)
+
+
+def _per_node(raw: dict) -> dict[int, dict[int, int]]:
+    out: dict[int, dict[int, int]] = {}
+    for key, value in (raw or {}).items():
+        if not str(key).isdigit():
+            raise HugepagesError(f"per_node: '{key}' is not a NUMA node number; use keys like 0 and 1.")
+        if not isinstance(value, dict) or set(value) - {"pages_2m", "pages_1g"}:
+            raise HugepagesError(f"per_node[{key}]: give a dictionary with pages_2m and/or pages_1g, got {value!r}.")
+        sizes = {}
+        for name, kb in (("pages_2m", 2048), ("pages_1g", 1048576)):
+            if value.get(name) is not None:
+                try:
+                    sizes[kb] = int(value[name])
+                except (TypeError, ValueError):
+                    raise HugepagesError(f"per_node[{key}].{name}: '{value[name]}' is not a number of pages.") from None
+        out[int(key)] = sizes
+    return out
+
+
+def _render(layout: dict) -> str:
+    lines = []
+    for node, info in sorted(layout["nodes"].items()):
+        for kb, s in sorted(info["sizes"].items()):
+            lines.append(f"node {node} {NAMES.get(kb, str(kb) + 'kB')}: {s['nr']}\n")
+    return "".join(lines)
+
+
+def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
+    """Read, guard, plan, write, read back. Raises HugepagesError with the reason."""
+    warn = warn or (lambda msg: None)
+    pct = params["max_memory_percent"]
+    if not 1 <= pct <= 100:
+        raise HugepagesError(f"max_memory_percent must be between 1 and 100, got {pct}.")
+    layout = read_layout(fs)
+    if not layout["supported_kb"]:
+        raise HugepagesError("This kernel offers no huge pages (/sys/kernel/mm/hugepages is empty or missing): it was built "
+                             "without CONFIG_HUGETLBFS, or /sys is not mounted.")
+    pages = {2048: params.get("pages_2m"), 1048576: params.get("pages_1g")}
+    want = desired(layout, pages, params.get("nodes") or [], _per_node(params.get("per_node") or {}))
+    problems = guard(layout, want, pct)
+    if problems:
+        raise HugepagesError(" ".join(problems) + " Nothing was changed.")
+    runtime = {2048} | ({1048576} if params["method_1g"] == "runtime" else set())
+    actions = plan(layout, want, runtime)
+    if params["method_1g"] == "cmdline":  # at runtime 1 GiB pages are only given back
+        actions += [a for a in plan(layout, want, {1048576}) if a["after"] < (a["before"] or 0)]
+    persist = persistence(layout, want)
+
+    got: dict[tuple, int | None] = {}
+    shortfall: list[str] = []
+    if not check_mode:
+        done = []
+        for a in actions:
+            try:
+                fs.write_text(a["path"], str(a["after"]))
+            except HostFSError as err:
+                # the kernel refuses a count it cannot give with ENOMEM on some versions; read back below tells
+                if err.errno not in (12,):
+                    _restore(fs, done)
+                    raise HugepagesError(f"Failed to set {a['path']} to {a['after']}: {err}. {_restored(done)}") from None
+            value = fs.read_optional(a["path"])
+            got[(a["node"], a["size_kb"])] = int(value) if (value or "").isdigit() else None
+            done.append(a)
+            if a["after"] < (a["before"] or 0) and (got[(a["node"], a["size_kb"])] or 0) > a["after"]:
+                warn(f"node {a['node']}: {NAMES[a['size_kb']]} pages stay at {got[(a['node'], a['size_kb'])]}, not {a['after']}: "
+                     f"pages in use cannot be given back until their users free them.")
+            elif (got[(a["node"], a["size_kb"])] or 0) < a["after"]:
+                shortfall.append(f"node {a['node']}: {NAMES[a['size_kb']]} pages {got[(a['node'], a['size_kb'])]} of "
+                                 f"{a['after']} (free memory is fragmented or short)")
+        if shortfall and not params["allow_partial"]:
+            _restore(fs, done)
+            raise HugepagesError(
+                f"The kernel gave fewer huge pages than asked: {'; '.join(shortfall)}. {_restored(done)} Free memory on that "
+                f"node (stop what uses it, or 'echo 1 > /proc/sys/vm/compact_memory'), reserve the pages at boot through "
+                f"the kernel command line, or set allow_partial: true to keep what the kernel can give.")
+    after = read_layout(fs) if not check_mode else layout
+
+    # 1 GiB pages the command line should bring
+    args_1g = boot_args(layout, want, 1048576)
+    booted = booted_with(layout["cmdline"], args_1g)
+    reboot_pending = False
+    for node, sizes in sorted(want.items()):
+        if 1048576 not in sizes or params["method_1g"] != "cmdline":
+            continue
+        have = after["nodes"][node]["sizes"].get(1048576, {}).get("nr") or 0
+        if have < sizes[1048576]:
+            if booted:
+                shortfall.append(f"node {node}: 1G pages {have} of {sizes[1048576]} given at boot (memory short or fragmented "
+                                 f"at boot time)")
+            else:
+                reboot_pending = True
+    boot_short = [s for s in shortfall if "given at boot" in s]
+    if boot_short and not params["allow_partial"]:
+        raise HugepagesError(
+            f"The kernel was booted with {' '.join(args_1g)} but gave fewer 1 GiB pages: {'; '.join(boot_short)}. Lower "
+            f"pages_1g, check 'dmesg | grep -i hugetlb', or set allow_partial: true to accept what it gave.")
+    if shortfall:
+        warn(f"Fewer huge pages than asked (allow_partial): {'; '.join(shortfall)}.")
+
+    nodes_out = {}
+    for node, info in sorted(after["nodes"].items()):
+        before_sizes = layout["nodes"][node]["sizes"]
+        nodes_out[str(node)] = {
+            "mem_total_kb": info["mem_total_kb"], "limit_kb": info["mem_total_kb"] * pct // 100,
+            "has_memory": info["has_memory"],
+            "pages": {NAMES.get(kb, f"{kb}kB"): {"before": before_sizes.get(kb, {}).get("nr"), "wanted": want.get(node, {}).get(kb),
+                                                 "after": s["nr"], "free": s["free"]}
+                      for kb, s in sorted(info["sizes"].items())},
+        }
+    text_actions = [f"set node {a['node']} {NAMES[a['size_kb']]} pages {a['before']} -> {a['after']}" for a in actions]
+    diff = {}
+    if actions:
+        predicted = {"numa": layout["numa"], "nodes": {n: {"sizes": {kb: dict(s) for kb, s in i["sizes"].items()}}
+                                                       for n, i in layout["nodes"].items()}}
+        for a in actions:
+            predicted["nodes"][a["node"]]["sizes"][a["size_kb"]]["nr"] = got.get((a["node"], a["size_kb"]), a["after"])
+        diff = {"before": _render(layout), "after": _render(predicted)}
+    return {
+        "changed": bool(actions),
+        "actions": text_actions,
+        "nodes": nodes_out,
+        "cmdline_args": persist["cmdline_args"],
+        "sysctl": persist["sysctl"],
+        "reboot_pending": reboot_pending,
+        "partial": bool(shortfall),
+        "shortfall": shortfall,
+        "supported_sizes": [NAMES.get(kb, f"{kb}kB") for kb in layout["supported_kb"]],
+        "meminfo": after["meminfo"],
+        "diff": diff,
+    }
+
+
+def _restore(fs: HostFS, done: list) -> None:
+    for a in reversed(done):
+        try:
+            fs.write_text(a["path"], str(a["before"]))
+            a["restored"] = fs.read_optional(a["path"]) == str(a["before"])
+        except HostFSError:
+            a["restored"] = False
+
+
+def _restored(done: list) -> str:
+    if not done:
+        return "Nothing had been changed."
+    bad = [f"node {a['node']} {NAMES[a['size_kb']]}" for a in done if not a.get("restored")]
+    return "The counts were put back as they were." if not bad else f"Could not put back: {', '.join(bad)}; check them by hand."

@@ -21,10 +21,14 @@ import os
 import re
 from typing import Any
 
-DROPIN_DIR = "/etc/default/grub.d"
+# The GRUB files and parsers come from grub.py (the one GRUB library); the names stay importable
+# from here for the module kernel_cmdline and its tests.
+from ansible_collections.gpufleet.inference.plugins.module_utils.grub import (  # noqa: F401 pylint: disable=unused-import
+    GRUB_CFG, GRUB_DEFAULTS, first_linux_line, parse_grubby_info, shell_value, split_cmdline,
+)
+from ansible_collections.gpufleet.inference.plugins.module_utils.grub import GRUB_DROPIN_DIR as DROPIN_DIR
+
 DROPIN = DROPIN_DIR + "/99-gpufleet.cfg"
-GRUB_DEFAULTS = "/etc/default/grub"
-GRUB_CFG = "/boot/grub/grub.cfg"
 STATE_FILE = "/etc/gpufleet/kernel_cmdline.json"
 STATE_FORMAT = "gpufleet-kernel-cmdline/1"
 PROC_CMDLINE = "/proc/cmdline"
@@ -49,7 +53,6 @@ SEMICOLON_LISTS = ("pci=disable_acs_redir=", "pci=config_acs=")
 DROPIN_LINE_RE = re.compile(r'^GRUB_CMDLINE_LINUX_DEFAULT="\$\{GRUB_CMDLINE_LINUX_DEFAULT\}((?: [^"\s]+)*)"'
                             r"\s+# gpufleet-owner=([a-z][a-z0-9_]*)\s*$")
 ASSIGN_RE = re.compile(r"^\s*(?:export\s+)?(GRUB_CMDLINE_LINUX(?:_DEFAULT)?)=(.*)$")
-LINUX_LINE_RE = re.compile(r"^\s*linux(?:16|efi)?\s+(\S+)\s*(.*)$")
 
 DROPIN_HEADER = """\
 # Managed by Ansible (gpufleet.inference.kernel_cmdline). Do not edit: change the variables of the
@@ -128,25 +131,6 @@ def find_conflicts(owners: dict[str, list[str]], grubby: bool = False) -> list[s
     return out
 
 
-def split_cmdline(text: str | None) -> list[str]:
-    """Split a kernel command line on whitespace, keeping double-quoted values whole."""
-    out: list[str] = []
-    cur: list[str] = []
-    quoted = False
-    for ch in (text or "").strip():
-        if ch == '"':
-            quoted = not quoted
-        elif ch.isspace() and not quoted:
-            if cur:
-                out.append("".join(cur))
-                cur = []
-            continue
-        cur.append(ch)
-    if cur:
-        out.append("".join(cur))
-    return out
-
-
 # ---- the Debian drop-in -------------------------------------------------------------------------
 def parse_dropin(text: str | None) -> tuple[dict[str, list[str]], list[str]]:
     """Owners and their arguments from the drop-in, and the lines that are not ours."""
@@ -181,46 +165,15 @@ def foreign_grub_args(texts) -> list[str]:
             m = ASSIGN_RE.match(line)
             if not m:
                 continue
-            value = m.group(2).strip()
-            if value[:1] in ("'", '"'):
-                end = value.find(value[0], 1)
-                value = value[1:end] if end > 0 else value[1:]
-            else:
-                value = value.split("#", 1)[0]
+            value = shell_value(m.group(2))
             out.extend(t for t in value.split() if not t.startswith("$") and t not in out)
     return out
 
 
 def grub_cfg_args(text: str | None) -> list[str] | None:
     """Arguments of the first ``linux`` line of grub.cfg (the newest kernel's normal entry)."""
-    for line in (text or "").splitlines():
-        m = LINUX_LINE_RE.match(line)
-        if m:
-            return [a.replace("\\;", ";") for a in split_cmdline(m.group(2))]
-    return None
-
-
-# ---- grubby -------------------------------------------------------------------------------------
-def parse_grubby_info(text: str) -> list[dict[str, Any]]:
-    """``grubby --info=ALL`` -> [{index, kernel, args: [...], title, rescue}]."""
-    entries: list[dict[str, Any]] = []
-    for line in (text or "").splitlines():
-        key, sep, value = line.partition("=")
-        if not sep:
-            continue
-        key = key.strip()
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] == '"':
-            value = value[1:-1]
-        if key == "index":
-            entries.append({"index": int(value) if value.isdigit() else value, "kernel": None, "args": [], "title": None})
-        elif entries and key in ("kernel", "title"):
-            entries[-1][key] = value
-        elif entries and key == "args":
-            entries[-1]["args"] = split_cmdline(value)
-    for entry in entries:
-        entry["rescue"] = "rescue" in (entry["kernel"] or "") or "rescue" in (entry["title"] or "").lower()
-    return entries
+    first = first_linux_line(text)
+    return None if first is None else [a.replace("\\;", ";") for a in split_cmdline(first[1])]
 
 
 # ---- the state file -----------------------------------------------------------------------------
@@ -372,11 +325,8 @@ def check_length(line: str, arch: str | None) -> str | None:
 
 def grub_cfg_kernel(text: str | None) -> str | None:
     """The kernel path of the first ``linux`` line of grub.cfg."""
-    for line in (text or "").splitlines():
-        m = LINUX_LINE_RE.match(line)
-        if m:
-            return m.group(1)
-    return None
+    first = first_linux_line(text)
+    return None if first is None else first[0]
 
 
 def overriding_dropins(files: list[tuple[str, str | None]], ours: str = DROPIN) -> list[str]:
@@ -394,3 +344,33 @@ def overriding_dropins(files: list[tuple[str, str | None]], ours: str = DROPIN) 
                 out.append(path)
                 break
     return out
+
+
+# ---- reading the record through a HostFS (kernel_cmdline_info, kernel_cmdline) ----------------------
+def foreign_texts(fs) -> list[str]:
+    """/etc/default/grub and every grub.d drop-in but ours: where arguments set outside this module live."""
+    texts = [fs.read_optional(GRUB_DEFAULTS) or ""]
+    texts += [fs.read_optional(f"{DROPIN_DIR}/{n}") or "" for n in fs.listdir(DROPIN_DIR)
+              if n.endswith(".cfg") and f"{DROPIN_DIR}/{n}" != DROPIN]
+    return texts
+
+
+def gather(fs, owner: str | None = None) -> dict:
+    """The owners' arguments against /proc/cmdline. Raises CmdlineError or HostFSError."""
+    text = fs.read_optional(PROC_CMDLINE)
+    if text is None:
+        raise CmdlineError(f"Cannot read {PROC_CMDLINE} under root {fs.root}: run the module on a Linux host with /proc mounted.")
+    current = split_cmdline(text)
+    saved = parse_state(fs.read_text(STATE_FILE) if fs.exists(STATE_FILE) else None, fs.path(STATE_FILE))
+    foreign: list[str] = []
+    if fs.exists(DROPIN):
+        owners, _stray = parse_dropin(fs.read_text(DROPIN))
+        source = "dropin"
+        foreign = foreign_grub_args(foreign_texts(fs))
+    elif saved["owners"]:
+        owners, source = saved["owners"], "state"
+    else:
+        owners, source = {}, "none"
+    result = status(owners, current, saved["pending_removal"], owner, foreign)
+    result.update(owners=owners, source=source, pending_removal=saved["pending_removal"])
+    return result

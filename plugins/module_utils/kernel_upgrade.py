@@ -4,8 +4,8 @@
 """Pure logic of the kernel upgrade: may this host take a new kernel through a one-shot boot, and
 which GRUB entry boots which kernel?
 
-Parsers (``/etc/default/grub`` and its ``grub.d`` drop-ins, ``grubenv``, ``grub.cfg``, ``/proc/mounts``,
-``apt-get -s`` output), and the preflight decisions, each returned as a check with ``ok``, the
+Parsers (``/proc/mounts``, ``apt-get -s`` output; the GRUB files are read by ``grub.py``, the one GRUB
+library, whose names stay importable from here), and the preflight decisions, each returned as a check with ``ok``, the
 ``reason`` and, when it fails, the ``fix``. Nothing here reads a file or runs a command: the modules
 ``kernel_upgrade_preflight`` and ``kernel_boot_entry`` gather the text through the one I/O seam and
 pass it in.
@@ -31,8 +31,13 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable
 
-GRUB_DEFAULTS = "/etc/default/grub"
-GRUB_DROPIN_DIR = "/etc/default/grub.d"
+# The GRUB files and their parsers live in grub.py; kept importable from here for the callers that
+# know them by this module (kernel_upgrade_journal, kernel_upgrade_preflight, kernel_boot_entry).
+from ansible_collections.gpufleet.inference.plugins.module_utils.grub import (  # noqa: F401 pylint: disable=unused-import
+    GRUB_CFG, GRUB_DEFAULTS, GRUB_DROPIN_DIR, GRUBENV, GRUBENV_HEADER, GRUBENV_SIZE, dropin_order, entry_for, grub_settings,
+    parse_grub_cfg, parse_grubenv, read_grubenv, resolve_saved, shell_value,
+)
+
 # Our drop-in when the role may set GRUB_DEFAULT=saved (an explicit opt-in). It sorts after the
 # cloud images' 50-cloudimg-settings.cfg, which may set GRUB_DEFAULT itself.
 SAVED_DROPIN = GRUB_DROPIN_DIR + "/98-gpufleet-kernel-upgrade.cfg"
@@ -43,10 +48,6 @@ SAVED_DROPIN_TEXT = """\
 GRUB_DEFAULT=saved
 GRUB_SAVEDEFAULT=false
 """
-GRUB_CFG = "/boot/grub/grub.cfg"
-GRUBENV = "/boot/grub/grubenv"
-GRUBENV_SIZE = 1024
-GRUBENV_HEADER = "# GRUB Environment Block"
 # Where GRUB cannot write its environment block at boot (man grub-reboot, grub-editenv).
 UNWRITABLE_FSTYPES = ("btrfs", "zfs")
 UNWRITABLE_DEVICE_RE = re.compile(r"^/dev/(mapper/|dm-|md)")
@@ -56,13 +57,6 @@ BOOT_FILES = ("vmlinuz-{v}", "initrd.img-{v}", "System.map-{v}", "config-{v}")
 BOOT_SPACE_FACTOR = 1.3
 BOOT_SPACE_SLACK = 16 * 1024 * 1024
 VERSION_RE = re.compile(r"^[0-9][A-Za-z0-9._+~-]*$")
-
-_ASSIGN_RE = re.compile(r"^\s*(?:export\s+)?(GRUB_DEFAULT|GRUB_SAVEDEFAULT)=(.*)$")
-_ENTRY_RE = re.compile(r"^\s*(menuentry|submenu)\s+(.*)\{\s*$")
-_QUOTED_RE = re.compile(r"'([^']*)'|\"([^\"]*)\"")
-_ID_RE = re.compile(r"(?:\$menuentry_id_option|--id)\s+(?:'([^']*)'|\"([^\"]*)\"|(\S+))")
-_LINUX_RE = re.compile(r"^\s*linux(?:16|efi)?\s+(\S+)\s*(.*)$")
-_VMLINUZ_RE = re.compile(r"(?:^|/)vmlinu[xz]-(.+)$")
 
 
 class KernelUpgradeError(ValueError):
@@ -80,41 +74,7 @@ def validate_version(version: str, what: str = "kernel version") -> str:
     return version
 
 
-# ---- /etc/default/grub and grub.d ---------------------------------------------------------------
-def _shell_value(raw: str) -> str:
-    value = raw.strip()
-    if value[:1] in ("'", '"'):
-        end = value.find(value[0], 1)
-        return value[1:end] if end > 0 else value[1:]
-    return value.split("#", 1)[0].strip()
-
-
-def grub_settings(files: Iterable[tuple[str, str | None]]) -> dict[str, Any]:
-    """GRUB_DEFAULT and GRUB_SAVEDEFAULT as grub-mkconfig ends up with them.
-
-    ``files`` are (path, text) in the order grub-mkconfig sources them: /etc/default/grub first,
-    then /etc/default/grub.d/*.cfg sorted by name. The last assignment wins. Returns the values
-    (GRUB_DEFAULT is ``0`` when nothing sets it, grub-mkconfig's default) and the file that set each.
-    """
-    out: dict[str, Any] = {"default": "0", "default_from": None, "savedefault": False, "savedefault_from": None}
-    for path, text in files:
-        for line in (text or "").splitlines():
-            m = _ASSIGN_RE.match(line)
-            if not m:
-                continue
-            value = _shell_value(m.group(2))
-            if m.group(1) == "GRUB_DEFAULT":
-                out["default"], out["default_from"] = value, path
-            else:
-                out["savedefault"], out["savedefault_from"] = value == "true", path
-    return out
-
-
-def dropin_order(names: Iterable[str]) -> list[str]:
-    """grub.d drop-ins in the order grub-mkconfig sources them (``*.cfg``, C-locale sort)."""
-    return sorted(n for n in names if n.endswith(".cfg"))
-
-
+# ---- /etc/default/grub and grub.d (parsed by grub.py) -------------------------------------------
 def check_grub_default(settings: dict[str, Any], fix_allowed: bool, dropin_present: bool = False) -> dict[str, Any]:
     """GRUB_DEFAULT=saved and GRUB_SAVEDEFAULT not true; with ``fix_allowed`` a failing value counts
     as fixable (the module then writes SAVED_DROPIN and runs update-grub)."""
@@ -138,28 +98,7 @@ def check_grub_default(settings: dict[str, Any], fix_allowed: bool, dropin_prese
     return out
 
 
-# ---- grubenv ----------------------------------------------------------------------------------------
-def parse_grubenv(data: bytes | None) -> dict[str, Any]:
-    """{valid, size, vars} of a GRUB environment block (exactly 1024 bytes, header line, key=value lines, # padding)."""
-    if data is None:
-        return {"valid": False, "size": None, "vars": {}, "problem": "missing"}
-    text = data.decode("utf-8", "replace")
-    lines = text.split("\n")
-    problem = None
-    if len(data) != GRUBENV_SIZE:
-        problem = f"{len(data)} bytes instead of {GRUBENV_SIZE}"
-    elif lines[0] != GRUBENV_HEADER:
-        problem = "no '# GRUB Environment Block' header"
-    env = {}
-    for line in lines[1:]:
-        if not line or line.startswith("#"):
-            continue
-        key, sep, value = line.partition("=")
-        if sep:
-            env[key] = value
-    return {"valid": problem is None, "size": len(data), "vars": env, "problem": problem}
-
-
+# ---- grubenv (parsed by grub.py) --------------------------------------------------------------------
 def mount_for(path: str, mounts_text: str | None) -> dict[str, str] | None:
     """The /proc/mounts entry whose mount point is the longest prefix of ``path``."""
     best = None
@@ -191,85 +130,6 @@ def check_grubenv(env: dict[str, Any], writable: bool, mount: dict[str, str] | N
                      "Put /boot on a plain partition (ext4 or vfat), or upgrade this host by hand with console access.")
     where = f" on {mount['device']} ({mount['fstype']})" if mount else ""
     return check("grubenv", True, f"{GRUBENV} is a valid, writable environment block{where}")
-
-
-# ---- grub.cfg -------------------------------------------------------------------------------------
-def parse_grub_cfg(text: str | None) -> list[dict[str, Any]]:
-    """Every menu entry: title, id, ``path`` (the ``submenu>entry`` id form grub-reboot and
-    grub-set-default take), kernel version, args, recovery flag, top-level flag and index."""
-    entries: list[dict[str, Any]] = []
-    stack: list[dict[str, Any]] = []  # open blocks: {"kind", "id", "entry"}
-    depth_other = 0
-    top_index = 0
-    for line in (text or "").splitlines():
-        stripped = line.strip()
-        m = _ENTRY_RE.match(line)
-        if m:
-            head = m.group(2)
-            qm = _QUOTED_RE.search(head)
-            title = (qm.group(1) if qm.group(1) is not None else qm.group(2)) if qm else ""
-            im = _ID_RE.search(head)
-            ident = next((g for g in im.groups() if g is not None), "") if im else ""
-            in_sub = [b for b in stack if b["kind"] == "submenu"]
-            if m.group(1) == "submenu":
-                stack.append({"kind": "submenu", "id": ident or title, "entry": None})
-                if not in_sub:
-                    top_index += 1
-                continue
-            parent = in_sub[-1]["id"] if in_sub else None
-            entry = {"title": title, "id": ident, "path": f"{parent}>{ident or title}" if parent else (ident or title),
-                     "submenu": parent, "kernel": None, "version": None, "args": [], "recovery": False,
-                     "index": None if parent else top_index}
-            if not parent:
-                top_index += 1
-            entries.append(entry)
-            stack.append({"kind": "menuentry", "id": ident, "entry": entry})
-            continue
-        if stripped.endswith("{"):
-            depth_other += 1
-            stack.append({"kind": "other", "id": None, "entry": None})
-            continue
-        if stripped == "}":
-            if stack:
-                stack.pop()
-            continue
-        lm = _LINUX_RE.match(line)
-        if lm:
-            current = next((b["entry"] for b in reversed(stack) if b["entry"] is not None), None)
-            if current is not None and current["kernel"] is None:
-                current["kernel"] = lm.group(1)
-                vm = _VMLINUZ_RE.search(lm.group(1))
-                current["version"] = vm.group(1) if vm else None
-                current["args"] = lm.group(2).split()
-    for entry in entries:
-        entry["recovery"] = ("recovery" in entry["id"] or "(recovery mode)" in entry["title"]
-                             or "single" in entry["args"])
-    return entries
-
-
-def entry_for(entries: list[dict[str, Any]], version: str) -> dict[str, Any] | None:
-    """The entry that boots ``version`` normally and keeps doing so when newer kernels arrive:
-    the one in the 'Advanced options' submenu (the top-level simple entry always boots the newest)."""
-    normal = [e for e in entries if e["version"] == version and not e["recovery"]]
-    stable = [e for e in normal if e["submenu"]]
-    return (stable or normal or [None])[0]
-
-
-def resolve_saved(entries: list[dict[str, Any]], saved: str | None) -> dict[str, Any] | None:
-    """The entry a saved_entry/next_entry value names: a path, an id, a title or a top-level index."""
-    if not saved:
-        saved = "0"
-    for entry in entries:
-        if saved in (entry["path"], entry["id"], entry["title"]):
-            return entry
-    if ">" in saved:
-        sub, _sep, leaf = saved.partition(">")
-        for entry in entries:
-            if entry["submenu"] == sub and leaf in (entry["id"], entry["title"]):
-                return entry
-    if saved.isdigit():
-        return next((e for e in entries if e["index"] == int(saved)), None)
-    return None
 
 
 # ---- installed kernels, /boot space, drivers -----------------------------------------------------------

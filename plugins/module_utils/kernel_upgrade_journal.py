@@ -18,9 +18,7 @@ import re
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import (
-    GRUB_CFG, GRUBENV, parse_grub_cfg, parse_grubenv, resolve_saved,
-)
+from ansible_collections.gpufleet.inference.plugins.module_utils.grub import GRUB_CFG, GRUBENV, parse_grub_cfg, read_grubenv, resolve_saved
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import FlowError, check_journal
 
 STATE_DIR = "/var/lib/gpufleet/kernel_upgrade"
@@ -85,7 +83,7 @@ def boot_id(fs: HostFS) -> str:
 
 def saved_default(fs: HostFS) -> tuple[str | None, str | None]:
     """(kernel version, entry) the saved GRUB default boots; (None, saved) when it names no entry."""
-    env = parse_grubenv(fs.read_bytes(GRUBENV) if fs.exists(GRUBENV) else None)
+    env = read_grubenv(fs)
     saved = env["vars"].get("saved_entry")
     entry = resolve_saved(parse_grub_cfg(fs.read_optional(GRUB_CFG)), saved)
     return (entry["version"] if entry else None), saved

@@ -3,8 +3,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Pure decoder of PCI/PCIe configuration space bytes (the sysfs ``config`` file).
 
-No I/O here: callers pass the bytes they read (64, 256 or 4096 of them) and get plain,
-JSON-ready dicts back. Layouts follow the PCI Local Bus 3.0 and PCI Express Base 6.0
+``decode_config`` does no I/O: callers pass the bytes they read (64, 256 or 4096 of them) and get
+plain, JSON-ready dicts back. ``read_config`` is the one reader of a function's ``config`` file
+(through a HostFS), with the read and decode errors turned into one message. Layouts follow the PCI Local Bus 3.0 and PCI Express Base 6.0
 specifications: the standard capability list from the pointer at 0x34, the PCI Express
 capability (ID 0x10), MSI (0x05) and MSI-X (0x11), and the extended capability list from
 0x100 with AER (0x0001) and ACS (0x000D).
@@ -13,13 +14,16 @@ capability (ID 0x10), MSI (0x05) and MSI-X (0x11), and the extended capability l
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, NamedTuple
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFSError
 
 # Config space sizes: 64 B is what non-root readers get from sysfs; 256 B is conventional PCI
 # (or a kernel that cannot reach extended space); 4096 B is PCI Express.
 CFG_HEADER = 64
 CFG_CONVENTIONAL = 256
 CFG_EXTENDED = 4096
+PCI_DEVICES = "/sys/bus/pci/devices"
 
 CAP_PM = 0x01
 CAP_MSI = 0x05
@@ -336,3 +340,29 @@ def decode_config(data: bytes) -> dict[str, Any]:
         if ECAP_AER in ecaps and _has(data, ecaps[ECAP_AER], 0x18):
             out["aer"] = decode_aer(data, ecaps[ECAP_AER])
     return out
+
+
+class ConfigRead(NamedTuple):
+    """One read of a function's config file: its host path, the bytes read (None when the read
+    failed), the decoded config (None when it could not be decoded) and the error message."""
+
+    path: str
+    data: bytes | None
+    config: dict[str, Any] | None
+    error: str | None
+
+
+def read_config(fs, bdf: str) -> ConfigRead:
+    """Read and decode ``/sys/bus/pci/devices/BDF/config`` through ``fs`` (a HostFS).
+
+    A failed read (``cannot read PATH: why``) or an undecodable one (``PATH: why``) is returned as
+    ``error``, never raised: callers report it per device and go on with the others."""
+    path = f"{PCI_DEVICES}/{bdf}/config"
+    try:
+        data = fs.read_bytes(path, CFG_EXTENDED)
+    except HostFSError as err:
+        return ConfigRead(path, None, None, f"cannot read {path}: {err.strerror}")
+    try:
+        return ConfigRead(path, data, decode_config(data), None)
+    except ConfigSpaceError as err:
+        return ConfigRead(path, data, None, f"{path}: {err}")

@@ -18,9 +18,7 @@ import re
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import (
-    CFG_EXTENDED, ConfigSpaceError, decode_config,
-)
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import PCI_DEVICES, read_config
 
 try:
     import pyudev
@@ -29,7 +27,6 @@ except ImportError:  # optional: names then come from pci.ids
     pyudev = None
     HAS_PYUDEV = False
 
-PCI_DEVICES = "/sys/bus/pci/devices"
 IOMMU_GROUPS = "/sys/kernel/iommu_groups"
 NODES = "/sys/devices/system/node"
 HUGEPAGES = "/sys/kernel/mm/hugepages"
@@ -322,13 +319,11 @@ class PciWalker:
             }
         if any(attr[k] is not None for k in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")):
             rec["aer_counters"] = {k[8:]: parse_counters(attr[k]) for k in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")}
-        cfg_path = f"{PCI_DEVICES}/{bdf}/config"
-        try:
-            rec["config"] = decode_config(self.fs.read_bytes(cfg_path, CFG_EXTENDED))
-        except HostFSError as err:
-            rec["config_error"] = f"cannot read {cfg_path}: {err.strerror}"
-        except ConfigSpaceError as err:
-            rec["config_error"] = f"{cfg_path}: {err}"
+        read = read_config(self.fs, bdf)
+        if read.error:
+            rec["config_error"] = read.error
+        else:
+            rec["config"] = read.config
         self._devices[bdf] = rec
         return rec
 
@@ -402,6 +397,17 @@ def _describe(walker: PciWalker, bdf: str) -> str:
     return f"{bdf} {class_name(b['class']) or '?'} [{(b['vendor'] or '?')[2:]}:{(b['device'] or '?')[2:]}]"
 
 
+def normalize_bdfs(raws) -> list[str]:
+    """Every given PCI address in the sysfs form (``0000:3b:00.0``), in order; TopologyError names a malformed one."""
+    out = []
+    for raw in raws or []:
+        bdf = normalize_bdf(raw)
+        if bdf is None:
+            raise TopologyError(f"'{raw}' is not a PCI address: write it as DDDD:BB:DD.F, for example 0000:3b:00.0 (lspci -D prints them).")
+        out.append(bdf)
+    return out
+
+
 def select_targets(walker: PciWalker, devices=None, vendor: str | None = None, device: str | None = None,
                    class_prefix: str | None = "03", exclude_vendors=BMC_VENDORS) -> list[str]:
     """The functions to audit: the listed BDFs, or every function matching the filters.
@@ -414,9 +420,7 @@ def select_targets(walker: PciWalker, devices=None, vendor: str | None = None, d
     if devices:
         out = []
         for raw in devices:
-            bdf = normalize_bdf(raw)
-            if bdf is None:
-                raise TopologyError(f"'{raw}' is not a PCI address: write it as DDDD:BB:DD.F, for example 0000:3b:00.0 (lspci -D prints them).")
+            bdf = normalize_bdfs([raw])[0]
             if bdf not in present:
                 known = ", ".join(present[:12]) + (" ..." if len(present) > 12 else "")
                 raise TopologyError(

@@ -28,10 +28,8 @@ import struct
 from itertools import combinations
 from typing import Any, Callable
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import (
-    CFG_EXTENDED, ConfigSpaceError, decode_config,
-)
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import read_config
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PCI_DEVICES, topology_level
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import setpci_base
 
@@ -71,14 +69,9 @@ def read_acs(fs: HostFS, bdf: str) -> dict[str, Any]:
     """ACS of one function: ``{readable, error, offset, cap, ctrl, vendor_id, device_id}``; offset None without ACS."""
     out: dict[str, Any] = {"readable": False, "error": None, "offset": None, "cap": 0, "ctrl": 0,
                            "vendor_id": None, "device_id": None}
-    path = f"{PCI_DEVICES}/{bdf}/config"
-    try:
-        cfg = decode_config(fs.read_bytes(path, CFG_EXTENDED))
-    except HostFSError as err:
-        out["error"] = f"cannot read {path}: {err.strerror}"
-        return out
-    except ConfigSpaceError as err:
-        out["error"] = f"{path}: {err}"
+    path, _data, cfg, error = read_config(fs, bdf)
+    if error:
+        out["error"] = error
         return out
     out.update(vendor_id=cfg["vendor_id"], device_id=cfg["device_id"])
     if cfg["pcie"] is not None and cfg["extended_readable"] is False:

@@ -22,10 +22,8 @@ import json
 import struct
 from typing import Any, Callable
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import (
-    CFG_CONVENTIONAL, CFG_EXTENDED, ConfigSpaceError, decode_config,
-)
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import CFG_CONVENTIONAL, read_config
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
     PCI_DEVICES, PciWalker, TopologyError, class_name, select_targets,
 )
@@ -109,15 +107,9 @@ def read_payload(fs: HostFS, bdf: str) -> dict[str, Any]:
     """
     out: dict[str, Any] = {"readable": False, "error": None, "pcie_offset": None, "port_type": None,
                            "mps_supported": None, "mps": None, "mrrs": None, "devctl": None}
-    path = f"{PCI_DEVICES}/{bdf}/config"
-    try:
-        data = fs.read_bytes(path, CFG_EXTENDED)
-        cfg = decode_config(data)
-    except HostFSError as err:
-        out["error"] = f"cannot read {path}: {err.strerror}"
-        return out
-    except ConfigSpaceError as err:
-        out["error"] = f"{path}: {err}"
+    path, data, cfg, error = read_config(fs, bdf)
+    if error:
+        out["error"] = error
         return out
     pcie = cfg["pcie"]
     if not cfg["capabilities_complete"] or (pcie and pcie.get("truncated")) or len(data) < CFG_CONVENTIONAL:

@@ -23,7 +23,11 @@ with ``complete(state, action_id, ...)``; every decision is made here:
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from typing import Any, Sequence
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide
 
@@ -458,3 +462,82 @@ def summary(state: dict[str, Any]) -> list[dict[str, Any]]:
     """One line per stage: status, verdict, decision and why."""
     return [{"stage": e["name"], "status": e["status"], "verdict": e["verdict"], "decision": e["decision"],
              "reference": e["reference"], "reason": e["reason"]} for e in state["stages"]]
+
+
+# ---- what the module reads and restores on the host --------------------------------------------------
+def read_aspm_policy(fs: HostFS) -> str:
+    text = fs.read_optional("/sys/module/pcie_aspm/parameters/policy")
+    if not text:
+        raise TuneError("cannot record the ASPM policy: /sys/module/pcie_aspm/parameters/policy is missing (a kernel "
+                        "without ASPM support); leave the ASPM stage out (skip: [aspm])")
+    for word in text.split():
+        if word.startswith("[") and word.endswith("]"):
+            return word[1:-1]
+    raise TuneError(f"cannot tell the ASPM policy from {text!r} in /sys/module/pcie_aspm/parameters/policy")
+
+
+def read_hugepages_2m(fs: HostFS) -> dict:
+    base = "/sys/devices/system/node"
+    out = {}
+    for name in sorted(fs.listdir(base)) if fs.isdir(base) else []:
+        if not name.startswith("node") or not name[4:].isdigit():
+            continue
+        value = fs.read_optional(f"{base}/{name}/hugepages/hugepages-2048kB/nr_hugepages")
+        if value is not None and value.strip().isdigit():
+            out[int(name[4:])] = {"pages_2m": int(value)}
+    if not out:
+        raise TuneError(f"cannot record the 2 MiB pages: no {base}/node*/hugepages/hugepages-2048kB/nr_hugepages")
+    return out
+
+
+READERS = {"aspm_policy": read_aspm_policy, "hugepages_2m_per_node": read_hugepages_2m}
+
+
+def plan_key(state: dict) -> str:
+    keep = {k: state[k] for k in ("profiles", "gate", "inconclusive", "more_rounds")}
+    keep["stages"] = [{k: s[k] for k in ("name", "kind", "apply", "revert", "reboot", "record", "files")}
+                      for s in state["stages"]]
+    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load(fs: HostFS, path: str) -> dict | None:
+    if not fs.exists(path):
+        return None
+    text = fs.read_text(path)
+    try:
+        state = json.loads(text)
+    except ValueError as err:
+        raise TuneError(f"the state file {path} is not JSON ({err}): it was damaged; move it away and start over "
+                        "(the roles' own state: absent undoes what was applied)") from err
+    if state.get("format") != FORMAT:
+        raise TuneError(f"{path} holds {state.get('format')!r}, not {FORMAT}: not a measured-tuning state")
+    return state
+
+
+def read_exact(fs: HostFS, path: str):
+    """A file's exact text (trailing newlines kept), or None when it does not exist (strict UTF-8)."""
+    return fs.read_exact(path, errors="strict")
+
+
+def prepare(fs: HostFS, state: dict, act: dict, check: bool, actions: list) -> None:
+    """Record what the revert needs before an apply; put files back before a revert."""
+    stage = next((s for s in state["stages"] if s["name"] == act["stage"]), None)
+    if stage is None:
+        return
+    if act["action"] == "apply":
+        for name in act["record"]:
+            stage["recorded"].setdefault(name, READERS[name](fs))
+        for path in act["files"]:
+            if path not in stage["snapshots"]:
+                stage["snapshots"][path] = read_exact(fs, path)
+    elif act["action"] == "revert":
+        for path, content in stage["snapshots"].items():
+            current = read_exact(fs, path)
+            if current == content:
+                continue
+            actions.append(f"restore {path}" if content is not None else f"remove {path}")
+            if not check:
+                if content is None:
+                    fs.remove(path)
+                else:
+                    fs.write_atomic(path, content, mode=0o644)

@@ -106,37 +106,10 @@ actions:
   sample: [{action: write_lease, path: /var/lib/gpufleet/lease.json, what: acquired}]
 """
 
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.host_lease import LeaseError, parse, plan, render
+from ansible_collections.gpufleet.inference.plugins.module_utils.host_lease import LeaseError, execute
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-
-
-def run(module: AnsibleModule, fs: HostFS) -> dict:
-    p = module.params
-    path = p["path"]
-    current = parse(fs.read_text(path, default=""), path)
-    now = time.time()
-    if p["state"] == "query":
-        return {"changed": False, "lease": current, "previous": current, "what": "unchanged", "actions": [], "diff": {}}
-    lease, what = plan(current, p["state"], p["run_id"], now, p["ttl"], p["operator"], p["play"], p["break_expired"],
-                       p["holder"], p["take_over"])
-    actions = []
-    if what == "released":
-        actions.append({"action": "remove_lease", "path": path, "what": what})
-    elif lease is not None:
-        actions.append({"action": "write_lease", "path": path, "what": what})
-    if actions and not module.check_mode:
-        if lease is None:
-            fs.remove(path)
-            fs.fsync_dir(path)
-        else:
-            fs.write_durable(path, render(lease), 0o644)
-    return {"changed": bool(actions), "lease": lease, "previous": current, "what": what, "actions": actions,
-            "diff": {"before": render(current) if current else "", "after": render(lease) if lease else "",
-                     "before_header": path, "after_header": path}}
 
 
 def main():
@@ -156,7 +129,7 @@ def main():
         supports_check_mode=True,
     )
     fs = HostFS(module.params["root"])
-    finish(module, "host_lease", "reads and writes the lease file", lambda: run(module, fs), LeaseError)
+    finish(module, "host_lease", "reads and writes the lease file", lambda: execute(module.params, fs, module.check_mode), LeaseError)
 
 
 if __name__ == "__main__":

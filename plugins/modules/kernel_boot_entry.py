@@ -89,32 +89,19 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.grub import GRUB_CFG, GRUBENV, parse_grub_cfg, read_grubenv
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd, ToolMissing
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import (
-    GRUB_CFG, GRUBENV, KernelUpgradeError, boot_plan, parse_grub_cfg, parse_grubenv, validate_version,
-)
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import KernelUpgradeError, boot_plan, validate_version
 
-C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
-SBIN_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+TOOLS = {"set_default": "grub-set-default", "set_once": "grub-reboot", "clear_once": "grub-editenv"}
 
 
-def tool(module: AnsibleModule, fs: HostFS, name: str) -> str:
-    if fs.root == "/":
-        return module.get_bin_path(name, required=True)
-    found = next((f"{d}/{name}" for d in SBIN_DIRS if fs.exists(f"{d}/{name}")), None)
-    if not found:
-        module.fail_json(msg=f"{name} is not installed under root {fs.root}: install grub2-common.")
-    return found
-
-
-def argv_for(module: AnsibleModule, fs: HostFS, argv: list[str]) -> list[str]:
-    if fs.root == "/":
-        return argv
-    return [module.get_bin_path("chroot", required=True), fs.root] + argv
-
-
-def read_env(fs: HostFS) -> dict:
-    return parse_grubenv(fs.read_bytes(GRUBENV) if fs.exists(GRUBENV) else None)
+def action_argv(cmds: HostCmd, action: dict) -> list[str]:
+    """The command of one boot_plan action, as it runs on the host (through chroot under another root)."""
+    tool = cmds.find(TOOLS[action["action"]], required=True, hint="install grub2-common")
+    argv = [tool, GRUBENV, "unset", "next_entry"] if action["action"] == "clear_once" else [tool, action["entry"]]
+    return cmds.argv(argv)
 
 
 def main():
@@ -126,8 +113,8 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = C_LOCALE
     fs = HostFS(module.params["root"])
+    cmds = HostCmd(module, fs)
     try:
         version = validate_version(module.params["version"], "version")
         cfg = fs.read_optional(GRUB_CFG)
@@ -135,7 +122,7 @@ def main():
             module.fail_json(msg=f"{GRUB_CFG} does not exist under root {fs.root}: this host does not boot through GRUB 2, "
                                  "so there is no entry to select.")
         entries = parse_grub_cfg(cfg)
-        env = read_env(fs)
+        env = read_grubenv(fs)
         if not env["valid"]:
             module.fail_json(msg=f"{GRUBENV} is not usable ({env['problem']}): recreate it with grub-editenv {GRUBENV} create, "
                                  "then run again.")
@@ -145,25 +132,20 @@ def main():
     except HostFSError as err:
         module.fail_json(msg=f"Reading the GRUB files under root {fs.root} failed: {err}. Run as root (become: true).")
 
-    actions = []
-    for action in plan["actions"]:
-        if action["action"] == "set_default":
-            argv = [tool(module, fs, "grub-set-default"), action["entry"]]
-        elif action["action"] == "set_once":
-            argv = [tool(module, fs, "grub-reboot"), action["entry"]]
-        else:
-            argv = [tool(module, fs, "grub-editenv"), GRUBENV, "unset", "next_entry"]
-        actions.append(dict(action, argv=argv_for(module, fs, argv)))
+    try:
+        actions = [dict(action, argv=action_argv(cmds, action)) for action in plan["actions"]]
+    except ToolMissing as err:
+        module.fail_json(msg=str(err))
 
     before = {"saved_entry": plan["saved"], "next_entry": plan["next"]}
     if actions and not module.check_mode:
         for action in actions:
-            rc, out, err = module.run_command(action["argv"])
+            rc, out, err = cmds.run(action["argv"])
             if rc != 0:
                 module.fail_json(msg=f"'{' '.join(action['argv'])}' exited {rc}: {(err or out).strip()[-600:]}. The boot entry was "
                                      f"not changed as asked ({GRUBENV} may be read-only or damaged); check grub-editenv "
                                      f"{GRUBENV} list.", rc=rc, stderr=err, actions=actions)
-        env = read_env(fs)
+        env = read_grubenv(fs)
         got = env["vars"]
         want = plan["entry"]["path"]
         key = "saved_entry" if module.params["boot"] == "default" else "next_entry"

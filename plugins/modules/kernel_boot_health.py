@@ -95,93 +95,9 @@ actions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.boot_health import (
-    CONFIG, FILES, SCRIPT, TIMER_NAME, render_all,
-)
+from ansible_collections.gpufleet.inference.plugins.module_utils.boot_health import BootHealthError, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import HEALTH_RESULT, JOURNAL
-
-C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
-WANTS = "/etc/systemd/system/timers.target.wants/" + TIMER_NAME
-
-
-class BootHealthError(Exception):
-    pass
-
-
-UNIT_DIRS = ("/etc/systemd/system", "/run/systemd/system", "/usr/local/lib/systemd/system", "/usr/lib/systemd/system",
-             "/lib/systemd/system")
-
-
-def unit_exists(fs: HostFS, unit: str) -> bool:
-    return any(fs.exists(f"{d}/{unit}") for d in UNIT_DIRS)
-
-
-def systemctl(module: AnsibleModule, fs: HostFS, *args: str) -> list[str]:
-    if fs.root == "/":
-        return [module.get_bin_path("systemctl", required=True), *args]
-    return [module.get_bin_path("chroot", required=True), fs.root, "systemctl", *args]
-
-
-def run(module: AnsibleModule, fs: HostFS) -> dict:
-    p = module.params
-    actions: list[dict] = []
-    before = {path: fs.read_optional(path) for path in FILES}
-    if p["state"] == "present":
-        if not p["target"]:
-            raise BootHealthError("target is required with state=present: the candidate kernel release")
-        if not fs.exists(SCRIPT):
-            raise BootHealthError(f"the check script {SCRIPT} is not on the host: copy "
-                                  "roles/kernel_upgrade/files/gpufleet-boot-health.py there first (the role does)")
-        vllm_unit = p["vllm_unit"]
-        if vllm_unit and not unit_exists(fs, vllm_unit):
-            # a server that is not this unit (a container, another name) must not make the candidate revert
-            module.warn(f"{vllm_unit} is not a systemd unit on this host ({', '.join(UNIT_DIRS)}): the boot-health check "
-                        "leaves the inference server out; set kernel_upgrade_vllm_unit to the server's unit to include it")
-            vllm_unit = ""
-        try:
-            wanted = render_all(p["target"], old=p["old"], commit_timeout=p["commit_timeout"],
-                                driver_modules=p["driver_modules"], gpu_required=p["gpu_required"],
-                                vllm_unit=vllm_unit, vllm_grace=p["vllm_grace"], journal=JOURNAL,
-                                result=HEALTH_RESULT)
-        except ValueError as err:
-            raise BootHealthError(str(err)) from None
-        writes = [path for path, text in wanted.items() if before[path] != text.rstrip("\n")]
-        actions += [{"action": "write", "path": path} for path in writes]
-        if fs.exists(HEALTH_RESULT):
-            actions.append({"action": "remove", "path": HEALTH_RESULT})
-        commands = []
-        if writes:
-            commands.append(systemctl(module, fs, "daemon-reload"))
-        if writes or not fs.exists(WANTS):
-            commands.append(systemctl(module, fs, "enable", TIMER_NAME))
-        actions += [{"action": "run", "argv": argv} for argv in commands]
-        after = {path: wanted[path].rstrip("\n") for path in FILES}
-    else:
-        present = [path for path in FILES if before[path] is not None]
-        commands = []
-        if fs.exists(WANTS):
-            commands.append(systemctl(module, fs, "disable", TIMER_NAME))
-        actions += [{"action": "run", "argv": argv} for argv in commands]
-        actions += [{"action": "remove", "path": path} for path in present]
-        if present:
-            actions.append({"action": "run", "argv": systemctl(module, fs, "daemon-reload")})
-        after = {path: None for path in FILES}
-    if actions and not module.check_mode:
-        for action in actions:
-            if action["action"] == "write":
-                fs.write_durable(action["path"], wanted[action["path"]], 0o644)
-            elif action["action"] == "remove":
-                fs.remove(action["path"])
-            else:
-                rc, out, err = module.run_command(action["argv"])
-                if rc != 0:
-                    raise BootHealthError(f"'{' '.join(action['argv'])}' exited {rc}: {(err or out).strip()[-400:]}; the "
-                                          "boot-health unit is not in place as asked: fix systemd on the host and run again")
-    return {"changed": bool(actions), "files": list(FILES), "actions": actions,
-            "diff": {"before": "".join(f"# {k}\n{v}\n" for k, v in before.items() if v is not None),
-                     "after": "".join(f"# {k}\n{v}\n" for k, v in after.items() if v is not None),
-                     "before_header": CONFIG, "after_header": CONFIG}}
 
 
 def main():
@@ -199,10 +115,10 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = C_LOCALE
     fs = HostFS(module.params["root"])
+    cmds = HostCmd(module, fs)
     finish(module, "kernel_boot_health", "writes systemd units under /etc/systemd/system and runs systemctl",
-           lambda: run(module, fs), BootHealthError)
+           lambda: execute(module.params, fs, cmds, module.check_mode, warn=module.warn), BootHealthError)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ actions:
   description: Always empty; the module changes nothing.
   returned: always
   type: list
-  elements: str
+  elements: dict
   sample: []
 source:
   description: Where the owners were read from, C(dropin), C(state) or C(none).
@@ -99,34 +99,7 @@ owner_reboot_required:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline import (
-    DROPIN, DROPIN_DIR, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, foreign_grub_args, parse_dropin, parse_state,
-    split_cmdline, status,
-)
-
-
-def gather(fs: HostFS, owner: str | None = None) -> dict:
-    """The owners' arguments against /proc/cmdline. Raises CmdlineError or HostFSError."""
-    text = fs.read_optional(PROC_CMDLINE)
-    if text is None:
-        raise CmdlineError(f"Cannot read {PROC_CMDLINE} under root {fs.root}: run the module on a Linux host with /proc mounted.")
-    current = split_cmdline(text)
-    saved = parse_state(fs.read_text(STATE_FILE) if fs.exists(STATE_FILE) else None, fs.path(STATE_FILE))
-    foreign: list[str] = []
-    if fs.exists(DROPIN):
-        owners, _stray = parse_dropin(fs.read_text(DROPIN))
-        source = "dropin"
-        texts = [fs.read_optional(GRUB_DEFAULTS) or ""]
-        texts += [fs.read_optional(f"{DROPIN_DIR}/{n}") or "" for n in fs.listdir(DROPIN_DIR)
-                  if n.endswith(".cfg") and f"{DROPIN_DIR}/{n}" != DROPIN]
-        foreign = foreign_grub_args(texts)
-    elif saved["owners"]:
-        owners, source = saved["owners"], "state"
-    else:
-        owners, source = {}, "none"
-    result = status(owners, current, saved["pending_removal"], owner, foreign)
-    result.update(owners=owners, source=source, pending_removal=saved["pending_removal"])
-    return result
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline import CmdlineError, gather
 
 
 def main():

@@ -163,207 +163,14 @@ diff:
   type: dict
 """
 
-import sys
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
-    PciWalker, TopologyError, build_model, normalize_bdf, select_targets,
-)
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_acs import (
-    MASK, RECORD_FILE, AcsError, apply_writes, bit_names, failure_message, kernel_args, merge_record, pair_bridges,
-    parse_record, persist_entries, plan_clear, plan_restore, read_acs, redirecting_bridges, setpci_argv, vfio_reasons,
-)
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import (
-    PERSIST_CONFIG, parse_persist, persistence_plan, render_json,
-)
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_users import refusal, users
-
-C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
-
-
-class PcieAcs:
-    def __init__(self, module: AnsibleModule, fs: HostFS, setpci: str):
-        self.module = module
-        self.fs = fs
-        self.setpci = setpci
-        self.record_path = module.params["state_dir"].rstrip("/") + "/" + RECORD_FILE
-
-    def read(self, path: str) -> str | None:
-        return self.fs.read_bytes(path).decode("utf-8", "replace") if self.fs.exists(path) else None
-
-    def python(self) -> str:
-        return "/usr/bin/python3" if self.fs.exists("/usr/bin/python3") else sys.executable
-
-    def systemctl_argv(self, *args: str) -> list[str]:
-        root = [] if self.fs.root == "/" else [f"--root={self.fs.root}"]
-        return [self.module.get_bin_path("systemctl", required=True)] + root + list(args)
-
-    def run(self, argv):
-        return self.module.run_command(argv)
-
-    def file_actions(self, record_text, record, acs_entries, persist: bool) -> list[dict]:
-        text = render_json(record) if record["devices"] else None
-        actions = []
-        if text != record_text:
-            actions.append({"action": "remove_record", "path": self.record_path} if text is None else
-                           {"action": "record_originals", "path": self.record_path, "content": text})
-        payload = list(parse_persist(self.read(PERSIST_CONFIG), "devices").values())
-        acs = acs_entries if persist else []
-        return actions + persistence_plan(self.read, self.fs.exists, self.python(), self.systemctl_argv, payload, acs,
-                                          bool(payload or acs), self.fs.root == "/")
-
-    def do_file_actions(self, actions: list[dict]) -> None:
-        for a in actions:
-            if a["action"] in ("record_originals", "write_file"):
-                self.fs.write_atomic(a["path"], a["content"], int(a.get("mode", "0644"), 8))
-            elif a["action"] in ("remove_record", "remove_file"):
-                self.fs.remove(a["path"])
-            elif a["action"] in ("enable_unit", "disable_unit", "daemon_reload"):
-                rc, out, err = self.run(a["argv"])
-                if rc != 0:
-                    self.module.fail_json(msg=f"'{' '.join(a['argv'])}' exited {rc}: {(err or out).strip()}. The ACS bits are "
-                                              "set; only the boot persistence failed. Check that systemd manages this host, "
-                                              "or set persist: false.", changed=True)
-
-    def guard(self, what: str, bdfs: list[str], force: bool, boot_way: str, result: dict) -> None:
-        found = users(PciWalker(self.fs), bdfs)
-        result["path_users"] = found["lines"]
-        for note in found["notes"]:
-            self.module.warn(note)
-        if found["holders"] and not force:
-            msg = refusal(what, found, boot_way)
-            if not self.module.check_mode:
-                raise AcsError(msg)
-            self.module.warn(msg)
-
-    def set_action(self, w: dict, kind: str = "set_acs") -> dict:
-        return {"action": kind, "device": w["device"], "before": w["before"], "after": w["after"],
-                "argv": setpci_argv(self.setpci, self.fs.root, w["device"], w["after"], w["mask"])}
-
-    def apply(self, writes: list[dict]) -> None:
-        outcome = apply_writes(self.fs, writes, self.run, self.setpci)
-        if outcome["failures"]:
-            raise AcsError(failure_message(outcome["failures"][0], outcome))
-
-    # ---- present ----------------------------------------------------------------------------------
-    def present(self, devices, persist, defer, force, force_vfio) -> dict:
-        walker = PciWalker(self.fs)
-        try:
-            group = select_targets(walker, devices=devices)
-        except TopologyError as err:
-            raise AcsError(str(err)) from None
-        if len(group) < 2:
-            raise AcsError(f"The group has {len(group)} GPU ({', '.join(group)}): ACS redirect only matters between two or more. "
-                           "List the GPUs of the tensor-parallel group in devices.")
-        model = build_model(self.fs, group, with_names=False)
-        record_text = self.read(self.record_path)
-        record = parse_record(record_text, self.fs.path(self.record_path))
-        sel = redirecting_bridges(model, group)
-        bridges = dict(sel["bridges"])
-        for pair in sel["pairs"]:  # bridges this module cleared earlier stay managed (persisted, reported)
-            for hop in pair["bridges"]:
-                if hop in record["devices"] and hop not in bridges:
-                    bridges[hop] = {"ctrl": None, "on": bit_names(record["devices"][hop]["ctrl"] & MASK),
-                                    "clear": record["devices"][hop]["ctrl"] & MASK, "pairs": [[pair["a"], pair["b"]]]}
-                elif hop in bridges and [pair["a"], pair["b"]] not in bridges[hop]["pairs"]:
-                    bridges[hop]["pairs"].append([pair["a"], pair["b"]])
-        current = {b: read_acs(self.fs, b) for b in bridges}
-        writes = plan_clear(bridges, current)
-        result = {"pairs": sel["pairs"], "path_users": [], "reboot_required": False, "vfio_reasons": [],
-                  "kernel_args": [], "persisted": []}
-        reasons = vfio_reasons(self.fs, self.fs.read_optional("/proc/cmdline"))
-        result["vfio_reasons"] = reasons
-        if bridges and reasons and not force_vfio:
-            raise AcsError(
-                f"Refusing to clear ACS redirect on {', '.join(bridges)}: this host passes devices to VMs ({'; '.join(reasons)}). "
-                "ACS redirect is what makes the IOMMU check peer traffic; without it a device below these bridges can reach "
-                "the others' memory, so they could not be given to different VMs safely. Set force_on_vfio_host: true only "
-                "if no GPU below them is passed to a VM.")
-        boot = kernel_args(sorted(bridges), self.fs.read_optional("/proc/sys/kernel/osrelease"))
-        for note in boot["notes"]:
-            self.module.warn(note)
-        result["kernel_args"] = boot["args"]
-        rec_after = merge_record(record, writes, current)
-        entries = persist_entries(bridges, {b: current[b] for b in bridges})
-        result["persisted"] = entries if persist else []
-        before = {b: current[b]["ctrl"] for b in bridges}
-        sets = [self.set_action(w) for w in writes]
-        if defer and not persist:
-            raise AcsError("defer_to_boot: true needs persist: true: the boot unit makes the change.")
-        if writes and not defer:
-            self.guard("clear ACS redirect on " + ", ".join(w["device"] for w in writes), [w["device"] for w in writes], force,
-                       "set defer_to_boot: true (the boot unit clears the bits before udev loads the GPU drivers) or put "
-                       "result.kernel_args on the kernel command line, and reboot", result)
-        files = self.file_actions(record_text, rec_after, entries, persist)
-        if defer:
-            result["reboot_required"] = bool(writes)
-            sets = [self.set_action(w, "set_at_boot") for w in writes]
-            if not self.module.check_mode:
-                self.do_file_actions(files)
-            return self.finish(result, files + sets, bridges, before, before, entries)
-        if not self.module.check_mode:
-            first = [a for a in files if a["action"] == "record_originals"]
-            self.do_file_actions(first)  # the originals are on disk before the first write
-            try:
-                self.apply(writes)
-            except AcsError:
-                if first:  # everything was rolled back: the record must not claim a change
-                    if record_text is None:
-                        self.fs.remove(self.record_path)
-                    else:
-                        self.fs.write_atomic(self.record_path, record_text, 0o644)
-                raise
-            self.do_file_actions([a for a in files if a["action"] != "record_originals"])
-        after = {b: (read_acs(self.fs, b)["ctrl"] if not self.module.check_mode else
-                     next((w["after"] for w in writes if w["device"] == b), before[b])) for b in bridges}
-        return self.finish(result, [a for a in files if a["action"] == "record_originals"] + sets
-                           + [a for a in files if a["action"] != "record_originals"], bridges, before, after, entries)
-
-    # ---- default ----------------------------------------------------------------------------------
-    def default(self, devices, force) -> dict:
-        record_text = self.read(self.record_path)
-        record = parse_record(record_text, self.fs.path(self.record_path))
-        only = None
-        if devices:
-            model = build_model(self.fs, devices, with_names=False)
-            gpus = {g["bdf"]: g for g in model["gpus"]}
-            only = {hop for a in gpus for b in gpus if a < b for hop in pair_bridges(model, gpus[a], gpus[b])[1]}
-        present = set(self.fs.listdir("/sys/bus/pci/devices"))
-        current = {b: read_acs(self.fs, b) for b in record["devices"] if b in present}
-        plan = plan_restore(record, current, only)
-        for bdf in plan["gone"]:
-            self.module.warn(f"{bdf} had its ACS Control recorded but no longer exists; its entry is dropped.")
-        result = {"pairs": [], "path_users": [], "reboot_required": False, "vfio_reasons": [], "kernel_args": [], "persisted": []}
-        if plan["writes"]:
-            self.guard("restore ACS Control on " + ", ".join(w["device"] for w in plan["writes"]),
-                       [w["device"] for w in plan["writes"]], force,
-                       "stop the users, or run with persist: false and reboot (the kernel sets ACS again at boot)", result)
-        done = set(plan["restore"]) | set(plan["gone"])
-        rec_after = {"format": record["format"], "devices": {b: r for b, r in record["devices"].items() if b not in done}}
-        existing = parse_persist(self.read(PERSIST_CONFIG), "acs")
-        entries = [e for b, e in sorted(existing.items()) if b not in done]
-        files = self.file_actions(record_text, rec_after, entries, bool(entries))
-        before = {b: current[b]["ctrl"] for b in plan["restore"]}
-        if not self.module.check_mode:
-            self.apply(plan["writes"])
-            self.do_file_actions(files)
-        after = {b: (read_acs(self.fs, b)["ctrl"] if not self.module.check_mode else
-                     next((w["after"] for w in plan["writes"] if w["device"] == b), before[b])) for b in plan["restore"]}
-        bridges = {b: {"on": [], "clear": 0, "pairs": []} for b in plan["restore"]}
-        result["persisted"] = entries
-        return self.finish(result, [self.set_action(w) for w in plan["writes"]] + files, bridges, before, after, entries)
-
-    def finish(self, result, actions, bridges, before, after, entries) -> dict:
-        shown = [{k: v for k, v in a.items() if k != "content"} for a in actions]
-        result["bridges"] = {b: {"ctrl_before": before.get(b), "ctrl_after": after.get(b),
-                                 "cleared": bit_names((before.get(b) or 0) & ~(after.get(b) or 0) & MASK),
-                                 "pairs": info["pairs"]} for b, info in bridges.items()}
-        result.update(changed=bool(shown), actions=shown)
-        if self.module._diff:  # pylint: disable=protected-access
-            result["diff"] = {"before": {"acsctl": before}, "after": {"acsctl": after, "persisted": [e["bdf"] for e in entries]}}
-        return result
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import TopologyError, normalize_bdfs
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_acs import AcsError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import PERSIST_CONFIG
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_acs_apply import PcieAcs
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_state import StepFailed
 
 
 def main():
@@ -380,16 +187,13 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = C_LOCALE
     p = module.params
     if not p["state_dir"].startswith("/"):
         module.fail_json(msg=f"state_dir must be an absolute path on the host, got {p['state_dir']!r}.")
-    devices = []
-    for raw in p["devices"]:
-        bdf = normalize_bdf(raw)
-        if bdf is None:
-            module.fail_json(msg=f"'{raw}' is not a PCI address: write it as DDDD:BB:DD.F, for example 0000:3b:00.0 (lspci -D prints them).")
-        devices.append(bdf)
+    try:
+        devices = normalize_bdfs(p["devices"])
+    except TopologyError as err:
+        module.fail_json(msg=str(err))
     acs = PcieAcs(module, HostFS(p["root"]), module.get_bin_path("setpci", required=True))
     try:
         if p["state"] == "present":
@@ -398,6 +202,8 @@ def main():
             result = acs.default(devices, p["force"])
     except (AcsError, TopologyError) as err:
         module.fail_json(msg=str(err), changed=False)
+    except StepFailed as err:
+        module.fail_json(msg=str(err), **err.fields)
     except HostFSError as err:
         module.fail_json(msg=f"pcie_acs under root {p['root']} failed: {err}. It reads sysfs and writes {PERSIST_CONFIG}, "
                              f"{p['state_dir']} and the boot unit: run it as root (become: true).", changed=False)

@@ -73,54 +73,10 @@ diff:
   sample: {before: "default\n", after: "performance\n"}
 """
 
-import errno
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_aspm import POLICY_FILE, parse_policy, plan
-
-
-class PolicyError(Exception):
-    """The policy cannot be read or set; the message says why and what to do."""
-
-
-def set_policy(fs: HostFS, wanted: str, check_mode: bool) -> tuple[dict, list[str]]:
-    """Read, decide, write, read back. Returns (result, warnings); raises PolicyError."""
-    text = fs.read_optional(POLICY_FILE)
-    if text is None:
-        raise PolicyError(f"{POLICY_FILE} does not exist under root {fs.root}: this kernel has no PCIe ASPM support "
-                          "(CONFIG_PCIEASPM), so the firmware alone decides ASPM. Set it in the BIOS, or leave the policy unset.")
-    current, available = parse_policy(text)
-    decision = plan(current, available, wanted, fs.read_optional("/proc/cmdline"))
-    if decision["error"]:
-        raise PolicyError(decision["error"])
-    result = {"policy": current, "policy_before": current, "available": available, "writable": True, "actions": []}
-    warnings = []
-    if decision["skip"]:
-        result["writable"] = False
-        return result, [decision["skip"]]
-    if decision["action"] is None:
-        return result, warnings
-    result["actions"] = [decision["action"]]
-    if check_mode:
-        result["policy"] = wanted
-        return result, warnings
-    try:
-        fs.write_text(POLICY_FILE, wanted)
-    except HostFSError as err:
-        if err.errno == errno.EPERM:
-            result.update(writable=False, actions=[])
-            return result, [f"The kernel refused the ASPM policy {wanted} ({err.strerror}): the firmware does not let the OS "
-                            f"control ASPM (the ACPI FADT says so, as on QEMU) or ASPM is off on the command line. The policy "
-                            f"stays {current} and the firmware's ASPM settings apply; change them in the BIOS."]
-        raise PolicyError(f"Writing {wanted} to {POLICY_FILE} failed: {err.strerror}. Run the module as root (become: true).") from None
-    now, _available = parse_policy(fs.read_optional(POLICY_FILE))
-    if now != wanted:
-        raise PolicyError(f"Wrote {wanted} to {POLICY_FILE} but it reads back {now}: something else sets the ASPM policy "
-                          "(a tuned profile, a udev rule); find it and stop it.")
-    result["policy"] = now
-    return result, warnings
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_aspm import POLICY_FILE, PolicyError, set_policy
 
 
 def main():

@@ -217,254 +217,15 @@ diff:
   type: dict
 """
 
-import sys
-
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker, normalize_bdf
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import TopologyError, normalize_bdfs
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload import (
-    PERSIST_CONFIG, RECORD_FILE, UNIT_WANTS, PayloadError, apply_writes,
-    failure_message, gather, gather_recorded, merge_record, parse_mps, parse_persist, parse_record, parse_size,
-    persist_entries, plan_present, plan_restore, read_payload, restore_scope, render_json, setpci_argv,
+    PERSIST_CONFIG, PayloadError, parse_mps, parse_size,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import persistence_plan
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_users import refusal, users
-
-C_LOCALE = dict(LANG="C", LC_ALL="C", LC_MESSAGES="C", LC_CTYPE="C")
-
-
-class PciePayload:
-    """Readers of the record and persistence files; changers for registers, files and the unit."""
-
-    def __init__(self, module: AnsibleModule, fs: HostFS, setpci: str):
-        self.module = module
-        self.fs = fs
-        self.setpci = setpci
-        self.record_path = module.params["state_dir"].rstrip("/") + "/" + RECORD_FILE
-        self._systemctl = None
-
-    # ---- readers ----------------------------------------------------------------------------
-    def read(self, path: str) -> str | None:
-        """Exact file content (HostFS.read_text strips the last newline), None when absent."""
-        return self.fs.read_bytes(path).decode("utf-8", "replace") if self.fs.exists(path) else None
-
-    def record(self) -> tuple[str | None, dict]:
-        text = self.read(self.record_path)
-        return text, parse_record(text, self.fs.path(self.record_path))
-
-    def python(self) -> str:
-        return "/usr/bin/python3" if self.fs.exists("/usr/bin/python3") else sys.executable
-
-    def systemctl(self) -> str:
-        if self._systemctl is None:
-            self._systemctl = self.module.get_bin_path("systemctl", required=True)
-        return self._systemctl
-
-    def systemctl_argv(self, *args: str) -> list[str]:
-        root = [] if self.fs.root == "/" else [f"--root={self.fs.root}"]
-        return [self.systemctl()] + root + list(args)
-
-    def persistence_actions(self, entries: list[dict], persist: bool) -> list[dict]:
-        """File and unit steps that make the boot unit match ``entries`` (or remove it); the ACS
-        entries pcie_acs keeps in the same file stay as they are, and keep the unit alive."""
-        acs = list(parse_persist(self.read(PERSIST_CONFIG), "acs").values())
-        return persistence_plan(self.read, self.fs.exists, self.python(), self.systemctl_argv, entries if persist else [],
-                                acs, persist or bool(acs), self.fs.root == "/")
-
-    def record_action(self, before_text: str | None, record: dict) -> list[dict]:
-        text = render_json(record) if record["devices"] else None
-        if text == before_text:
-            return []
-        if text is None:
-            return [{"action": "remove_record", "path": self.record_path}]
-        return [{"action": "record_originals", "path": self.record_path, "content": text}]
-
-    # ---- changers -----------------------------------------------------------------------------
-    def run(self, argv: list[str]) -> tuple[int, str, str]:
-        return self.module.run_command(argv)
-
-    def do_file_actions(self, actions: list[dict]) -> None:
-        for action in actions:
-            kind = action["action"]
-            if kind in ("record_originals", "write_file"):
-                self.fs.write_atomic(action["path"], action["content"], int(action.get("mode", "0644"), 8))
-                if self.read(action["path"]) != action["content"]:
-                    self.module.fail_json(msg=f"{action['path']} does not read back what was written; another process writes it.")
-            elif kind in ("remove_record", "remove_file"):
-                self.fs.remove(action["path"])
-            elif kind in ("enable_unit", "disable_unit", "daemon_reload"):
-                rc, out, err = self.run(action["argv"])
-                if rc != 0:
-                    self.module.fail_json(msg=f"'{' '.join(action['argv'])}' exited {rc}: {(err or out).strip()}. The register "
-                                              f"values are set; only the boot persistence failed. Check that systemd manages "
-                                              f"this host, or set persist: false.", rc=rc, stderr=err)
-                if kind == "enable_unit" and not self.fs.exists(UNIT_WANTS):
-                    self.module.fail_json(msg=f"'{' '.join(action['argv'])}' succeeded but {UNIT_WANTS} does not exist: the unit "
-                                              "will not run at boot.")
-
-    # ---- the two states -----------------------------------------------------------------------
-    def present(self, devices: list[str], mps, mrrs, mrrs_cap, include_path: bool, persist: bool, on_readonly: str,
-                force: bool = False, defer: bool = False) -> dict:
-        model = gather(self.fs, devices)
-        for warning in model["warnings"]:
-            self.module.warn(warning)
-        plan = plan_present(model, mps, mrrs, mrrs_cap, include_path)
-        record_text, record = self.record()
-        persist_text = self.read(PERSIST_CONFIG)
-        existing = parse_persist(persist_text)
-        sets = [self.set_action(w) for w in plan["writes"]]
-
-        live = {b: {"mps": d["mps_after"], "mrrs": d["mrrs_after"]} for b, d in plan["devices"].items()}
-        rec_after = merge_record(record, plan["writes"], model["functions"])
-        entries = persist_entries(plan["managed"], existing, live)
-        file_actions = self.record_action(record_text, rec_after) + self.persistence_actions(entries, persist)
-        result = {"devices": plan["devices"], "persisted": entries if persist else [], "readonly": [], "path_users": [],
-                  "deferred": [], "reboot_required": False}
-        before_state = self.diff_state(plan["devices"], "before", existing, persist_text)
-        if plan["writes"]:
-            found = users(PciWalker(self.fs), sorted({w["device"] for w in plan["writes"]}))
-            result["path_users"] = found["lines"]
-            for note in found["notes"]:
-                self.module.warn(note)
-            if defer:
-                if not persist:
-                    raise PayloadError("defer_to_boot: true needs persist: true: the values are applied by the boot unit.")
-                return self.defer(result, plan, record_text, rec_after, entries, before_state)
-            if found["holders"] and not force:
-                msg = refusal("write MaxPayload/MaxReadReq on " + ", ".join(sorted({w["device"] for w in plan["writes"]})), found,
-                              "set defer_to_boot: true (the boot unit gpufleet-pcie-payload.service applies them before udev "
-                              "loads the GPU drivers) and reboot")
-                if not self.module.check_mode:
-                    raise PayloadError(msg)
-                self.module.warn(msg)
-        if self.module.check_mode or not (sets or file_actions):
-            actions = [a for a in file_actions if a["action"] == "record_originals"] + sets + \
-                      [a for a in file_actions if a["action"] != "record_originals"]
-            return self.finish(result, actions, before_state, plan["devices"], entries, persist)
-
-        # Record the originals before the first write, so that a crash leaves them known.
-        first = [a for a in file_actions if a["action"] == "record_originals"] if sets else []
-        self.do_file_actions(first)
-        outcome = apply_writes(self.fs, plan["writes"], self.run, self.setpci, stop_on_readonly=on_readonly == "fail")
-        hard = [f for f in outcome["failures"] if f["kind"] == "error" or on_readonly == "fail"]
-        if hard:
-            if first and not outcome["done"] and not outcome["rollback_failed"]:
-                if record_text is None:
-                    self.fs.remove(self.record_path)
-                else:
-                    self.fs.write_atomic(self.record_path, record_text, 0o644)
-            self.module.fail_json(msg=failure_message(hard[0], model["functions"], outcome),
-                                  changed=bool(outcome["rollback_failed"]), actions=[],
-                                  failures=outcome["failures"], rolled_back=outcome["rolled_back"],
-                                  rollback_failed=outcome["rollback_failed"], devices=plan["devices"])
-        for failure in outcome["failures"]:
-            self.module.warn(failure_message(failure, model["functions"], {"rolled_back": [], "rollback_failed": []}))
-            result["readonly"].append({k: failure[k] for k in ("device", "register", "wanted", "reads")})
-        # Read every reported device back, then make the record and the boot unit match what took.
-        for bdf, dev in plan["devices"].items():
-            now = read_payload(self.fs, bdf)
-            dev["mps_after"], dev["mrrs_after"] = now["mps"], now["mrrs"]
-        live = {b: {"mps": d["mps_after"], "mrrs": d["mrrs_after"]} for b, d in plan["devices"].items()}
-        done = [w for w in plan["writes"]
-                if any(d["device"] == w["device"] and d["register"] == w["register"] for d in outcome["done"])]
-        rec_after = merge_record(record, done, model["functions"])
-        skipped = {w["hierarchy"] for w in plan["writes"] for f in outcome["failures"] if f["device"] == w["device"]}
-        entries = persist_entries(plan["managed"], existing, live, skipped)
-        final = self.record_action(self.read(self.record_path), rec_after) + self.persistence_actions(entries, persist)
-        self.do_file_actions(final)
-        net_record = self.record_action(record_text, rec_after)
-        actions = net_record + [self.set_action(w) for w in done] + \
-            [a for a in final if a["action"] not in ("record_originals", "remove_record")]
-        result["persisted"] = entries if persist else []
-        return self.finish(result, actions, before_state, plan["devices"], entries, persist)
-
-    def defer(self, result: dict, plan: dict, record_text: str | None, rec_after: dict, entries: list[dict],
-              before_state: dict) -> dict:
-        """No live write: record the originals and persist the new values for the boot unit, which applies
-        them at the next boot before the GPU drivers load. The registers read as before until then."""
-        file_actions = self.record_action(record_text, rec_after) + self.persistence_actions(entries, True)
-        if not self.module.check_mode:
-            self.do_file_actions(file_actions)
-        result["deferred"] = [{k: w[k] for k in ("device", "register", "before", "after")} for w in plan["writes"]]
-        result["reboot_required"] = True
-        for dev in plan["devices"].values():
-            dev["mps_after"], dev["mrrs_after"] = dev["mps_before"], dev["mrrs_before"]
-        deferred = [dict(self.set_action(w), action="set_at_boot") for w in plan["writes"]]
-        return self.finish(result, file_actions + deferred, before_state, plan["devices"], entries, True)
-
-    def default(self, devices: list[str], persist: bool, force: bool = False) -> dict:
-        record_text, record = self.record()
-        persist_text = self.read(PERSIST_CONFIG)
-        existing = parse_persist(persist_text)
-        scope = restore_scope(record, existing, devices)
-        model = gather_recorded(self.fs, list(record["devices"]))
-        plan = plan_restore(record, model, scope)
-        for bdf in plan["gone"]:
-            self.module.warn(f"{bdf} was tuned earlier but no longer exists; its recorded values are dropped.")
-        rec_after = {"format": record["format"], "devices": {b: r for b, r in record["devices"].items() if b not in plan["restore"]}}
-        entries = sorted((e for e in existing.values() if e.get("hierarchy") not in scope),
-                         key=lambda e: (e.get("depth", 0), e["bdf"]))
-        file_actions = self.record_action(record_text, rec_after) + self.persistence_actions(entries, persist and bool(entries))
-        report = {}
-        for bdf in plan["restore"]:
-            info = model["functions"].get(bdf)
-            if info is None:
-                continue
-            original = record["devices"][bdf]["original"]
-            report[bdf] = {"role": "restored", "hierarchy": record["devices"][bdf]["hierarchy"], "class_name": info["class_name"],
-                           "vendor_id": info["vendor_id"], "device_id": info["device_id"], "port_type": info["port_type"],
-                           "mps_supported": info["mps_supported"], "mps_before": info["mps"],
-                           "mps_after": original.get("mps", info["mps"]), "mrrs_before": info["mrrs"],
-                           "mrrs_after": original.get("mrrs", info["mrrs"]), "mrrs_capped": False,
-                           "limit": None, "limiting_device": None, "path_limit": None, "path_limiting_device": None,
-                           "peer_limit": None, "peer_limiting_device": None}
-        result = {"devices": report, "persisted": entries if persist else [], "readonly": [], "path_users": [], "deferred": [],
-                  "reboot_required": False}
-        before_state = self.diff_state(report, "before", existing, persist_text)
-        sets = [self.set_action(w) for w in plan["writes"]]
-        if sets:
-            found = users(PciWalker(self.fs), sorted({w["device"] for w in plan["writes"]}))
-            result["path_users"] = found["lines"]
-            if found["holders"] and not force:
-                msg = refusal("restore MaxPayload/MaxReadReq on " + ", ".join(sorted({w["device"] for w in plan["writes"]})),
-                              found, "stop the users and run state: default again, or reboot (the firmware values come "
-                              "back by themselves once the boot unit is gone: run with persist: false first)")
-                if not self.module.check_mode:
-                    raise PayloadError(msg)
-                self.module.warn(msg)
-        if not self.module.check_mode and sets:
-            outcome = apply_writes(self.fs, plan["writes"], self.run, self.setpci)
-            if outcome["failures"]:
-                self.module.fail_json(msg="Restoring the original values failed: " + failure_message(
-                    outcome["failures"][0], model["functions"], outcome) + " The record is kept; run state=default again once fixed.",
-                    changed=bool(outcome["rollback_failed"]), actions=[], failures=outcome["failures"],
-                    rolled_back=outcome["rolled_back"], rollback_failed=outcome["rollback_failed"])
-            for bdf, dev in report.items():
-                now = read_payload(self.fs, bdf)
-                dev["mps_after"], dev["mrrs_after"] = now["mps"], now["mrrs"]
-        if not self.module.check_mode:
-            self.do_file_actions(file_actions)
-        return self.finish(result, sets + file_actions, before_state, report, entries, persist)
-
-    # ---- helpers ------------------------------------------------------------------------------
-    def set_action(self, write: dict) -> dict:
-        return {"action": "set", "device": write["device"], "register": write["register"], "before": write["before"],
-                "after": write["after"], "argv": setpci_argv(self.setpci, self.fs.root, write["device"], write["register"], write["after"])}
-
-    def diff_state(self, devices: dict, when: str, existing: dict, persist_text: str | None) -> dict:
-        return {"registers": {b: {"mps": d[f"mps_{when}"], "mrrs": d[f"mrrs_{when}"]} for b, d in sorted(devices.items())},
-                "boot_unit_enabled": self.fs.exists(UNIT_WANTS), "persisted": sorted(existing)}
-
-    def finish(self, result: dict, actions: list[dict], before_state: dict, devices: dict, entries: list[dict], persist: bool) -> dict:
-        shown = [{k: v for k, v in a.items() if k != "content"} for a in actions]
-        result.update(changed=bool(shown), actions=shown)
-        if self.module._diff:
-            after = self.diff_state(devices, "after", {}, None)
-            after["boot_unit_enabled"] = bool(persist and entries)
-            after["persisted"] = sorted(e["bdf"] for e in entries) if persist else []
-            result["diff"] = {"before": before_state, "after": after}
-        return result
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload_apply import PciePayload
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_state import StepFailed
 
 
 def main():
@@ -485,7 +246,6 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = C_LOCALE
     p = module.params
     try:
         mps = parse_mps(p["mps"])
@@ -497,12 +257,10 @@ def main():
         module.fail_json(msg=f"state_dir must be an absolute path on the host, got {p['state_dir']!r}.")
     if p["state"] == "present" and mps is None and mrrs is None and mrrs_cap is None:
         module.fail_json(msg="Nothing to set: give mps (max_safe or bytes), mrrs or mrrs_cap, or state: default to restore.")
-    devices = []
-    for raw in p["devices"]:
-        bdf = normalize_bdf(raw)
-        if bdf is None:
-            module.fail_json(msg=f"'{raw}' is not a PCI address: write it as DDDD:BB:DD.F, for example 0000:3b:00.0 (lspci -D prints them).")
-        devices.append(bdf)
+    try:
+        devices = normalize_bdfs(p["devices"])
+    except TopologyError as err:
+        module.fail_json(msg=str(err))
     setpci = module.get_bin_path("setpci", required=True)
     payload = PciePayload(module, HostFS(p["root"]), setpci)
     try:
@@ -513,6 +271,8 @@ def main():
             result = payload.default(devices, p["persist"], p["force"])
     except PayloadError as err:
         module.fail_json(msg=str(err), changed=False)
+    except StepFailed as err:
+        module.fail_json(msg=str(err), **err.fields)
     except HostFSError as err:
         module.fail_json(msg=f"PCIe payload task under root {p['root']} failed: {err}. It reads sysfs and writes {PERSIST_CONFIG}, "
                              f"{p['state_dir']} and the boot unit: run it as root (become: true).")

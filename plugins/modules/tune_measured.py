@@ -183,13 +183,13 @@ state_file:
   type: str
 """
 
-import hashlib
 import json
 
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import tune_measured as tm
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.tune_measured import load, plan_key, prepare
 
 ARGUMENT_SPEC = dict(
     op=dict(type="str", choices=["start", "next", "complete", "reset"], default="next"),
@@ -209,90 +209,6 @@ ARGUMENT_SPEC = dict(
     host=dict(type="str", default=""),
     now=dict(type="str", default=""),
 )
-
-
-def read_aspm_policy(fs: HostFS) -> str:
-    text = fs.read_optional("/sys/module/pcie_aspm/parameters/policy")
-    if not text:
-        raise tm.TuneError("cannot record the ASPM policy: /sys/module/pcie_aspm/parameters/policy is missing (a kernel "
-                           "without ASPM support); leave the ASPM stage out (skip: [aspm])")
-    for word in text.split():
-        if word.startswith("[") and word.endswith("]"):
-            return word[1:-1]
-    raise tm.TuneError(f"cannot tell the ASPM policy from {text!r} in /sys/module/pcie_aspm/parameters/policy")
-
-
-def read_hugepages_2m(fs: HostFS) -> dict:
-    base = "/sys/devices/system/node"
-    out = {}
-    for name in sorted(fs.listdir(base)) if fs.isdir(base) else []:
-        if not name.startswith("node") or not name[4:].isdigit():
-            continue
-        value = fs.read_optional(f"{base}/{name}/hugepages/hugepages-2048kB/nr_hugepages")
-        if value is not None and value.strip().isdigit():
-            out[int(name[4:])] = {"pages_2m": int(value)}
-    if not out:
-        raise tm.TuneError(f"cannot record the 2 MiB pages: no {base}/node*/hugepages/hugepages-2048kB/nr_hugepages")
-    return out
-
-
-READERS = {"aspm_policy": read_aspm_policy, "hugepages_2m_per_node": read_hugepages_2m}
-
-
-def plan_key(state: dict) -> str:
-    keep = {k: state[k] for k in ("profiles", "gate", "inconclusive", "more_rounds")}
-    keep["stages"] = [{k: s[k] for k in ("name", "kind", "apply", "revert", "reboot", "record", "files")}
-                      for s in state["stages"]]
-    return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def load(fs: HostFS, path: str) -> dict | None:
-    if not fs.exists(path):
-        return None
-    text = fs.read_text(path)
-    try:
-        state = json.loads(text)
-    except ValueError as err:
-        raise tm.TuneError(f"the state file {path} is not JSON ({err}): it was damaged; move it away and start over "
-                           "(the roles' own state: absent undoes what was applied)") from err
-    if state.get("format") != tm.FORMAT:
-        raise tm.TuneError(f"{path} holds {state.get('format')!r}, not {tm.FORMAT}: not a measured-tuning state")
-    return state
-
-
-def read_exact(fs: HostFS, path: str):
-    """A file's exact text (trailing newlines kept), or None when it does not exist."""
-    if not fs.exists(path):
-        return None
-    try:
-        with open(fs.path(path), encoding="utf-8") as fh:
-            return fh.read()
-    except OSError as err:
-        raise HostFSError("read", path, err) from None
-
-
-def prepare(fs: HostFS, state: dict, act: dict, check: bool, actions: list) -> None:
-    """Record what the revert needs before an apply; put files back before a revert."""
-    stage = next((s for s in state["stages"] if s["name"] == act["stage"]), None)
-    if stage is None:
-        return
-    if act["action"] == "apply":
-        for name in act["record"]:
-            stage["recorded"].setdefault(name, READERS[name](fs))
-        for path in act["files"]:
-            if path not in stage["snapshots"]:
-                stage["snapshots"][path] = read_exact(fs, path)
-    elif act["action"] == "revert":
-        for path, content in stage["snapshots"].items():
-            current = read_exact(fs, path)
-            if current == content:
-                continue
-            actions.append(f"restore {path}" if content is not None else f"remove {path}")
-            if not check:
-                if content is None:
-                    fs.remove(path)
-                else:
-                    fs.write_atomic(path, content, mode=0o644)
 
 
 def main():

@@ -24,9 +24,10 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import H
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 from tests.unit.lspci import assert_config_matches_lspci, parse_lspci_vv
 from tests.unit.fakesysfs import FIXTURES, config_space, load_capture
+from tests.unit.plugins.modules.uthelper import needs_tools
 
 LSPCI = shutil.which("lspci")
-pytestmark = pytest.mark.skipif(LSPCI is None, reason="pciutils (lspci) is not installed (scripts/bootstrap installs it)")
+pytestmark = needs_tools("lspci")
 CAPTURES = sorted(p.name for p in FIXTURES.iterdir() if (p / "capture.json").exists())
 
 

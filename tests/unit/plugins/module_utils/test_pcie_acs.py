@@ -16,9 +16,10 @@ from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_acs
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import build_model
 from tests.unit.fakesysfs import ACS_REDIRECT_ON, FakeHost, eight_gpus, two_gpus_one_switch, two_numa_nodes
+from tests.unit.plugins.modules.uthelper import needs_tools
 
 SETPCI = shutil.which("setpci")
-needs_setpci = pytest.mark.skipif(SETPCI is None, reason="pciutils (setpci) is not installed")
+needs_setpci = needs_tools("setpci")
 
 
 def run(argv):

@@ -17,9 +17,10 @@ import pytest
 from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_payload as pp
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from tests.unit.fakesysfs import load_capture, payload_switch, two_gpus_one_switch, two_numa_nodes
+from tests.unit.plugins.modules.uthelper import needs_tools
 
 SETPCI = shutil.which("setpci")
-needs_setpci = pytest.mark.skipif(SETPCI is None, reason="pciutils (setpci) is not installed")
+needs_setpci = needs_tools("setpci")
 
 
 def run(argv):

@@ -6,15 +6,14 @@ command line across a simulated reboot, and main() through AnsibleModule."""
 
 from __future__ import annotations
 
-import json
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hugepages import HugepagesError
 from ansible_collections.gpufleet.inference.plugins.modules import hugepages
 from tests.unit.fakesysfs import SimKernel, node_memory
 from tests.unit.plugins.module_utils.test_hugepages import G1, GIB_KB, M2, two_node_host
+from tests.unit.plugins.modules.uthelper import run_module
 
 
 def params(**kw):
@@ -26,14 +25,6 @@ def params(**kw):
 
 def nr(host, node, kb=M2) -> int:
     return int(host.real(f"/sys/devices/system/node/node{node}/hugepages/hugepages-{kb}kB/nr_hugepages").read_text())
-
-
-def run_main(args, capsys):
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
-        hugepages.main()
-    result = json.loads(capsys.readouterr().out)
-    assert (exc.value.code != 0) == bool(result.get("failed"))
-    return result
 
 
 def test_reserve_2m_on_every_node_reads_back_and_persists_as_sysctl(tmp_path):
@@ -146,14 +137,14 @@ def test_per_node_counts(tmp_path):
 ])
 def test_main_bad_input_fails_cleanly_and_changes_nothing(tmp_path, capsys, extra, message):
     host = two_node_host(tmp_path)
-    result = run_main(dict({"root": str(host.root)}, **extra), capsys)
+    result = run_module(hugepages, dict({"root": str(host.root)}, **extra), capsys)
     assert result["failed"] is True and message in result["msg"] and result["changed"] is False
     assert (nr(host, 0), nr(host, 1)) == (0, 0)
 
 
 def test_main_check_mode_with_diff(tmp_path, capsys):
     host = two_node_host(tmp_path)
-    result = run_main({"root": str(host.root), "pages_2m": 8, "_ansible_check_mode": True, "_ansible_diff": True}, capsys)
+    result = run_module(hugepages, {"root": str(host.root), "pages_2m": 8, "_ansible_check_mode": True, "_ansible_diff": True}, capsys)
     assert result["changed"] is True and "node 0 2M: 8" in result["diff"]["after"] and nr(host, 0) == 0
     assert result["meminfo"]["MemTotal"] == 263842412
 
@@ -161,6 +152,6 @@ def test_main_check_mode_with_diff(tmp_path, capsys):
 def test_main_applies_on_a_plain_tree(tmp_path, capsys):
     """Without a kernel behind the tree the write simply lands; the read-back sees it."""
     host = two_node_host(tmp_path)
-    result = run_main({"root": str(host.root), "pages_2m": 8}, capsys)
+    result = run_module(hugepages, {"root": str(host.root), "pages_2m": 8}, capsys)
     assert result["changed"] is True and nr(host, 0) == nr(host, 1) == 8
-    assert run_main({"root": str(host.root), "pages_2m": 8}, capsys)["changed"] is False
+    assert run_module(hugepages, {"root": str(host.root), "pages_2m": 8}, capsys)["changed"] is False

@@ -13,13 +13,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import irq_affinity as ia
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import irq_affinity
 from tests.unit.fakesysfs import DEBIAN_IRQBALANCE, SimKernel, irqbalance_installed
 from tests.unit.plugins.module_utils.test_irq_affinity import G0, G1, numa_host
+from tests.unit.plugins.modules.uthelper import run_module
 
 REPO = Path(__file__).resolve().parents[4]
 SCRIPT = REPO / "roles" / "irq_affinity" / "files" / "gpufleet-irq-affinity-apply.py"
@@ -49,14 +49,6 @@ def with_nvme(host):
     host.add(NVME, "0000:16:02.0", class_code="0x010802", vendor="0x144d", device="0xa80a", driver="nvme", msix=4)
     irqs = irqs_of(host, NVME)
     return irqs[0], irqs[1:]
-
-
-def run_main(args, capsys):
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
-        irq_affinity.main()
-    result = json.loads(capsys.readouterr().out)
-    assert (exc.value.code != 0) == bool(result.get("failed"))
-    return result
 
 
 def run_script(host, *args):
@@ -195,7 +187,7 @@ def test_persist_exclusive_and_absent(tmp_path):
 def test_main_check_mode_and_diff(tmp_path, capsys):
     host = numa_host(tmp_path)
     irqbalance_installed(host)
-    result = run_main({"root": str(host.root), "devices": [G1], "_ansible_check_mode": True, "_ansible_diff": True}, capsys)
+    result = run_module(irq_affinity, {"root": str(host.root), "devices": [G1], "_ansible_check_mode": True, "_ansible_diff": True}, capsys)
     assert result["changed"] is True
     assert result["diff"][0]["before"].startswith(f"IRQ 104 ({G1}): 8-15\n") and "IRQ 104 (0000:97:00.0): 8\n" in result["diff"][0]["after"]
     assert [d["after_header"] for d in result["diff"][1:]] == [ia.PINNED_FILE, ia.POLICY_SCRIPT, "/etc/default/irqbalance"]
@@ -204,7 +196,7 @@ def test_main_check_mode_and_diff(tmp_path, capsys):
 
 def test_main_error_is_clean(tmp_path, capsys):
     host = numa_host(tmp_path)
-    result = run_main({"root": str(host.root), "devices": [G0], "cpus": "99"}, capsys)
+    result = run_module(irq_affinity, {"root": str(host.root), "devices": [G0], "cpus": "99"}, capsys)
     assert result["failed"] is True and result["msg"].startswith("cpus: '99' names CPUs 99 that are not online on this host")
 
 

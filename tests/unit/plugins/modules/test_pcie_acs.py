@@ -22,11 +22,11 @@ from ansible_collections.gpufleet.inference.plugins.modules import pcie_acs, pci
 from tests.unit.fakesysfs import hold, nvidia_proc, payload_switch, two_gpus_one_switch
 from tests.unit.plugins.module_utils.test_pcie_acs import two_root_ports
 from tests.unit.plugins.modules.test_pcie_payload import restore, snapshot, unit_command
-from tests.unit.plugins.modules.uthelper import target_side
+from tests.unit.plugins.modules.uthelper import needs_tools, target_side
 
 SETPCI = shutil.which("setpci")
 SYSTEMCTL = shutil.which("systemctl")
-pytestmark = pytest.mark.skipif(SETPCI is None or SYSTEMCTL is None, reason="pciutils (setpci) and systemctl are needed")
+pytestmark = needs_tools("setpci", "systemctl")
 GROUP = ["0000:03:00.0", "0000:04:00.0"]
 
 

@@ -7,16 +7,14 @@ refuses (EPERM, as on QEMU and with pcie_aspm=off) changes nothing and warns."""
 from __future__ import annotations
 
 import errno
-import json
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_aspm as pa
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_aspm
 from tests.unit.fakesysfs import FakeHost
-from tests.unit.plugins.modules.uthelper import target_side
+from tests.unit.plugins.modules.uthelper import run_module, target_side
 
 
 @pytest.fixture(autouse=True)
@@ -37,12 +35,6 @@ class KernelAttrFS(HostFS):
                 raise HostFSError("write", host_path, OSError(self.refuse, errno.errorcode[self.refuse]))
             data = " ".join(f"[{p}]" if p == data.strip() else p for p in pa.POLICIES)
         super().write_text(host_path, data)
-
-
-def run_main(args, capsys):
-    with patch_module_args(args), pytest.raises(SystemExit):
-        pcie_aspm.main()
-    return json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("text,current,available", [
@@ -109,20 +101,20 @@ def test_readback_mismatch_fails(tmp_path):
 
 def test_main_on_a_fake_tree(tmp_path, capsys):
     FakeHost(tmp_path, aspm_policy="default")
-    result = run_main({"root": str(tmp_path), "policy": "performance", "_ansible_diff": True}, capsys)
+    result = run_module(pcie_aspm, {"root": str(tmp_path), "policy": "performance", "_ansible_diff": True}, capsys)
     assert result["changed"] is True and result["policy"] == "performance"
     assert result["diff"]["before"] == "default\n" and result["diff"]["after"] == "performance\n"
-    assert run_main({"root": str(tmp_path), "policy": "performance"}, capsys)["changed"] is False
+    assert run_module(pcie_aspm, {"root": str(tmp_path), "policy": "performance"}, capsys)["changed"] is False
 
 
 def test_main_pcie_aspm_off_warns_and_changes_nothing(tmp_path, capsys):
     FakeHost(tmp_path, aspm_policy="default", cmdline="BOOT_IMAGE=/vmlinuz ro pcie_aspm=off")
-    result = run_main({"root": str(tmp_path), "policy": "performance"}, capsys)
+    result = run_module(pcie_aspm, {"root": str(tmp_path), "policy": "performance"}, capsys)
     assert (result["changed"], result["writable"], result["policy"]) == (False, False, "default")
     assert any("pcie_aspm=off" in (w["event"]["msg"] if isinstance(w, dict) else w) for w in result["warnings"])
 
 
 def test_main_without_aspm_support(tmp_path, capsys):
     (tmp_path / "proc").mkdir()
-    result = run_main({"root": str(tmp_path), "policy": "performance"}, capsys)
+    result = run_module(pcie_aspm, {"root": str(tmp_path), "policy": "performance"}, capsys)
     assert result["failed"] is True and "no PCIe ASPM support (CONFIG_PCIEASPM)" in result["msg"]

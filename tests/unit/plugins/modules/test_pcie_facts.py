@@ -14,24 +14,15 @@ import subprocess
 import sys
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 from tests.unit.fakesysfs import eight_gpus, load_capture, two_gpus_one_switch
 from tests.unit.plugins.module_utils.test_nvml import FakeNVML, gpu
+from tests.unit.plugins.modules.uthelper import run_module
 
 FACT_KEYS = {"root", "devices", "gpus", "pairs", "numa_nodes", "hugepages", "cmdline", "iommu", "aspm_policy",
              "names_source", "nvml", "bandwidth", "findings", "findings_summary"}
-
-
-def run_main(args, capsys):
-    """main() as Ansible runs it: returns the module's JSON result."""
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
-        pcie_facts.main()
-    result = json.loads(capsys.readouterr().out)
-    assert (exc.value.code != 0) == bool(result.get("failed"))
-    return result
 
 
 def warnings_of(result) -> list[str]:
@@ -139,7 +130,7 @@ def test_process_privileges_reads_this_process():
 
 # ---- main() -------------------------------------------------------------------------------------
 def test_main_returns_facts_and_top_level(switch_root, capsys):
-    result = run_main({"root": switch_root, "include_nvml": "never"}, capsys)
+    result = run_module(pcie_facts, {"root": switch_root, "include_nvml": "never"}, capsys)
     assert result["changed"] is False and result["actions"] == []
     facts = result["ansible_facts"]["gpufleet_pcie"]
     assert facts == result["pcie"]
@@ -148,26 +139,26 @@ def test_main_returns_facts_and_top_level(switch_root, capsys):
 
 
 def test_main_check_mode_gives_the_same_result(switch_root, capsys):
-    normal = run_main({"root": switch_root, "include_nvml": "never"}, capsys)
-    check = run_main({"root": switch_root, "include_nvml": "never", "_ansible_check_mode": True}, capsys)
+    normal = run_module(pcie_facts, {"root": switch_root, "include_nvml": "never"}, capsys)
+    check = run_module(pcie_facts, {"root": switch_root, "include_nvml": "never", "_ansible_check_mode": True}, capsys)
     assert check["pcie"] == normal["pcie"] and check["changed"] is False
 
 
 def test_main_unknown_bdf(dev_vm, capsys):
-    result = run_main({"root": dev_vm, "devices": ["0000:3b:00.0"]}, capsys)
+    result = run_module(pcie_facts, {"root": dev_vm, "devices": ["0000:3b:00.0"]}, capsys)
     assert result["failed"] is True
     assert result["msg"].startswith(f"PCI function 0000:3b:00.0 not found under /sys/bus/pci/devices (root {dev_vm})")
     assert "Traceback" not in json.dumps(result)
 
 
 def test_main_no_gpu_at_all(dev_vm, capsys):
-    result = run_main({"root": dev_vm}, capsys)
+    result = run_module(pcie_facts, {"root": dev_vm}, capsys)
     assert result["failed"] is True and result["msg"].startswith("No GPU found under /sys/bus/pci/devices")
     assert "set devices:" in result["msg"]
 
 
 def test_main_malformed_bdf(dev_vm, capsys):
-    assert "is not a PCI address" in run_main({"root": dev_vm, "devices": ["3b-00-0"]}, capsys)["msg"]
+    assert "is not a PCI address" in run_module(pcie_facts, {"root": dev_vm, "devices": ["3b-00-0"]}, capsys)["msg"]
 
 
 @pytest.mark.parametrize("breakage", ["missing", "directory", "dead"])
@@ -179,7 +170,7 @@ def test_main_unreadable_gpu_config(tmp_path, capsys, breakage):
         cfg.mkdir()
     elif breakage == "dead":
         cfg.write_bytes(b"\xff" * 4096)
-    result = run_main({"root": str(tmp_path), "include_nvml": "never"}, capsys)
+    result = run_module(pcie_facts, {"root": str(tmp_path), "include_nvml": "never"}, capsys)
     assert result["failed"] is True
     msg = result["msg"]
     assert msg.startswith("Cannot audit 0000:03:00.0 (3D controller [10de:2330]): ")
@@ -190,13 +181,13 @@ def test_main_unreadable_gpu_config(tmp_path, capsys, breakage):
 def test_main_unreadable_bridge_config_warns(tmp_path, capsys):
     host = two_gpus_one_switch(tmp_path)
     host.real("/sys/devices/pci0000:00/0000:00:01.0/config").unlink()
-    result = run_main({"root": str(tmp_path), "include_nvml": "never"}, capsys)
+    result = run_module(pcie_facts, {"root": str(tmp_path), "include_nvml": "never"}, capsys)
     assert not result.get("failed")
     assert any("0000:00:01.0 (on the path of a target)" in w for w in warnings_of(result))
 
 
 def test_main_include_nvml_always_on_a_host_without_driver(switch_root, capsys):
-    result = run_main({"root": switch_root, "include_nvml": "always"}, capsys)
+    result = run_module(pcie_facts, {"root": switch_root, "include_nvml": "always"}, capsys)
     if pcie_facts.HAS_PYNVML:
         assert result["failed"] and "NVML could not be read on this host (include_nvml=always)" in result["msg"]
     else:
@@ -204,7 +195,7 @@ def test_main_include_nvml_always_on_a_host_without_driver(switch_root, capsys):
 
 
 def test_main_rejects_bad_probe_size(switch_root, capsys):
-    result = run_main({"root": switch_root, "probe_size_mb": 0}, capsys)
+    result = run_module(pcie_facts, {"root": switch_root, "probe_size_mb": 0}, capsys)
     assert result["failed"] and "probe_size_mb must be at least 1" in result["msg"]
 
 
@@ -270,14 +261,14 @@ def test_bandwidth_refuses_fake_roots_and_non_nvidia(switch_root, dev_vm):
 
 
 def test_main_bandwidth_probe_on_fake_root_warns(switch_root, capsys):
-    result = run_main({"root": switch_root, "include_nvml": "never", "bandwidth_probe": True}, capsys)
+    result = run_module(pcie_facts, {"root": switch_root, "include_nvml": "never", "bandwidth_probe": True}, capsys)
     assert result["pcie"]["bandwidth"]["error"].startswith("the probe measures the live host")
     assert any(w.startswith("Bandwidth probe: ") for w in warnings_of(result))
 
 
 def test_main_on_the_real_h200_capture(tmp_path, capsys):
     root = str(load_capture("gpu-h200-microvm", tmp_path / "h200"))
-    result = run_main({"root": root}, capsys)
+    result = run_module(pcie_facts, {"root": root}, capsys)
     pcie = result["pcie"]
     assert [g["bdf"] for g in pcie["gpus"]] == ["0000:00:06.0"] and pcie["pairs"] == []
     assert [f["code"] for f in pcie["findings"]] == ["no_hugepages"]
@@ -290,7 +281,7 @@ def test_main_unreadable_host_directory(tmp_path, capsys):
     groups = host.real("/sys/kernel/iommu_groups")
     shutil.rmtree(groups)
     groups.symlink_to("iommu_groups")  # a loop gives ELOOP, as an unreadable directory gives EACCES to non-root
-    result = run_main({"root": str(tmp_path), "include_nvml": "never"}, capsys)
+    result = run_module(pcie_facts, {"root": str(tmp_path), "include_nvml": "never"}, capsys)
     assert result["failed"] is True
     assert result["msg"].startswith(f"PCIe audit under root {tmp_path} failed: cannot list /sys/kernel/iommu_groups/")
     assert "Too many levels of symbolic links" in result["msg"]

@@ -17,11 +17,11 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import H
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker
 from tests.unit.fakesysfs import hold, nvidia_proc, payload_switch
 from tests.unit.plugins.modules.test_pcie_payload import restore, run_module, snapshot, unit_command
-from tests.unit.plugins.modules.uthelper import target_side
+from tests.unit.plugins.modules.uthelper import needs_tools, target_side
 
 SETPCI = shutil.which("setpci")
 SYSTEMCTL = shutil.which("systemctl")
-pytestmark = pytest.mark.skipif(SETPCI is None or SYSTEMCTL is None, reason="pciutils (setpci) and systemctl are needed")
+pytestmark = needs_tools("setpci", "systemctl")
 
 
 def warnings_of(result) -> list[str]:

@@ -12,21 +12,12 @@ import os
 
 import pytest
 import yaml
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import tune_measured as tm
 from ansible_collections.gpufleet.inference.plugins.modules import tune_measured
-from tests.unit.plugins.modules.uthelper import assert_subset
+from tests.unit.plugins.modules.uthelper import assert_subset, run_module
 
 CASES = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "test_tune_measured.yaml"), encoding="utf-8"))
-
-
-def run_main(args, capsys):
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
-        tune_measured.main()
-    result = json.loads(capsys.readouterr().out)
-    assert (exc.value.code != 0) == bool(result.get("failed")), result
-    return result
 
 
 def document(levels: dict) -> dict:
@@ -55,7 +46,7 @@ def test_case(case, tmp_path, capsys):
     os.makedirs(root)
     write_tree(root, case.get("tree"))
     common = {"root": root, "state_file": "/var/lib/gpufleet/tune_measured/state.json"}
-    result = run_main({**common, "op": "start", **case["start"]}, capsys)
+    result = run_module(tune_measured, {**common, "op": "start", **case["start"]}, capsys)
     state_path = os.path.join(root, "var/lib/gpufleet/tune_measured/state.json")
     for i, step in enumerate(case["steps"]):
         act = result["next"]
@@ -67,12 +58,12 @@ def test_case(case, tmp_path, capsys):
         # the state on disk is what the module returned (a dead controller resumes from it)
         with open(state_path, encoding="utf-8") as fh:
             assert json.load(fh)["pending"]["id"] == act["id"]
-        again = run_main({**common, "op": "next"}, capsys)
+        again = run_module(tune_measured, {**common, "op": "next"}, capsys)
         assert again["next"] == act and again["changed"] is False
         write_tree(root, step.get("write"))
         names = [p["name"] for p in result["state"]["profiles"]]
         docs = [document(step["results"][n]) for n in names] if "results" in step else []
-        result = run_main({**common, "op": "complete", "action_id": act["id"], "results": docs}, capsys)
+        result = run_module(tune_measured, {**common, "op": "complete", "action_id": act["id"], "results": docs}, capsys)
     else:
         pytest.fail(f"the case's steps ended before the module said done: {result['next']}")
     stages = {s["name"]: s for s in result["state"]["stages"]}
@@ -87,7 +78,7 @@ def test_case(case, tmp_path, capsys):
         real = os.path.join(root, path.lstrip("/"))
         assert (open(real, encoding="utf-8").read() if os.path.exists(real) else None) == content
     # a second start with the same plan resumes the finished state and changes nothing
-    final = run_main({**common, "op": "start", **case["start"]}, capsys)
+    final = run_module(tune_measured, {**common, "op": "start", **case["start"]}, capsys)
     assert final["next"]["action"] == "done" and final["changed"] is False
 
 
@@ -95,28 +86,28 @@ def test_another_plan_is_refused_while_one_is_unfinished(tmp_path, capsys):
     common = {"root": str(tmp_path), "state_file": "/state.json",
               "profiles": [{"name": "p", "concurrency": [1], "prompt_tokens": 8, "output_tokens": 8}]}
     stage = {"name": "a", "kind": "vllm", "role": "r", "vars": {"x": 1}}
-    run_main({**common, "op": "start", "stages": [stage], "vllm_defaults": {"x": 0}}, capsys)
-    other = run_main({**common, "op": "start", "stages": [dict(stage, vars={"x": 2})], "vllm_defaults": {"x": 0}}, capsys)
+    run_module(tune_measured, {**common, "op": "start", "stages": [stage], "vllm_defaults": {"x": 0}}, capsys)
+    other = run_module(tune_measured, {**common, "op": "start", "stages": [dict(stage, vars={"x": 2})], "vllm_defaults": {"x": 0}}, capsys)
     assert other["failed"] and "unfinished measured-tuning run made from another" in other["msg"]
-    fresh = run_main({**common, "op": "start", "stages": [dict(stage, vars={"x": 2})], "vllm_defaults": {"x": 0},
-                      "restart": True}, capsys)
+    fresh = run_module(tune_measured, {**common, "op": "start", "stages": [dict(stage, vars={"x": 2})], "vllm_defaults": {"x": 0},
+                                       "restart": True}, capsys)
     assert fresh["next"]["action"] == "benchmark" and fresh["next"]["stage"] == "baseline"
 
 
 def test_check_mode_writes_nothing(tmp_path, capsys):
     args = {"root": str(tmp_path), "state_file": "/state.json", "op": "start", "_ansible_check_mode": True,
             "profiles": ["latency"], "stages": [{"name": "a", "kind": "vllm", "role": "r", "vars": {"x": 1}}]}
-    result = run_main(args, capsys)
+    result = run_module(tune_measured, args, capsys)
     assert result["changed"] is True and result["actions"] == ["write /state.json"]
     assert not os.path.exists(tmp_path / "state.json")
 
 
 def test_complete_of_a_stale_action_is_refused(tmp_path, capsys):
     common = {"root": str(tmp_path), "state_file": "/state.json"}
-    run_main({**common, "op": "start", "profiles": ["latency"],
-              "stages": [{"name": "a", "kind": "vllm", "role": "r", "vars": {"x": 1}}], "vllm_defaults": {"x": 0}},
-             capsys)
-    bad = run_main({**common, "op": "complete", "action_id": 7}, capsys)
+    run_module(tune_measured, {**common, "op": "start", "profiles": ["latency"],
+                               "stages": [{"name": "a", "kind": "vllm", "role": "r", "vars": {"x": 1}}], "vllm_defaults": {"x": 0}},
+               capsys)
+    bad = run_module(tune_measured, {**common, "op": "complete", "action_id": 7}, capsys)
     assert bad["failed"] and "action 1 (benchmark baseline) is pending" in bad["msg"]
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import vfio
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
@@ -18,6 +17,7 @@ from tests.unit.fakesysfs import (
     FakeHost, SimKernel, driver_module, group_of, hold, mount, net_interface, nvidia_proc, nvme_disk, two_gpus_one_switch,
 )
 from tests.unit.plugins.module_utils.test_vfio import gpu_host
+from tests.unit.plugins.modules.uthelper import run_module
 
 GPU, AUDIO, NVME = "0000:17:00.0", "0000:17:00.1", "0000:18:00.0"
 
@@ -46,14 +46,6 @@ class Run:
     def __call__(self, check_mode=False, **kw):
         return vfio_bind.execute(params(**kw), self.sim.fs(), check_mode, self.modprobe,
                                  watcher=vfio.BindWatcher(self.sim.fs(), use_udev=False), warn=self.warnings.append)
-
-
-def run_main(args, capsys):
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
-        vfio_bind.main()
-    result = json.loads(capsys.readouterr().out)
-    assert (exc.value.code != 0) == bool(result.get("failed"))
-    return result
 
 
 # ---- bind and give back ---------------------------------------------------------------------------------
@@ -283,8 +275,8 @@ def test_builtin_driver_binds_by_udev_and_is_refused_by_modprobe(tmp_path):
 # ---- main ---------------------------------------------------------------------------------------------------
 def test_main_check_mode_on_a_fake_tree(tmp_path, capsys):
     host = gpu_host(tmp_path)
-    result = run_main({"root": str(host.root), "devices": ["10de:2330"], "persist": "udev", "_ansible_check_mode": True,
-                       "_ansible_diff": True}, capsys)
+    result = run_module(vfio_bind, {"root": str(host.root), "devices": ["10de:2330"], "persist": "udev", "_ansible_check_mode": True,
+                                    "_ansible_diff": True}, capsys)
     assert result["changed"] is True and result["persist"] == {"method": "udev", "files": [vfio.UDEV_RULES]}
     assert len(result["diff"]) == 2
     assert not HostFS(str(host.root)).exists(vfio.UDEV_RULES)
@@ -298,14 +290,14 @@ def test_main_check_mode_on_a_fake_tree(tmp_path, capsys):
 ])
 def test_main_bad_devices_fail_cleanly(tmp_path, capsys, devices, message):
     host = gpu_host(tmp_path)
-    result = run_main({"root": str(host.root), "devices": devices}, capsys)
+    result = run_module(vfio_bind, {"root": str(host.root), "devices": devices}, capsys)
     assert result["failed"] is True and message in result["msg"] and "Traceback" not in result["msg"]
 
 
 def test_main_refuses_to_load_modules_under_a_fake_root(tmp_path, capsys):
     host = gpu_host(tmp_path)
     host.real(f"{host.dirs[GPU]}/driver").unlink()  # an unbound function: the next step would be modprobe vfio-pci
-    result = run_main({"root": str(host.root), "devices": [GPU], "companions": False, "group_allow": [AUDIO]}, capsys)
+    result = run_module(vfio_bind, {"root": str(host.root), "devices": [GPU], "companions": False, "group_allow": [AUDIO]}, capsys)
     assert result["failed"] is True
     assert "The vfio-pci driver is not loaded in the tree under root" in result["msg"]
     assert "the module loads kernel modules only on the live host" in result["msg"]
@@ -315,16 +307,16 @@ def test_main_reports_a_driver_that_does_not_let_go(tmp_path, capsys):
     """On a plain tree nothing reacts to unbind: the module reads the link back, fails and says so."""
     host = gpu_host(tmp_path)
     host.mkdir("/sys/bus/pci/drivers/vfio-pci")
-    result = run_main({"root": str(host.root), "devices": [GPU], "companions": False, "group_allow": [AUDIO]}, capsys)
+    result = run_module(vfio_bind, {"root": str(host.root), "devices": [GPU], "companions": False, "group_allow": [AUDIO]}, capsys)
     assert result["msg"].startswith(f"{GPU} is still bound to nvidia after the unbind: the driver refused to let go.")
     assert result["msg"].endswith(f"Rolled back: {GPU} restored to nvidia.")
 
 
 def test_main_bad_group_allow_and_timeout(tmp_path, capsys):
     host = gpu_host(tmp_path)
-    result = run_main({"root": str(host.root), "devices": [GPU], "group_allow": ["usb"]}, capsys)
+    result = run_module(vfio_bind, {"root": str(host.root), "devices": [GPU], "group_allow": ["usb"]}, capsys)
     assert "group_allow: 'usb' is not a PCI address" in result["msg"]
-    result = run_main({"root": str(host.root), "devices": [GPU], "timeout": 0}, capsys)
+    result = run_module(vfio_bind, {"root": str(host.root), "devices": [GPU], "timeout": 0}, capsys)
     assert "timeout must be a positive number" in result["msg"]
 
 

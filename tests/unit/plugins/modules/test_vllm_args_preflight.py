@@ -12,10 +12,10 @@ import os
 import socket
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import vllm_preflight as vp
+from tests.unit.plugins.modules.uthelper import run_module
 
 # /proc/net/tcp and tcp6 as a Debian 12 container showed them (a python3 -m http.server on
 # 127.0.0.1:8123 owned by uid 997, sshd on 0.0.0.0:22 and [::]:22, an established connection).
@@ -247,26 +247,20 @@ def test_unknown_user_is_judged_as_others(tmp_path):
 
 
 # ---- main() -------------------------------------------------------------------------------------------------
-def run_main(args, capsys):
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
-        vp.main()
-    result = json.loads(capsys.readouterr().out)
-    assert (exc.value.code != 0) == bool(result.get("failed"))
-    return result
 
 
 def test_main_ok_and_read_only(tmp_path, capsys):
     model_dir(tmp_path)
     fake_proc(tmp_path, {})
-    result = run_main({"model": "/srv/models/tiny", "port": 8002, "unit": "vllm.service", "user": "nobody",
-                       "root": str(tmp_path)}, capsys)
+    result = run_module(vp, {"model": "/srv/models/tiny", "port": 8002, "unit": "vllm.service", "user": "nobody",
+                             "root": str(tmp_path)}, capsys)
     assert result["changed"] is False and result["actions"] == []
     assert result["model"]["config"] is True and result["port"]["free"] is True
 
 
 def test_main_missing_model_fails_without_traceback(tmp_path, capsys):
     fake_proc(tmp_path, {})
-    result = run_main({"model": "/srv/models/none", "port": 8000, "unit": "vllm.service", "root": str(tmp_path)}, capsys)
+    result = run_module(vp, {"model": "/srv/models/none", "port": 8000, "unit": "vllm.service", "root": str(tmp_path)}, capsys)
     assert result["failed"] and "Model path /srv/models/none does not exist" in result["msg"]
     assert "Traceback" not in json.dumps(result)
 
@@ -274,19 +268,19 @@ def test_main_missing_model_fails_without_traceback(tmp_path, capsys):
 def test_main_port_conflict(tmp_path, capsys):
     model_dir(tmp_path)
     fake_proc(tmp_path, {4242: {"inodes": [145363], "cgroup": CGROUP_V1, "cmdline": ["/usr/bin/python3", "-m", "http.server"]}})
-    result = run_main({"model": "/srv/models/tiny", "port": 8123, "unit": "vllm.service", "user": "nobody",
-                       "root": str(tmp_path)}, capsys)
+    result = run_module(vp, {"model": "/srv/models/tiny", "port": 8123, "unit": "vllm.service", "user": "nobody",
+                             "root": str(tmp_path)}, capsys)
     assert result["failed"] and "already in use by pid 4242" in result["msg"]
     assert result["port"]["listeners"][0]["unit"] == "probe.service"
 
 
 def test_main_hub_id_is_not_checked(tmp_path, capsys):
     fake_proc(tmp_path, {})
-    result = run_main({"model": "Qwen/Qwen3-8B", "model_is_path": False, "port": 8002, "unit": "vllm.service",
-                       "root": str(tmp_path)}, capsys)
+    result = run_module(vp, {"model": "Qwen/Qwen3-8B", "model_is_path": False, "port": 8002, "unit": "vllm.service",
+                             "root": str(tmp_path)}, capsys)
     assert not result.get("failed") and result["model"]["kind"] == "hub id"
 
 
 def test_main_bad_port(tmp_path, capsys):
-    result = run_main({"model": "/m", "port": 0, "unit": "vllm.service", "root": str(tmp_path)}, capsys)
+    result = run_module(vp, {"model": "/m", "port": 0, "unit": "vllm.service", "root": str(tmp_path)}, capsys)
     assert result["failed"] and result["msg"] == "port 0 is outside 1..65535"

@@ -23,7 +23,10 @@ Each entry of ``test_cases`` in the YAML file is one parametrized test:
                     ``rc``, ``out``, ``err``; ``real: true`` runs the real binary of that name (from
                     PATH) with the same arguments instead of answering, for tools that can work on
                     the fake tree (setpci -O sysfs.path, systemctl --root); ``writes: {HOST_PATH:
-                    TEXT}`` writes files under the root as the command would (update-grub's grub.cfg).
+                    TEXT}`` writes files under the root as the command would (update-grub's grub.cfg);
+                    ``environ: {VAR: VALUE}`` variables the command must get besides the C locale
+                    (LC_ALL=C and LANG=C, asserted for every command: the module's
+                    run_command_environ_update merged with the call's environ_update).
                     A nested list (a YAML anchor holding several commands) is flattened.
 ``output``          expected result keys. Dicts match as subsets (recursively), lists of dicts element
                     by element; everything else exactly.
@@ -52,7 +55,9 @@ from ansible.module_utils.testing import patch_module_args
 
 CASE_KEYS = {"id", "setup", "input", "flags", "bins", "run_command", "output", "output_contains", "files",
              "files_contain", "check", "description"}
-COMMAND_KEYS = {"command", "rc", "out", "err", "real", "writes"}
+COMMAND_KEYS = {"command", "rc", "out", "err", "real", "writes", "environ"}
+# The environment every command must get (the C locale: the parsers read untranslated output).
+C_LOCALE = {"LC_ALL": "C", "LANG": "C"}
 
 
 def target_side(monkeypatch) -> None:
@@ -63,6 +68,42 @@ def target_side(monkeypatch) -> None:
     returning the warning in the module's result. Modules never run in a controller process.
     """
     monkeypatch.setattr(module_utils_internal, "is_controller", False)
+
+
+# scripts/run-tests (what CI runs) sets it: a test that needs a tool scripts/bootstrap installs
+# (setpci from pciutils, systemctl) then fails when the tool is missing, instead of skipping.
+REQUIRE_TOOLS = os.environ.get("GPUFLEET_REQUIRE_TOOLS") == "1"
+
+
+def missing_tool(tools, what: str) -> None:
+    """Skip (or, under GPUFLEET_REQUIRE_TOOLS=1, fail) ``what`` when one of ``tools`` is not on PATH."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    if not missing:
+        return
+    msg = (f"{what} needs {', '.join(missing)} on PATH (scripts/bootstrap installs pciutils and friends)")
+    if REQUIRE_TOOLS:
+        pytest.fail(msg + "; GPUFLEET_REQUIRE_TOOLS=1 makes this a failure, not a skip", pytrace=False)
+    pytest.skip(msg)
+
+
+def needs_tools(*tools: str):
+    """A mark for tests that run the real ``tools``: skipped where one is missing, except under
+    GPUFLEET_REQUIRE_TOOLS=1 (scripts/run-tests, CI), where the missing tool is a collection error."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing and REQUIRE_TOOLS:
+        pytest.fail(f"{', '.join(missing)} not on PATH, and GPUFLEET_REQUIRE_TOOLS=1 allows no skip: run scripts/bootstrap "
+                    "(it installs pciutils and friends)", pytrace=False)
+    return pytest.mark.skipif(bool(missing), reason=f"{', '.join(missing)} not installed (scripts/bootstrap installs it)")
+
+
+def run_module(module, args: dict, capsys) -> dict:
+    """``module.main()`` as Ansible runs it, with ``args`` as its module arguments: the JSON result it
+    prints. A failed result must come with a non-zero exit, a successful one with exit 0."""
+    with patch_module_args(args), pytest.raises(SystemExit) as exc:
+        module.main()
+    result = json.loads(capsys.readouterr().out)
+    assert (exc.value.code != 0) == bool(result.get("failed")), result
+    return result
 
 
 def substitute(value, root: str):
@@ -115,6 +156,11 @@ class CommandLog:
         spec = self.expected[index]
         assert argv == spec["command"], f"command #{index + 1}: ran {argv}, expected {spec['command']}"
         self.seen.append(argv)
+        env = dict(getattr(module, "run_command_environ_update", None) or {})
+        env.update(kwargs.get("environ_update") or {})
+        for key, value in dict(C_LOCALE, **(spec.get("environ") or {})).items():
+            assert env.get(key) == value, (f"command #{index + 1} {argv} runs with {key}={env.get(key)!r}, not {value!r} "
+                                           f"(its environment update: {env})")
         if spec.get("real"):
             binary = shutil.which(os.path.basename(argv[0]))
             assert binary, f"command #{index + 1}: real {os.path.basename(argv[0])} is not installed"
@@ -183,6 +229,8 @@ class UTHelper:
             pytest.skip(flags["skip"])
         if flags.get("xfail"):
             pytest.xfail(flags["xfail"])
+        real = sorted({os.path.basename(c["command"][0]) for c in case.get("run_command") or [] if c.get("real")})
+        missing_tool(real, f"case {case['id']!r} (real: true)")
         root = tmp_path / "root"
         root.mkdir()
         case = substitute(case, str(root))

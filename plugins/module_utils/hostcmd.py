@@ -1,0 +1,66 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The one command runner of the collection, next to HostFS (the one file seam).
+
+A HostCmd finds a host's tool under the HostFS ``root`` (``get_bin_path`` on ``/``; the sbin and
+bin directories of the tree otherwise), wraps a command in ``chroot ROOT`` when the root is not
+``/``, and runs every command with the C locale, so that the parsers read the English, unlocalised
+output they were written for. It takes the AnsibleModule as an object with ``get_bin_path`` and
+``run_command`` (this file never imports AnsibleModule); a missing tool is a ToolMissing, which the
+module's ``main()`` turns into its failure.
+"""
+
+from __future__ import annotations
+
+# The locale of every command a module runs (LC_ALL wins over the rest; the others are for tools
+# that read one of them directly).
+C_LOCALE = {"LANG": "C", "LC_ALL": "C", "LC_MESSAGES": "C", "LC_CTYPE": "C"}
+# Where a tool is looked for inside a root other than / (there is no PATH of that tree to search).
+SBIN_DIRS = ("/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+class ToolMissing(Exception):
+    """A required tool is not installed under the root; the message names it, the root and where it looked."""
+
+
+class HostCmd:
+    """Find, wrap and run the host's commands for one module run under ``fs.root``."""
+
+    def __init__(self, module, fs):
+        self.module = module
+        self.fs = fs
+        # Also for commands a module runs through module.run_command directly.
+        module.run_command_environ_update = dict(C_LOCALE)
+
+    @property
+    def chrooted(self) -> bool:
+        return self.fs.root != "/"
+
+    def find(self, name: str, required: bool = False, hint: str = "") -> str | None:
+        """The path of tool ``name`` (a host path), or None when it is not there and not ``required``.
+
+        On ``/`` this is ``get_bin_path`` (which fails the module itself for a required tool); under
+        another root the tree's sbin and bin directories, and ToolMissing (with ``hint``: what to
+        install) for a required tool that is not there."""
+        if not self.chrooted:
+            return self.module.get_bin_path(name, required=required)
+        found = next((f"{d}/{name}" for d in SBIN_DIRS if self.fs.exists(f"{d}/{name}")), None)
+        if found is None and required:
+            raise ToolMissing(f"{name} is not installed under root {self.fs.root} (looked in {', '.join(SBIN_DIRS)})"
+                              + (f": {hint}" if hint else "") + ".")
+        return found
+
+    def argv(self, argv: list[str]) -> list[str]:
+        """``argv`` as it runs on the host: as is on ``/``, through ``chroot ROOT`` otherwise."""
+        if not self.chrooted:
+            return list(argv)
+        return [self.module.get_bin_path("chroot", required=True), self.fs.root] + list(argv)
+
+    def run(self, argv: list[str]) -> tuple[int, str, str]:
+        """Run ``argv`` as given (already wrapped where needed), in the C locale: (rc, stdout, stderr)."""
+        return self.module.run_command(argv, environ_update=dict(C_LOCALE))
+
+    def run_in_root(self, argv: list[str]) -> tuple[int, str, str]:
+        """Run a command of the tree under root (``argv`` wrapped by argv())."""
+        return self.run(self.argv(argv))

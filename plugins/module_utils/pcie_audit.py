@@ -1,0 +1,251 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The PCIe audit of gpufleet.inference.pcie_facts: targets, the topology model, NVML, the optional
+copy-bandwidth probe and the findings, gathered through a HostFS (``gather``). The probe runs in
+another interpreter (one that may hold PyTorch or CuPy) through the ``run(argv, environ_update)``
+the module passes in; nothing here imports AnsibleModule.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.nvml import (
+    HAS_PYNVML, NvmlUnavailable, collect as nvml_collect, merge as nvml_merge,
+)
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import link_bandwidth_gbps
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
+    BMC_VENDORS, PciWalker, TopologyError, build_model, normalize_bdf, select_targets,
+)
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_findings import (
+    find, path_links, privilege_hint, summary)
+
+
+NVIDIA = "0x10de"
+
+
+# Runs in the probe interpreter (which may hold PyTorch or CuPy but not Ansible): stdlib only,
+# prints one JSON line. argv[1] is {"size_mb", "repeats", "bdfs"}.
+PROBE_SCRIPT = r'''
+import json, sys, time
+args = json.loads(sys.argv[1])
+size, reps, wanted = int(args["size_mb"]) << 20, int(args["repeats"]), set(args["bdfs"])
+
+
+def rate(copy, sync):
+    copy()
+    sync()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        copy()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return round(size / sorted(times)[len(times) // 2] / 1e9, 2)
+
+
+def with_torch():
+    import torch
+    if not torch.cuda.is_available():
+        raise RuntimeError("torch %s sees no CUDA device" % torch.__version__)
+    out = {}
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        bdf = "%04x:%02x:%02x.0" % (p.pci_domain_id, p.pci_bus_id, p.pci_device_id)
+        if bdf not in wanted:
+            continue
+        with torch.cuda.device(i):
+            dev = torch.empty(size, dtype=torch.uint8, device="cuda")
+            pinned = torch.ones(size, dtype=torch.uint8).pin_memory()
+            pageable = torch.ones(size, dtype=torch.uint8)
+            sync = torch.cuda.synchronize
+            out[bdf] = {"h2d_pinned_gbps": rate(lambda: dev.copy_(pinned, non_blocking=True), sync),
+                        "d2h_pinned_gbps": rate(lambda: pinned.copy_(dev, non_blocking=True), sync),
+                        "h2d_pageable_gbps": rate(lambda: dev.copy_(pageable), sync),
+                        "d2h_pageable_gbps": rate(lambda: pageable.copy_(dev), sync)}
+            del dev, pinned, pageable
+            torch.cuda.empty_cache()
+    return "torch " + torch.__version__, out
+
+
+def with_cupy():
+    import cupy
+    import numpy
+    out = {}
+    for i in range(cupy.cuda.runtime.getDeviceCount()):
+        dom, bus, rest = cupy.cuda.runtime.deviceGetPCIBusId(i).lower().split(":")
+        bdf = "%04x:%s:%s" % (int(dom, 16), bus, rest)
+        if bdf not in wanted:
+            continue
+        with cupy.cuda.Device(i):
+            dev = cupy.empty(size, dtype=cupy.uint8)
+            mem = cupy.cuda.alloc_pinned_memory(size)
+            pinned = numpy.frombuffer(mem, dtype=numpy.uint8, count=size)
+            pinned[:] = 1
+            pageable = numpy.ones(size, dtype=numpy.uint8)
+            sync = cupy.cuda.runtime.deviceSynchronize
+            out[bdf] = {"h2d_pinned_gbps": rate(lambda: dev.set(pinned), sync),
+                        "d2h_pinned_gbps": rate(lambda: dev.get(out=pinned), sync),
+                        "h2d_pageable_gbps": rate(lambda: dev.set(pageable), sync),
+                        "d2h_pageable_gbps": rate(lambda: dev.get(out=pageable), sync)}
+            del dev, mem, pinned, pageable
+    return "cupy " + cupy.__version__, out
+
+
+def main():
+    errors = []
+    for probe in (with_torch, with_cupy):
+        try:
+            backend, gpus = probe()
+        except Exception as err:
+            errors.append("%s: %s: %s" % (probe.__name__[5:], type(err).__name__, err))
+            continue
+        return {"backend": backend, "gpus": gpus, "error": None if gpus else "no CUDA device matches %s" % sorted(wanted)}
+    return {"backend": None, "gpus": {}, "error": "; ".join(errors)}
+
+
+print(json.dumps(main()))
+'''
+
+
+def path_bandwidth(model: dict, bdf: str) -> float | None:
+    """The slowest link's theoretical GB/s on the path, from both ends' capabilities."""
+    rates = []
+    for link in path_links(model, bdf):
+        pcap = link["partner_cap"] or {}
+        speeds = [s for s in (link["cap"]["speed_gts"], pcap.get("speed_gts")) if s]
+        widths = [w for w in (link["cap"]["width"], pcap.get("width")) if w]
+        rate = link_bandwidth_gbps(min(speeds), min(widths)) if speeds and widths else None
+        if rate:
+            rates.append(rate)
+    return min(rates) if rates else None
+
+
+def bandwidth(model: dict, params: dict, run) -> dict:
+    """Run the copy probe through ``run(argv, environ_update) -> (rc, out, err)`` and score it."""
+    python = params["probe_python"] or sys.executable
+    bdfs = [g["bdf"] for g in model["gpus"] if model["devices"][g["bdf"]]["vendor_id"] == NVIDIA]
+    result = {"backend": None, "python": python, "size_mb": params["probe_size_mb"], "gpus": {}, "error": None}
+    if not bdfs:
+        result["error"] = "no NVIDIA GPU among the targets"
+        return result
+    if model["root"] != "/":
+        result["error"] = f"the probe measures the live host, not the tree under root {model['root']}"
+        return result
+    if run is None:
+        result["error"] = "no command runner was given to run the probe"
+        return result
+    args = json.dumps({"size_mb": params["probe_size_mb"], "repeats": 5, "bdfs": bdfs})
+    rc, out, err = run([python, "-c", PROBE_SCRIPT, args], {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+    lines = [ln for ln in (out or "").splitlines() if ln.startswith("{")]
+    try:
+        data = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        result["error"] = f"probe with {python} exited {rc} without a result: {(err or out or '').strip()[-400:]}"
+        return result
+    result.update(backend=data.get("backend"), error=data.get("error"))
+    for bdf, rates in (data.get("gpus") or {}).items():
+        theory = path_bandwidth(model, bdf)
+        entry = dict(rates, theoretical_gbps=theory)
+        for key, value in rates.items():
+            entry[key.replace("_gbps", "_pct")] = round(100.0 * value / theory, 1) if theory and value else None
+        result["gpus"][bdf] = entry
+    return result
+
+
+def process_privileges() -> dict:
+    """This process's effective uid, whether it holds CAP_SYS_ADMIN (bit 21 of CapEff) and the host name."""
+    cap = None
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    cap = bool(int(line.split()[1], 16) >> 21 & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return {"euid": os.geteuid(), "cap_sys_admin": cap, "hostname": socket.gethostname()}
+
+
+def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, list[str]]:
+    """The whole audit: targets, model, NVML, probe and findings. Returns (facts, warnings).
+
+    Raises TopologyError or NvmlUnavailable with a message fit for fail_json.
+    """
+    warnings: list[str] = []
+    params = dict({"devices": [], "vendor": None, "device": None, "class_prefix": "03", "exclude_vendors": list(BMC_VENDORS),
+                   "include_nvml": "auto", "vfio_wanted": False, "bandwidth_probe": False, "probe_python": None,
+                   "probe_size_mb": 256, "tp_groups": []}, **params)
+    targets = select_targets(PciWalker(fs), devices=params["devices"], vendor=params["vendor"], device=params["device"],
+                             class_prefix=params["class_prefix"], exclude_vendors=params["exclude_vendors"])
+    model = build_model(fs, targets)
+    model["privileges"] = params.get("privileges") or process_privileges()
+    short: list[tuple[str, int]] = []
+    for bdf in targets:
+        dev = model["devices"][bdf]
+        if dev["config_error"]:
+            raise TopologyError(
+                f"Cannot audit {bdf} ({dev['class_name']} [{(dev['vendor_id'] or '?')[2:]}:{(dev['device_id'] or '?')[2:]}]): "
+                f"{dev['config_error']}. The link, MaxPayload, ASPM and ACS checks decode this file: run the module as root "
+                f"(become: true), and check that the function still exists (lspci -D -s {bdf}).")
+    for bdf, dev in model["devices"].items():
+        cfg = dev["config"]
+        if dev["config_error"]:
+            warnings.append(f"{bdf} (on the path of a target): {dev['config_error']}; its checks are skipped.")
+        elif cfg and cfg["size"] < 256:
+            short.append((bdf, cfg["size"]))
+    if short:
+        who = model["privileges"].get("hostname") or "this host"
+        shown = ", ".join(f"{bdf} ({size} bytes)" for bdf, size in short[:4]) + (" ..." if len(short) > 4 else "")
+        warnings.append(f"{who}: only part of the config space is readable for {len(short)} function(s): {shown}. "
+                        + privilege_hint(model["privileges"]))
+
+    has_nvidia = any(model["devices"][b]["vendor_id"] == NVIDIA for b in targets)
+    mode = params["include_nvml"]
+    nvml = {"available": False, "error": None, "gpus": {}, "pairs": []}
+    if mode == "never":
+        nvml["error"] = "include_nvml is never"
+    elif mode == "auto" and not (HAS_PYNVML or nvml_lib):
+        nvml["error"] = "nvidia-ml-py (pynvml) is not installed for this interpreter"
+    elif mode == "auto" and not has_nvidia:
+        nvml["error"] = "no NVIDIA function among the targets"
+    elif mode == "auto" and fs.root != "/" and nvml_lib is None:
+        nvml["error"] = f"NVML describes the live host, not the tree under root {fs.root}"
+    else:
+        try:
+            nvml = nvml_collect(nvml_lib)
+        except NvmlUnavailable as err:
+            if mode == "always":
+                raise NvmlUnavailable(
+                    f"NVML could not be read on this host (include_nvml=always): {err}. Install the NVIDIA driver and "
+                    "nvidia-ml-py for the interpreter that runs the module, or set include_nvml: auto.") from None
+            nvml["error"] = str(err)
+            warnings.append(f"NVML not read: {err}; topology levels come from sysfs.")
+    nvml_merge(model, nvml)
+
+    model["bandwidth"] = None
+    if params["bandwidth_probe"]:
+        model["bandwidth"] = bandwidth(model, params, run)
+        if model["bandwidth"]["error"]:
+            warnings.append(f"Bandwidth probe: {model['bandwidth']['error']}")
+
+    groups = []
+    for text in params["tp_groups"] or []:
+        group = []
+        for raw in str(text).replace(" ", ",").split(","):
+            if raw:
+                bdf = normalize_bdf(raw)
+                if bdf is None or bdf not in {g["bdf"] for g in model["gpus"]}:
+                    raise TopologyError(f"tp_groups: '{raw}' is not one of the audited GPUs "
+                                        f"({', '.join(g['bdf'] for g in model['gpus'])}); list each group as its GPUs' PCI "
+                                        "addresses, comma-separated, for example '0000:17:00.0,0000:18:00.0'.")
+                group.append(bdf)
+        groups.append(group)
+    model["findings"] = find(model, vfio_wanted=params["vfio_wanted"], tp_groups=groups)
+    del model["privileges"]  # who audited is for the messages, not part of the host's facts
+    model["findings_summary"] = summary(model["findings"])
+    return model, warnings
