@@ -35,7 +35,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide
+from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import CANDIDATE_MIN_RUNS, GateError, decide
 
 JOURNAL_FORMAT = "gpufleet.kernel_upgrade_journal/1"
 STAGES = ("baseline", "pinned", "installed", "boot_once", "booted", "candidate", "verdict",
@@ -196,7 +196,8 @@ def _gate_settings(obs: dict[str, Any]) -> dict[str, Any]:
     g = obs["settings"].get("gate") or {}
     out = {"threshold": float(g.get("threshold", 0.95)), "alpha": float(g.get("alpha", 0.01)),
            "pass_alpha": float(g.get("pass_alpha", 0.005)), "min_runs": int(g.get("min_runs", 5)),
-           "max_runs": int(g.get("max_runs", 15))}
+           "max_runs": int(g.get("max_runs", 15)),
+           "candidate_min_runs": int(g.get("candidate_min_runs") or CANDIDATE_MIN_RUNS)}
     if g.get("max_baseline_runs"):
         out["max_baseline_runs"] = int(g["max_baseline_runs"])
     if g.get("requests_per_run"):
@@ -479,7 +480,7 @@ def on_verified(journal, obs):
         return _verdict(journal, obs, "verify_failed", f"{journal['target']} booted but {'; '.join(problems)}")
     _deadline(journal, obs)
     _stamp(journal, obs, "candidate", "verified")
-    return journal, _benchmark("candidate", _gate_settings(obs)["min_runs"], 0)
+    return journal, _benchmark("candidate", _gate_settings(obs)["candidate_min_runs"], 0)
 
 
 def on_candidate(journal, obs):
@@ -507,7 +508,7 @@ def judge(journal, obs):
     if not cand.get("samples"):
         _deadline(journal, obs)
         _stamp(journal, obs, "candidate", "no candidate runs yet")
-        return journal, _benchmark("candidate", g["min_runs"], 0)
+        return journal, _benchmark("candidate", g["candidate_min_runs"], 0)
     try:
         gate = decide(journal["baseline"]["samples"], cand["samples"], **_failures(journal), **g)
     except GateError as err:

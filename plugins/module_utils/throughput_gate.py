@@ -57,14 +57,15 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.gate_stats impo
 
 # The statistics stay importable from here (callers and tests used them from this module before the split).
 __all__ = [
-    "DECISIONS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX", "GateError", "betainc",
-    "bootstrap_ratio_ci", "check_runs", "check_settings", "decide", "detectable_drop", "drift_check", "drift_warning",
+    "CANDIDATE_MIN_RUNS", "DECISIONS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX", "GateError", "betainc",
+    "bootstrap_ratio_ci", "check_runs", "check_settings", "common_trend", "decide", "detectable_drop", "drift_check", "drift_warning",
     "inversion_distribution", "look_level", "median", "min_p_value", "mwu_less", "percentile", "sample_stats",
     "schedule", "screen_one", "slope_test", "spent_alpha", "t_quantile", "t_sf", "theil_sen_slope", "trend",
     "u_distribution", "u_statistic",
 ]
 
 DECISIONS = ("pass", "regression", "inconclusive")
+CANDIDATE_MIN_RUNS = 4  # the first look: with 5 baseline runs a quiet host is decided after 9 runs in all
 SPENDING = ("obf", "pocock")
 
 
@@ -137,11 +138,14 @@ def schedule(min_runs: int, step: int, max_runs: int) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=8192)
-def look_level(n_b: int, n_c: int, min_runs: int, step: int, max_runs: int, alpha: float, kind: str) -> tuple[float, float, float]:
+def look_level(n_b: int, n_c: int, min_runs: int, step: int, max_runs: int, alpha: float, kind: str,
+               reserve: float = 0.0) -> tuple[float, float, float]:
     """(nominal level of this look, error spent up to it, information fraction) for ``n_c`` candidate runs.
 
-    The nominal level is the spending function's increment since the previous scheduled look; runs past
-    ``max_runs`` are the last look.
+    The nominal level is the increment of the spent error since the previous scheduled look; runs past
+    ``max_runs`` are the last look. With ``reserve`` r, the looks before the last spend (1 - r) x the spending
+    function and the last look spends what is left (a spending function with a step at tau = 1, still
+    non-decreasing and reaching alpha, so the Bonferroni bound over the looks holds as before).
     """
     looks = schedule(min_runs, step, max_runs)
     n_c = min(n_c, max_runs)
@@ -149,9 +153,12 @@ def look_level(n_b: int, n_c: int, min_runs: int, step: int, max_runs: int, alph
     def tau(n: int) -> float:
         return (1.0 / n_b + 1.0 / max_runs) / (1.0 / n_b + 1.0 / n)
 
+    def spent_at(n: int) -> float:
+        return alpha if n >= max_runs else (1.0 - reserve) * spent_alpha(alpha, tau(n), kind)
+
     earlier = [k for k in looks if k < n_c]
-    before = spent_alpha(alpha, tau(earlier[-1]), kind) if earlier else 0.0
-    spent = spent_alpha(alpha, tau(n_c), kind)
+    before = spent_at(earlier[-1]) if earlier else 0.0
+    spent = spent_at(n_c)
     return max(spent - before, 0.0), spent, tau(n_c)
 
 
@@ -233,6 +240,31 @@ def drift_check(sides: dict[str, list[float]], half_margin: float, alpha: float,
     return info, flag
 
 
+def common_trend(b_logs: Sequence[float], c_logs: Sequence[float]) -> dict[str, Any]:
+    """One slope over run order shared by both sides, each side with its own level (analysis of covariance)."""
+    sxx = sxy = ss = 0.0
+    for logs in (b_logs, c_logs):
+        n = len(logs)
+        xm, ym = (n - 1) / 2.0, sum(logs) / n
+        sxx += sum((i - xm) ** 2 for i in range(n))
+        sxy += sum((i - xm) * (v - ym) for i, v in enumerate(logs))
+        ss += sum((v - ym) ** 2 for v in logs)
+    df = len(b_logs) + len(c_logs) - 3
+    out = {"change_per_run": 0.0, "slope": 0.0, "se": None, "t": 0.0, "df": df, "p_rising": 1.0, "p_falling": 1.0}
+    if sxx <= 0 or df < 1:
+        return out
+    slope = sxy / sxx
+    resid = max(ss - slope * sxy, 0.0)
+    se = math.sqrt(resid / df / sxx)
+    out.update(change_per_run=math.expm1(slope), slope=slope, se=se)
+    if se <= 0:
+        out.update(p_rising=0.0 if slope > 0 else 1.0, p_falling=0.0 if slope < 0 else 1.0)
+        return out
+    t = slope / se
+    out.update(t=t, p_rising=t_sf(t, df), p_falling=t_sf(-t, df))
+    return out
+
+
 def _failure_rate(failed: int, requests: int) -> float:
     return failed / requests if requests > 0 else float(failed)
 
@@ -240,11 +272,12 @@ def _failure_rate(failed: int, requests: int) -> float:
 def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.95, alpha: float = 0.01,
            pass_alpha: float = 0.005, min_runs: int = 5, max_runs: int = 15, step: int | None = None,
            bootstrap: int = 2000, seed: int = 0, ci_level: float = 0.95, unit: str = "tok/s", noisy_cv: float = 0.05,
-           max_baseline_runs: int = 15, baseline_step: int | None = None, power: float = 0.8, spending: str = "obf",
+           max_baseline_runs: int = 15, baseline_step: int | None = None, power: float = 0.8, spending: str = "pocock",
            screen_alpha: float = 0.001, drift_alpha: float = 0.001, baseline_failed: int = 0,
            baseline_requests: int = 0, candidate_failed: int = 0, candidate_requests: int = 0,
            requests_per_run: int | None = None, detect: float | None = None,
-           candidate_min_runs: int | None = None) -> dict[str, Any]:
+           candidate_min_runs: int | None = CANDIDATE_MIN_RUNS, trend_guard: float = 0.1, guard_from: int = 2,
+           pass_floor: float = 0.8, reserve: float = 0.3) -> dict[str, Any]:
     """Judge candidate runs against baseline runs (higher is better); with no candidate runs, judge the baseline alone.
 
     See the module docstring for the design. ``step`` is the candidate runs between looks (default 2),
@@ -262,6 +295,7 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
     if not margin < detect < 1.0:
         raise GateError(f"detect must be a drop larger than the margin {margin:.3g} and below 1, got {detect}")
     log_t, log_r, log_p = math.log(threshold), math.log(1.0 - margin / 2.0), math.log(1.0 - detect)
+    log_f = math.log(1.0 - pass_floor * margin)
     if not 3 <= first <= max_runs:
         raise GateError(f"candidate_min_runs must be between 3 and max_runs ({max_runs}), got {first}")
     settings = {"max_runs": max_runs, "min_runs": first, "step": step, "pass_alpha": pass_alpha, "alpha": alpha,
@@ -296,6 +330,10 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
         if b_drift:
             result.update(final=True, decided_by="drift", advice=b_drift.split("; ")[-1],
                           reason=f"inconclusive before any change: {b_drift}")
+        elif screened and len(b_logs) < min_runs and len(base) < max_baseline_runs:
+            result.update(baseline_runs_needed=1, decided_by="baseline-screened", advice="",
+                          reason=(f"inconclusive: {screened[0]['reason']}; run 1 more baseline run in its place before any "
+                                  "change (the baseline cannot be extended after it)"))
         elif sdd_b <= margin:
             result.update(runs_needed=first, decided_by="baseline-ready", advice="",
                           reason=(f"baseline ready: {len(base)} runs, CV {result['cv']:.1%}, smallest detectable drop "
@@ -328,8 +366,8 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
     sd = math.sqrt((b_ss + c_ss) / df)
     se = sd * math.sqrt(1.0 / n_b + 1.0 / n_c)
     d = c_mean - b_mean
-    nominal_p, spent_p, tau = look_level(len(base), len(cand), first, step, max_runs, pass_alpha, spending)
-    nominal_r, spent_r, _tau = look_level(len(base), len(cand), first, step, max_runs, alpha, spending)
+    nominal_p, spent_p, tau = look_level(len(base), len(cand), first, step, max_runs, pass_alpha, spending, reserve)
+    nominal_r, spent_r, _tau = look_level(len(base), len(cand), first, step, max_runs, alpha, spending, reserve)
     if se > 0:
         p_drop, p_pass = t_sf(-d / se, df), t_sf((d - log_p) / se, df)
     else:
@@ -371,11 +409,39 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
         result.update(final=True, decided_by="drift", advice=drift.split("; ")[-1])
         result["reason"] = f"inconclusive: {drift} ({where})"
         return result
+    common = common_trend(b_logs, c_logs)
+    result["trend"] = common
+    looks = schedule(first, step, max_runs)
+    guard_on = len(cand) >= (looks[guard_from - 1] if guard_from - 1 < len(looks) else max_runs)
+    held = None
+    if guard_on and common.get("se") and se > 0:
+        # the verdict must hold with the shared trend taken out too (runs are taken one after another)
+        gap = (len(b_logs) + len(c_logs)) / 2.0
+        d_adj = d - common["slope"] * gap
+        if d < log_t and p_drop <= nominal_r and common["p_falling"] <= trend_guard:
+            if not d_adj < log_t:
+                held = "regression"
+        elif d >= log_f and p_pass <= nominal_p and common["p_rising"] <= trend_guard:
+            if not d_adj >= log_t:
+                held = "pass"
+        result["trend"]["adjusted_ratio"] = math.exp(d_adj)
+    if held:
+        msg = (f"the runs of both sides {'fall' if held == 'regression' else 'rise'} steadily "
+               f"({common['change_per_run']:+.2%} per run, p={common['p_falling' if held == 'regression' else 'p_rising']:.2g}"
+               f" <= {trend_guard}) and with that trend taken out the {held} no longer holds")
+        if final_look:
+            result.update(final=True, decided_by="drift", advice="find what changes the host's speed over time")
+            result["reason"] = f"inconclusive: {msg} ({where})"
+        else:
+            nxt = next((k for k in looks if k > len(cand)), max_runs)
+            result["runs_needed"] = nxt - len(cand)
+            result["reason"] = f"inconclusive: {msg}; run {result['runs_needed']} more candidate runs ({where})"
+        return result
     if d < log_t and p_drop <= nominal_r:
         result.update(decision="regression", final=True, decided_by="test")
         result["reason"] = (f"regression: {where}; below the threshold and significantly slower than the baseline "
                             f"(p={p_drop:.2g} <= {nominal_r:.2g}, this look's share of alpha {alpha})")
-    elif d >= log_t and p_pass <= nominal_p:
+    elif d >= log_f and p_pass <= nominal_p:
         result.update(decision="pass", final=True, decided_by="test")
         result["reason"] = (f"pass: {where}; above the threshold, and a drop of {detect:.0%} or more is ruled out "
                             f"(p={p_pass:.2g} <= {nominal_p:.2g}, this look's share of pass_alpha {pass_alpha})")

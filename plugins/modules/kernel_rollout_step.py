@@ -85,7 +85,7 @@ options:
     default: 1800
   gate:
     description: The gate's settings (C(threshold), C(alpha), C(pass_alpha), C(min_runs), C(max_runs), and optionally
-      C(max_baseline_runs) and C(requests_per_run)).
+      C(max_baseline_runs), C(candidate_min_runs) (the first look, default 4) and C(requests_per_run)).
     type: dict
     default: {}
   journal:

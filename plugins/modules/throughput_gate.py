@@ -18,8 +18,9 @@ description:
     spending function, so by Bonferroni's inequality the error rates hold over all looks.
   - Answers V(regression) when the candidate is below O(threshold) times the baseline (geometric means) and significantly
     slower than the baseline; at most O(alpha) of unchanged candidates are called a regression.
-  - Answers V(pass) when the candidate is at or above O(threshold) times the baseline and a drop of O(detect) or more is
-    ruled out; at most O(pass_alpha) of candidates that lost O(detect) pass.
+  - Answers V(pass) when the candidate is at or above 1 - O(pass_floor) x the margin times the baseline and a drop of
+    O(detect) or more is ruled out; at most O(pass_alpha) of candidates that lost O(detect) pass.
+  - From the second look on, a verdict that a trend shared by both sides' runs could have made is withheld (O(trend_guard)).
   - Answers V(inconclusive) otherwise. With RV(gate.final) false it asks for RV(runs_needed) more candidate runs; at
     O(max_runs), when the runs drift by more than half the margin, or before any change when the host is too noisy, it is
     final, with the measured CV, the smallest detectable drop and what would help (RV(gate.advice)).
@@ -76,8 +77,9 @@ options:
     type: int
     default: 5
   candidate_min_runs:
-    description: Candidate runs at the first look; default O(min_runs).
+    description: Candidate runs at the first look (V(4): with 5 baseline runs a quiet host is decided after 9 runs in all).
     type: int
+    default: 4
   step:
     description: Candidate runs between looks.
     type: int
@@ -99,10 +101,11 @@ options:
     type: float
     default: 0.8
   spending:
-    description: Lan-DeMets spending function, V(obf) (O'Brien-Fleming type, little spent early) or V(pocock).
+    description: Lan-DeMets spending function, V(pocock) (Pocock type, spends most at the first looks, so a quiet host stops
+      early) or V(obf) (O'Brien-Fleming type, little spent early).
     type: str
     choices: [obf, pocock]
-    default: obf
+    default: pocock
   screen_alpha:
     description: Level of the one-outlier screen per side (Bonferroni over the side's runs).
     type: float
@@ -111,6 +114,17 @@ options:
     description: Level of the test that a side's steady change exceeds half the margin (then V(inconclusive)).
     type: float
     default: 0.001
+  trend_guard:
+    description:
+      - From the second look on, a V(pass) or V(regression) is withheld when the runs of both sides share a trend in the
+        direction that favours it (one slope over run order, each side its own level; one-sided p at most this) and, with that
+        trend taken out, the ratio is no longer on the verdict's side of the threshold; at O(max_runs) it is V(inconclusive).
+    type: float
+    default: 0.1
+  pass_floor:
+    description: A V(pass) also needs the ratio at or above 1 - O(pass_floor) x the margin (V(0.8) at O(threshold=0.95) is 0.96).
+    type: float
+    default: 0.8
   baseline_failed:
     description: Failed requests plus short outputs of the baseline runs.
     type: int
@@ -253,7 +267,8 @@ gate:
     decided_by:
       description:
         - C(test), C(failures) (more failed requests than the baseline), C(drift), C(cap) (inconclusive at O(max_runs)),
-          C(too-noisy), C(baseline-noisy) (more baseline runs asked for), C(baseline-ready) or C(waiting).
+          C(too-noisy), C(baseline-noisy) (more baseline runs asked for), C(baseline-screened) (one more baseline run in
+          place of a screened one), C(baseline-ready) or C(waiting).
       type: str
     cv:
       description: Run-to-run coefficient of variation from the pooled spread of the log throughputs.
@@ -294,6 +309,12 @@ gate:
     candidate:
       description: The same for the candidate runs.
       type: dict
+    trend:
+      description:
+        - At a look, the slope over run order shared by both sides (each side its own level) - C(slope) and C(se) (log units per
+          run), C(change_per_run), C(t), C(df), C(p_rising), C(p_falling) - and, from the second look, C(adjusted_ratio)
+          (the ratio with that trend taken out over the gap between the sides); see O(trend_guard).
+      type: dict
     ci:
       description: Bootstrap interval of the median ratio at C(ci_level), or null.
       type: list
@@ -309,7 +330,7 @@ gate:
       description: Same as RV(reason).
       type: str
   sample: {decision: pass, final: true, stage: candidate, ratio: 0.998, p_value: 0.44, p_value_pass: 0.00001,
-           method: "log-t, obf spending", decided_by: test, cv: 0.008, smallest_detectable_drop: 0.018, too_noisy: false,
+           method: "log-t, pocock spending", decided_by: test, cv: 0.008, smallest_detectable_drop: 0.018, too_noisy: false,
            runs_needed: 0, baseline_runs_needed: 0, screened: [], threshold: 0.95, alpha: 0.01, pass_alpha: 0.005,
            ci: null, ci_level: 0.95, warnings: [], reason: "pass: ..."}
 actions:
@@ -335,15 +356,17 @@ def main():
             pass_alpha=dict(type="float", default=0.005, no_log=False),
             detect=dict(type="float"),
             min_runs=dict(type="int", default=5),
-            candidate_min_runs=dict(type="int"),
+            candidate_min_runs=dict(type="int", default=4),
             step=dict(type="int", default=2),
             max_runs=dict(type="int", default=15),
             max_baseline_runs=dict(type="int", default=15),
             baseline_step=dict(type="int", default=1),
             power=dict(type="float", default=0.8),
-            spending=dict(type="str", choices=["obf", "pocock"], default="obf"),
+            spending=dict(type="str", choices=["obf", "pocock"], default="pocock"),
             screen_alpha=dict(type="float", default=0.001),
             drift_alpha=dict(type="float", default=0.001),
+            trend_guard=dict(type="float", default=0.1),
+            pass_floor=dict(type="float", default=0.8),
             baseline_failed=dict(type="int", default=0),
             baseline_requests=dict(type="int", default=0),
             candidate_failed=dict(type="int", default=0),
@@ -367,7 +390,8 @@ def main():
                       detect=p["detect"], min_runs=p["min_runs"], candidate_min_runs=p["candidate_min_runs"],
                       step=p["step"], max_runs=p["max_runs"], max_baseline_runs=p["max_baseline_runs"],
                       baseline_step=p["baseline_step"], power=p["power"], spending=p["spending"],
-                      screen_alpha=p["screen_alpha"], drift_alpha=p["drift_alpha"], baseline_failed=p["baseline_failed"],
+                      screen_alpha=p["screen_alpha"], drift_alpha=p["drift_alpha"], trend_guard=p["trend_guard"],
+                      pass_floor=p["pass_floor"], baseline_failed=p["baseline_failed"],
                       baseline_requests=p["baseline_requests"], candidate_failed=p["candidate_failed"],
                       candidate_requests=p["candidate_requests"], requests_per_run=p["requests_per_run"],
                       bootstrap=p["bootstrap_resamples"], seed=p["seed"], unit=p["unit"])

@@ -161,17 +161,18 @@ def main() -> int:
     parser.add_argument("--json-out", metavar="FILE", help="also write the figures as JSON to FILE")
     parser.add_argument("--cells", default="", help="only the cells whose name starts with one of these (comma-separated)")
     for name, kind, default in (("threshold", float, 0.95), ("alpha", float, 0.01), ("pass-alpha", float, 0.005),
-                                ("min-runs", int, 5), ("candidate-min-runs", int, 5), ("max-runs", int, 15), ("step", int, 2),
+                                ("min-runs", int, 5), ("candidate-min-runs", int, 4), ("max-runs", int, 15), ("step", int, 2),
                                 ("max-baseline-runs", int, 15), ("baseline-step", int, 1), ("power", float, 0.8),
-                                ("screen-alpha", float, 0.001), ("drift-alpha", float, 0.001)):
+                                ("screen-alpha", float, 0.001), ("drift-alpha", float, 0.001),
+                                ("trend-guard", float, 0.1), ("guard-from", int, 2), ("pass-floor", float, 0.8), ("reserve", float, 0.3)):
         parser.add_argument("--" + name, type=kind, default=default)
-    parser.add_argument("--spending", choices=["obf", "pocock"], default="obf")
+    parser.add_argument("--spending", choices=["obf", "pocock"], default="pocock")
     parser.add_argument("--detect", type=float, default=None, help="the drop the gate must not pass (default 1.6 x margin)")
     args = parser.parse_args()
     settings = {k: getattr(args, k) for k in ("threshold", "alpha", "pass_alpha", "min_runs", "candidate_min_runs",
                                               "max_runs", "step",
                                               "max_baseline_runs", "baseline_step", "power", "spending",
-                                              "screen_alpha", "drift_alpha", "detect")}
+                                              "screen_alpha", "drift_alpha", "detect", "trend_guard", "guard_from", "pass_floor", "reserve")}
     noisy = args.noisy_trials or args.trials
     jobs = []
     for cv, n in ((0.02, args.trials), (0.05, noisy), (0.10, noisy), (0.20, noisy)):

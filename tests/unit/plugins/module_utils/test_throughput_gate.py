@@ -186,14 +186,25 @@ def test_looks_spend_exactly_alpha(n_b, first, step, cap):
 
 
 def test_first_look_boundary_by_hand():
-    """5 vs 5 runs: tau = (1/5 + 1/15) / (1/5 + 1/5) = 2/3, so the first look may spend 0.00161 of alpha 0.01."""
+    """5 vs 5 runs: tau = (1/5 + 1/15) / (1/5 + 1/5) = 2/3, so the first look may spend 0.00161 of alpha 0.01 (obf)."""
     level, spent, tau = tg.look_level(5, 5, 5, 2, 15, 0.01, "obf")
     assert tau == pytest.approx(2 / 3) and level == spent == pytest.approx(0.0016064, rel=1e-4)
-    g = tg.decide(BASE, [920.0, 931.0, 915.0, 925.0, 918.0], bootstrap=0)
+    g = tg.decide(BASE, [920.0, 931.0, 915.0, 925.0, 918.0], bootstrap=0, spending="obf", candidate_min_runs=5)
     assert g["look"]["nominal_regression"] == pytest.approx(level)
     assert g["look"]["nominal_pass"] == pytest.approx(tg.look_level(5, 5, 5, 2, 15, 0.005, "obf")[0])
     # the interval is the repeated confidence interval at this look's levels, around the ratio
     assert g["interval"][0] < g["ratio"] < g["interval"][1] < 0.95
+
+
+def test_default_first_look_is_pocock_at_four_runs_by_hand():
+    """5 vs 4 runs: tau = (1/5 + 1/15) / (1/5 + 1/4) = 0.59259; Pocock spends 0.01 ln(1 + (e - 1) tau) = 0.0070223."""
+    level, spent, tau = tg.look_level(5, 4, 4, 2, 15, 0.01, "pocock")
+    assert tau == pytest.approx(16 / 27) and level == spent == pytest.approx(0.0070223, rel=1e-4)
+    g = tg.decide(BASE, [920.0, 931.0, 915.0, 925.0], bootstrap=0)
+    assert g["look"]["nominal_regression"] == pytest.approx(level) and g["decision"] == "regression"
+    # the second look (6 runs) may spend only the increment
+    second = tg.look_level(5, 6, 4, 2, 15, 0.01, "pocock")
+    assert second[0] == pytest.approx(second[1] - spent) and second[0] < level
 
 
 def test_decision_flips_exactly_at_the_boundary():

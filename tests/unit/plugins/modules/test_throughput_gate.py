@@ -56,15 +56,18 @@ def test_pass_and_check_mode_agree(capsys):
 
 
 def test_inconclusive_asks_for_runs(capsys):
-    result = run_main({"baseline": BASE, "candidate": [880.0, 1000.0, 940.0, 1015.0, 930.0]}, capsys)
+    # the first look is at 4 candidate runs, the next ones every `step` runs
+    result = run_main({"baseline": BASE, "candidate": [880.0, 1000.0, 940.0, 1015.0]}, capsys)
     assert result["decision"] == "inconclusive" and result["runs_needed"] == 2 and not result["gate"]["final"]
-    result = run_main({"baseline": BASE, "candidate": [880.0, 1000.0, 940.0, 1015.0, 930.0], "step": 5}, capsys)
+    result = run_main({"baseline": BASE, "candidate": [880.0, 1000.0, 940.0, 1015.0], "step": 5}, capsys)
     assert result["runs_needed"] == 5
+    result = run_main({"baseline": BASE, "candidate": [880.0, 1000.0, 940.0, 1015.0, 930.0]}, capsys)
+    assert result["runs_needed"] == 1  # 5 runs is between the looks at 4 and 6
 
 
 def test_baseline_alone_and_too_noisy(capsys):
     result = run_main({"baseline": BASE, "candidate": []}, capsys)
-    assert result["gate"]["decided_by"] == "baseline-ready" and result["runs_needed"] == 5
+    assert result["gate"]["decided_by"] == "baseline-ready" and result["runs_needed"] == 4
     noisy = [1000.0, 1150.0, 900.0, 1080.0, 940.0] * 3
     result = run_main({"baseline": noisy, "candidate": [], "requests_per_run": 128}, capsys)
     assert result["decision"] == "inconclusive" and result["gate"]["too_noisy"] and result["gate"]["final"]
