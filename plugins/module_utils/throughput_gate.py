@@ -58,7 +58,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.gate_stats impo
 # The statistics stay importable from here (callers and tests used them from this module before the split).
 __all__ = [
     "CANDIDATE_MIN_RUNS", "DECISIONS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX", "GateError", "betainc",
-    "bootstrap_ratio_ci", "check_runs", "check_settings", "common_trend", "decide", "detectable_drop", "drift_check", "drift_warning",
+    "bootstrap_ratio_ci", "check_runs", "check_settings", "common_trend", "decide", "replay", "detectable_drop", "drift_check", "drift_warning",
     "inversion_distribution", "look_level", "median", "min_p_value", "mwu_less", "percentile", "sample_stats",
     "schedule", "screen_one", "slope_test", "spent_alpha", "t_quantile", "t_sf", "theil_sen_slope", "trend",
     "u_distribution", "u_statistic",
@@ -412,7 +412,7 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
     common = common_trend(b_logs, c_logs)
     result["trend"] = common
     looks = schedule(first, step, max_runs)
-    guard_on = len(cand) >= (looks[guard_from - 1] if guard_from - 1 < len(looks) else max_runs)
+    guard_on = len(looks) >= guard_from and len(cand) >= looks[guard_from - 1]
     held = None
     if guard_on and common.get("se") and se > 0:
         # the verdict must hold with the shared trend taken out too (runs are taken one after another)
@@ -456,4 +456,25 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
         result["runs_needed"] = nxt - len(cand)
         result["reason"] = (f"inconclusive: {where}; neither a pass (p={p_pass:.2g} > {nominal_p:.2g}) nor a regression "
                             f"(p={p_drop:.2g} > {nominal_r:.2g}) yet: run {result['runs_needed']} more candidate runs")
+    return result
+
+
+def replay(baseline: Sequence[float], candidate: Sequence[float], **settings: Any) -> dict[str, Any]:
+    """Judge stored runs as the sequential gate would have while taking them: decide() at each scheduled look on the
+    candidate runs taken so far (in the order taken; the whole baseline), stopping at the first final answer.
+
+    The result is decide()'s at that look, with ``candidate_runs_used``; when the stored runs end before a final
+    answer it is the last look's (``final`` false, ``runs_needed`` more). Runs past the last look they reach are not
+    used. Stored runs taken when the first look was at ``min_runs`` should pass ``candidate_min_runs=min_runs``.
+    """
+    cand = check_runs("candidate", candidate)
+    first = settings.get("candidate_min_runs") or CANDIDATE_MIN_RUNS
+    looks = schedule(first, settings.get("step") or 2, settings.get("max_runs", 15))
+    used = [k for k in looks if k <= len(cand)] or [len(cand)]
+    result: dict[str, Any] = {}
+    for k in used:
+        result = decide(baseline, cand[:k], **settings)
+        result["candidate_runs_used"] = k
+        if result["final"]:
+            break
     return result
