@@ -19,22 +19,32 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
   (SE_cap with ``max_runs`` candidate runs, t quantiles at the last look's nominal level and at ``power``).
   Above the margin (1 - threshold) it asks for more baseline runs (``baseline_step`` at a time, up to
   ``max_baseline_runs``); still above at that cap it stops before any change (``too_noisy``).
-* **Sequential test.** Candidate looks at n_c = min_runs, min_runs + step, ..., max_runs. Each look spends
-  part of two error rates by the Lan-DeMets spending function (``spending``: O'Brien-Fleming type by
-  default) of the information fraction tau = (1/n_b + 1/max_runs) / (1/n_b + 1/n_c); the nominal level of a
-  look is the increment of the spent error, so by Bonferroni's inequality the error rates hold over all
-  looks, whatever their correlation (Lan and DeMets 1983; Jennison and Turnbull 2000, ch. 7 and 11):
+* **Sequential test.** Candidate looks at n_c = candidate_min_runs (4), then every ``step`` (2) runs up to
+  max_runs (15). Each look spends part of two error rates by the Lan-DeMets spending function (``spending``:
+  Pocock type by default, so a quiet host stops at the first look) of the information fraction
+  tau = (1/n_b + 1/max_runs) / (1/n_b + 1/n_c); the looks before the last spend (1 - ``reserve``) of it and
+  the last look what is left (``reserve`` 0.3: a cap that can still decide). The nominal level of a look is
+  the increment of the spent error, so by Bonferroni's inequality the error rates hold over all looks,
+  whatever their correlation (Lan and DeMets 1983; Jennison and Turnbull 2000, ch. 7 and 11):
 
-  - **pass** when d - t_p s.e. > log(threshold): the candidate is shown to be above threshold x baseline
-    (a non-inferiority test); P(pass) <= ``pass_alpha`` whenever the true drop is the margin or more;
-  - **regression** when d + t_r s.e. < log(1 - margin/2) and d < log(threshold): the drop is shown to exceed
-    half the margin and is most likely beyond the margin; P(regression) <= ``alpha`` whenever the true drop
-    is half the margin or less (no change included);
+  - **pass** when d >= log(1 - pass_floor x margin) (0.9625 at 0.95) and the t-test of "lost ``detect``
+    (8%) or more" has p <= the look's share of ``pass_alpha``: P(pass) <= ``pass_alpha`` whenever the true
+    drop is ``detect`` or more; drops between 3.75% and 8% are the indifference zone (either answer is allowed,
+    and a rollback is the safe one);
+  - **regression** when d < log(threshold) and the t-test of "slower than the baseline" has p <= the look's
+    share of ``alpha``: P(regression) <= ``alpha`` with no change (or a faster candidate);
   - otherwise ``runs_needed`` more candidate runs, and at ``max_runs`` a final ``inconclusive``.
 
 * **Drift.** A side whose runs rise or fall steadily (least-squares slope of the logs, one-sided
-  p <= ``drift_alpha``) by half the margin or more over the side makes the answer ``inconclusive`` (final):
-  runs that are not alike cannot be compared.
+  p <= ``drift_alpha`` that the change over the side exceeds half the margin) makes the answer ``inconclusive``
+  (final). From the second look on, the **trend guard**: one slope over run order shared by both sides (each side
+  its own level, analysis of covariance; df = n_b + n_c - 3) whose one-sided p in the direction that favours
+  the verdict is <= ``trend_guard`` (0.1), and with that trend taken out over the gap between the sides
+  (d - slope x (n_b + n_c) / 2) the ratio is no longer on the verdict's side of its boundary: the verdict is
+  withheld (more runs; at the cap a final ``inconclusive``, decided_by drift). A drift that goes on through the
+  reboot moves the candidate against the baseline, and every further look moves it more.
+* **Screened baseline run.** When the baseline check screens a run out and fewer than ``min_runs`` are left,
+  it asks for one more baseline run in its place, while still before the change.
 * **Failures.** A candidate with a larger share of failed requests or short outputs than its baseline
   cannot pass (``regression``, decided by the failures).
 
@@ -57,11 +67,11 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.gate_stats impo
 
 # The statistics stay importable from here (callers and tests used them from this module before the split).
 __all__ = [
-    "CANDIDATE_MIN_RUNS", "DECISIONS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX", "GateError", "betainc",
-    "bootstrap_ratio_ci", "check_runs", "check_settings", "common_trend", "decide", "replay", "detectable_drop", "drift_check", "drift_warning",
-    "inversion_distribution", "look_level", "median", "min_p_value", "mwu_less", "percentile", "sample_stats",
-    "schedule", "screen_one", "slope_test", "spent_alpha", "t_quantile", "t_sf", "theil_sen_slope", "trend",
-    "u_distribution", "u_statistic",
+    "CANDIDATE_MIN_RUNS", "DECISIONS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX",
+    "GateError", "betainc", "bootstrap_ratio_ci", "check_runs", "check_settings", "common_trend", "decide",
+    "detectable_drop", "drift_check", "drift_warning", "inversion_distribution", "look_level", "median", "min_p_value",
+    "mwu_less", "percentile", "replay", "sample_stats", "schedule", "screen_one", "slope_test", "spent_alpha",
+    "t_quantile", "t_sf", "theil_sen_slope", "trend", "u_distribution", "u_statistic",
 ]
 
 DECISIONS = ("pass", "regression", "inconclusive")
@@ -277,7 +287,7 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
            baseline_requests: int = 0, candidate_failed: int = 0, candidate_requests: int = 0,
            requests_per_run: int | None = None, detect: float | None = None,
            candidate_min_runs: int | None = CANDIDATE_MIN_RUNS, trend_guard: float = 0.1, guard_from: int = 2,
-           pass_floor: float = 0.8, reserve: float = 0.3) -> dict[str, Any]:
+           pass_floor: float = 0.75, reserve: float = 0.3) -> dict[str, Any]:
     """Judge candidate runs against baseline runs (higher is better); with no candidate runs, judge the baseline alone.
 
     See the module docstring for the design. ``step`` is the candidate runs between looks (default 2),
@@ -290,6 +300,15 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
     first = candidate_min_runs or min_runs
     check_settings(threshold, alpha, pass_alpha, min_runs, max_runs, step, max_baseline_runs, baseline_step, power,
                    spending, screen_alpha, drift_alpha)
+    if not 0.0 < pass_floor <= 1.0:
+        raise GateError(f"pass_floor must be in (0, 1] (a share of the margin: 0.75 at threshold 0.95 passes from 0.9625), "
+                        f"got {pass_floor}")
+    if not 0.0 <= reserve < 1.0:
+        raise GateError(f"reserve must be in [0, 1) (the share of each error rate kept for the last look), got {reserve}")
+    if not 0.0 <= trend_guard < 0.5:
+        raise GateError(f"trend_guard must be in [0, 0.5) (0 turns the shared-trend guard off), got {trend_guard}")
+    if guard_from < 1:
+        raise GateError(f"guard_from must be at least 1 (the look from which the trend guard applies), got {guard_from}")
     margin = 1.0 - threshold
     detect = min(1.6 * margin, margin + (1.0 - margin) / 2.0) if detect is None else detect
     if not margin < detect < 1.0:

@@ -122,9 +122,9 @@ options:
     type: float
     default: 0.1
   pass_floor:
-    description: A V(pass) also needs the ratio at or above 1 - O(pass_floor) x the margin (V(0.8) at O(threshold=0.95) is 0.96).
+    description: A V(pass) also needs the ratio at or above 1 - O(pass_floor) x the margin (V(0.75) at O(threshold=0.95) is 0.9625).
     type: float
-    default: 0.8
+    default: 0.75
   baseline_failed:
     description: Failed requests plus short outputs of the baseline runs.
     type: int
@@ -366,7 +366,7 @@ def main():
             screen_alpha=dict(type="float", default=0.001),
             drift_alpha=dict(type="float", default=0.001),
             trend_guard=dict(type="float", default=0.1),
-            pass_floor=dict(type="float", default=0.8),
+            pass_floor=dict(type="float", default=0.75),
             baseline_failed=dict(type="int", default=0),
             baseline_requests=dict(type="int", default=0),
             candidate_failed=dict(type="int", default=0),

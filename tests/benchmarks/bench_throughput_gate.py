@@ -164,7 +164,7 @@ def main() -> int:
                                 ("min-runs", int, 5), ("candidate-min-runs", int, 4), ("max-runs", int, 15), ("step", int, 2),
                                 ("max-baseline-runs", int, 15), ("baseline-step", int, 1), ("power", float, 0.8),
                                 ("screen-alpha", float, 0.001), ("drift-alpha", float, 0.001),
-                                ("trend-guard", float, 0.1), ("guard-from", int, 2), ("pass-floor", float, 0.8), ("reserve", float, 0.3)):
+                                ("trend-guard", float, 0.1), ("guard-from", int, 2), ("pass-floor", float, 0.75), ("reserve", float, 0.3)):
         parser.add_argument("--" + name, type=kind, default=default)
     parser.add_argument("--spending", choices=["obf", "pocock"], default="pocock")
     parser.add_argument("--detect", type=float, default=None, help="the drop the gate must not pass (default 1.6 x margin)")

@@ -189,21 +189,27 @@ def test_first_look_boundary_by_hand():
     """5 vs 5 runs: tau = (1/5 + 1/15) / (1/5 + 1/5) = 2/3, so the first look may spend 0.00161 of alpha 0.01 (obf)."""
     level, spent, tau = tg.look_level(5, 5, 5, 2, 15, 0.01, "obf")
     assert tau == pytest.approx(2 / 3) and level == spent == pytest.approx(0.0016064, rel=1e-4)
-    g = tg.decide(BASE, [920.0, 931.0, 915.0, 925.0, 918.0], bootstrap=0, spending="obf", candidate_min_runs=5)
+    g = tg.decide(BASE, [920.0, 931.0, 915.0, 925.0, 918.0], bootstrap=0, spending="obf", candidate_min_runs=5,
+                  reserve=0.0)
     assert g["look"]["nominal_regression"] == pytest.approx(level)
     assert g["look"]["nominal_pass"] == pytest.approx(tg.look_level(5, 5, 5, 2, 15, 0.005, "obf")[0])
+    # with the default reserve of 0.3 for the last look, the first look spends 0.7 of that
+    assert tg.decide(BASE, [920.0, 931.0, 915.0, 925.0, 918.0], bootstrap=0, spending="obf", candidate_min_runs=5
+                     )["look"]["nominal_regression"] == pytest.approx(0.7 * level)
     # the interval is the repeated confidence interval at this look's levels, around the ratio
     assert g["interval"][0] < g["ratio"] < g["interval"][1] < 0.95
 
 
 def test_default_first_look_is_pocock_at_four_runs_by_hand():
-    """5 vs 4 runs: tau = (1/5 + 1/15) / (1/5 + 1/4) = 0.59259; Pocock spends 0.01 ln(1 + (e - 1) tau) = 0.0070223."""
+    """5 vs 4 runs: tau = (1/5 + 1/15) / (1/5 + 1/4) = 0.59259; Pocock spends 0.01 ln(1 + (e - 1) tau) = 0.0070223,
+    of which the default design (reserve 0.3 for the last look) spends 0.7 x 0.0070223 = 0.0049156 at this look."""
     level, spent, tau = tg.look_level(5, 4, 4, 2, 15, 0.01, "pocock")
     assert tau == pytest.approx(16 / 27) and level == spent == pytest.approx(0.0070223, rel=1e-4)
     g = tg.decide(BASE, [920.0, 931.0, 915.0, 925.0], bootstrap=0)
-    assert g["look"]["nominal_regression"] == pytest.approx(level) and g["decision"] == "regression"
+    assert g["look"]["nominal_regression"] == pytest.approx(0.0049156, rel=1e-4) and g["decision"] == "regression"
+    spent = 0.7 * spent
     # the second look (6 runs) may spend only the increment
-    second = tg.look_level(5, 6, 4, 2, 15, 0.01, "pocock")
+    second = tg.look_level(5, 6, 4, 2, 15, 0.01, "pocock", 0.3)
     assert second[0] == pytest.approx(second[1] - spent) and second[0] < level
 
 
@@ -214,10 +220,98 @@ def test_decision_flips_exactly_at_the_boundary():
     verdicts = []
     for k in range(60):
         ratio = 0.90 + k * 0.001
-        g = tg.decide(BASE, [ratio * 1000 * s for s in shape], bootstrap=0)
+        g = tg.decide(BASE, [ratio * 1000 * s for s in shape], bootstrap=0, spending="obf", candidate_min_runs=5)
         verdicts.append((g["ratio"], g["p_value"], g["decision"]))
     for r, p, decision in verdicts:
         assert (decision == "regression") == (r < 0.95 and p <= level)
+    assert {d for _r, _p, d in verdicts} >= {"regression", "inconclusive"}
+
+
+def test_default_design_flips_exactly_at_both_boundaries():
+    """Pocock, first look at 4: regression below the threshold with p <= its level; pass from the pass floor (0.9625)
+    with p(lost 8%) <= its level; in between (the indifference zone) more runs. Scanned across all three answers."""
+    shape = [0.995, 1.006, 0.999, 1.004]
+    reg = tg.look_level(5, 4, 4, 2, 15, 0.01, "pocock", 0.3)[0]
+    pas = tg.look_level(5, 4, 4, 2, 15, 0.005, "pocock", 0.3)[0]
+    seen = set()
+    for k in range(120):
+        g = tg.decide(BASE, [(0.90 + k * 0.001) * 1000 * s for s in shape], bootstrap=0)
+        assert g["look"]["nominal_regression"] == pytest.approx(reg) and g["look"]["nominal_pass"] == pytest.approx(pas)
+        want = ("regression" if g["ratio"] < 0.95 and g["p_value"] <= reg else
+                "pass" if g["ratio"] >= 1 - 0.75 * 0.05 and g["p_value_pass"] <= pas else "inconclusive")
+        assert g["decision"] == want, (g["ratio"], g["reason"])
+        seen.add(want)
+    assert seen == {"regression", "inconclusive", "pass"}
+
+
+def test_pass_floor_holds_back_a_quiet_candidate_just_above_the_threshold():
+    quiet = [r * 0.955 for r in BASE[:4]]
+    g = tg.decide(BASE, quiet, bootstrap=0)
+    assert g["p_value_pass"] <= g["look"]["nominal_pass"] and g["ratio"] < 1 - 0.75 * 0.05
+    assert g["decision"] == "inconclusive" and g["runs_needed"] == 2
+    assert tg.decide(BASE, quiet, bootstrap=0, pass_floor=1.0)["decision"] == "pass"  # the floor at the threshold
+
+
+@pytest.mark.parametrize("reserve", [0.0, 0.3, 0.6])
+def test_the_last_look_spends_the_reserve(reserve):
+    """With a reserve r the looks before the last spend (1 - r) x the spending function, the last what is left."""
+    looks = tg.schedule(4, 2, 15)
+    levels = [tg.look_level(5, n, 4, 2, 15, 0.01, "pocock", reserve) for n in looks]
+    assert sum(level for level, _s, _t in levels) == pytest.approx(0.01)
+    before_last = (1 - reserve) * tg.spent_alpha(0.01, levels[-2][2], "pocock")
+    assert levels[-2][1] == pytest.approx(before_last) and levels[-1][0] == pytest.approx(0.01 - before_last)
+    assert all(level > 0 for level, _s, _t in levels)
+
+
+# A flat baseline and a candidate that rises 1% a run: at the second look (6 runs) the ratio clears the pass floor,
+# but one trend shared by both sides explains it; taken out, the candidate is 6% below the baseline.
+RISING = [950.0, 961.0, 969.0, 981.0, 990.0, 1000.0]
+
+
+def test_trend_guard_withholds_a_pass_the_trend_could_make():
+    g = tg.decide(BASE, RISING, bootstrap=0)
+    assert g["ratio"] > 1 - 0.75 * 0.05 and g["p_value_pass"] <= g["look"]["nominal_pass"]
+    assert g["trend"]["p_rising"] <= 0.1 and g["trend"]["adjusted_ratio"] < 0.95
+    assert (g["decision"], g["final"], g["runs_needed"]) == ("inconclusive", False, 2)
+    assert "rise steadily" in g["reason"] and "the pass no longer holds" in g["reason"]
+    # without the guard the same runs pass; at the cap the guard's answer is a final inconclusive
+    assert tg.decide(BASE, RISING, bootstrap=0, trend_guard=0.0)["decision"] == "pass"
+    capped = tg.decide(BASE, RISING, bootstrap=0, max_runs=6)
+    assert (capped["decision"], capped["final"], capped["decided_by"]) == ("inconclusive", True, "drift")
+
+
+def test_trend_guard_withholds_a_regression_the_trend_could_make():
+    falling = [r * 0.91 for r in [1050.0, 1039.0, 1031.0, 1019.0, 1010.0, 1000.0]]  # 1% a run down, 93% on average
+    g = tg.decide(BASE, falling, bootstrap=0)
+    assert g["ratio"] < 0.95 and g["p_value"] <= g["look"]["nominal_regression"]
+    assert g["trend"]["p_falling"] <= 0.1 and g["trend"]["adjusted_ratio"] >= 0.95
+    assert g["decision"] == "inconclusive" and "fall steadily" in g["reason"]
+    assert tg.decide(BASE, falling, bootstrap=0, trend_guard=0.0)["decision"] == "regression"
+
+
+def test_trend_guard_is_off_at_the_first_look_and_for_a_single_look():
+    g = tg.decide(BASE, RISING[:4], bootstrap=0)
+    assert "adjusted_ratio" not in g["trend"] and "steadily" not in g["reason"]
+    fixed = tg.decide(BASE, RISING, bootstrap=0, candidate_min_runs=6, max_runs=6)
+    assert "adjusted_ratio" not in fixed["trend"] and fixed["decision"] == "pass"
+
+
+def test_a_screened_baseline_run_is_replaced_before_the_change():
+    base = [1000.0, 1012.0, 500.0, 1005.0, 997.0]
+    g = tg.decide(base, [], bootstrap=0)
+    assert (g["decided_by"], g["baseline_runs_needed"], g["final"]) == ("baseline-screened", 1, False)
+    assert g["screened"][0]["index"] == 2 and "in its place" in g["reason"]
+    ready = tg.decide(base + [1003.0], [], bootstrap=0)
+    assert ready["decided_by"] == "baseline-ready" and len(ready["screened"]) == 1
+
+
+def test_replay_judges_stored_runs_look_by_look():
+    same = [1001.0, 1010.0, 993.0, 1004.0, 999.0, 1006.0, 995.0, 1002.0]
+    r = tg.replay(BASE, same, bootstrap=0)
+    assert (r["decision"], r["candidate_runs_used"]) == ("pass", 4)  # the first look decided; later runs unused
+    noisy = [900.0, 1100.0, 950.0, 1060.0, 980.0, 1020.0, 930.0]
+    r = tg.replay(BASE, noisy, bootstrap=0)
+    assert (r["decision"], r["final"], r["candidate_runs_used"], r["runs_needed"]) == ("inconclusive", False, 6, 2)
 
 
 def test_screen_one():
@@ -264,6 +358,10 @@ def test_numbers_as_strings_and_bools():
     ({"power": 0.3}, "power must be in [0.5, 1)"),
     ({"detect": 0.03}, "detect must be a drop larger than the margin"),
     ({"candidate_min_runs": 2}, "candidate_min_runs must be between 3 and max_runs"),
+    ({"pass_floor": 0}, "pass_floor must be in (0, 1]"),
+    ({"reserve": 1.0}, "reserve must be in [0, 1)"),
+    ({"trend_guard": 0.5}, "trend_guard must be in [0, 0.5)"),
+    ({"guard_from": 0}, "guard_from must be at least 1"),
 ])
 def test_bad_settings(kwargs, fragment):
     with pytest.raises(tg.GateError) as err:
