@@ -77,7 +77,7 @@ options:
     type: int
     default: 5
   candidate_min_runs:
-    description: Candidate runs at the first look (V(4): with 5 baseline runs a quiet host is decided after 9 runs in all).
+    description: Candidate runs at the first look (with V(4) and 5 baseline runs a quiet host is decided after 9 runs in all).
     type: int
     default: 4
   step:
