@@ -366,7 +366,7 @@ def main():
             screen_alpha=dict(type="float", default=0.001),
             drift_alpha=dict(type="float", default=0.001),
             trend_guard=dict(type="float", default=0.1),
-            pass_floor=dict(type="float", default=0.75),
+            pass_floor=dict(type="float", default=0.75, no_log=False),
             baseline_failed=dict(type="int", default=0),
             baseline_requests=dict(type="int", default=0),
             candidate_failed=dict(type="int", default=0),
