@@ -8,16 +8,29 @@ from __future__ import annotations
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide
 
+FLOATS = ("threshold", "alpha", "pass_alpha", "detect", "power", "screen_alpha", "drift_alpha", "trend_guard", "pass_floor")
+INTS = ("min_runs", "candidate_min_runs", "max_runs", "step", "max_baseline_runs", "baseline_step", "bootstrap", "seed",
+        "baseline_failed", "baseline_requests", "candidate_failed", "candidate_requests", "requests_per_run")
 
-def throughput_gate(baseline, candidate, threshold=0.95, alpha=0.01, pass_alpha=0.05, min_runs=5, max_runs=15,
-                    bootstrap=2000, seed=0, unit="tok/s"):
+
+def throughput_gate(baseline, candidate, threshold=0.95, alpha=0.01, pass_alpha=0.005, min_runs=5, max_runs=15,
+                    bootstrap=2000, seed=0, unit="tok/s", **options):
     """Judge candidate runs against baseline runs; see gpufleet.inference.throughput_gate."""
+    known = set(FLOATS) | set(INTS) | {"spending"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise AnsibleFilterError(f"throughput_gate: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
     try:
+        extra = {}
+        for name, value in options.items():
+            if value is None:
+                continue
+            extra[name] = float(value) if name in FLOATS else int(value) if name in INTS else str(value)
         return decide(list(baseline) if isinstance(baseline, tuple) else baseline,
                       list(candidate) if isinstance(candidate, tuple) else candidate,
                       threshold=float(threshold), alpha=float(alpha), pass_alpha=float(pass_alpha),
                       min_runs=int(min_runs), max_runs=int(max_runs), bootstrap=int(bootstrap), seed=int(seed),
-                      unit=str(unit))
+                      unit=str(unit), **extra)
     except (GateError, TypeError, ValueError) as err:
         raise AnsibleFilterError(f"throughput_gate: {err}") from err
 

@@ -6,10 +6,12 @@
 Two rules, both answering with their uncertainty:
 
 * **Consecutive drop** (the flag): each run's per-run output tok/s samples are judged against the
-  previous run's by the collection's throughput gate (``throughput_gate.decide``: median ratio below
-  ``threshold`` *and* a one-sided Mann-Whitney U test at ``alpha``, with a bootstrap interval of the
-  ratio). A drop is flagged only when the gate says ``regression``; its p-value and interval are
-  reported. Runs with fewer samples than the gate can judge (``min_runs``) are not flagged, and say so.
+  previous run's by the collection's throughput gate (``throughput_gate.decide``: the ratio of geometric
+  means below ``threshold`` *and* a one-sided t-test on log throughput at ``alpha``, with a bootstrap
+  interval of the median ratio). Stored runs cannot be extended, so the gate is asked for one look at
+  all of them (``candidate_min_runs = max_runs`` = the later run's samples: a fixed test spending the
+  whole ``alpha``). A drop is flagged only when the gate says ``regression``; its p-value and interval
+  are reported. Runs with fewer samples than the gate can judge (``min_runs``) are not flagged, and say so.
 * **E-divisive means** over the series of run medians, as Hunter (MongoDB's and DataStax's
   change-point tool, Matteson & James 2014) does: the split maximising the energy statistic
   ``Q = (m n / (m + n)) (2 E|X-Y| - E|X-X'| - E|Y-Y'|)``, kept when a seeded permutation test gives
@@ -64,9 +66,10 @@ def consecutive_drops(runs: Sequence[dict[str, Any]], threshold: float = 0.95, a
             out.append(entry)
             continue
         try:
-            # never "at the cap": a stored run cannot be extended, so only the test may flag a drop
+            # a stored run cannot be extended: one look at all its samples, a fixed test at the whole alpha
+            n_cur = len(cur["samples"])
             verdict = decide(prev["samples"], cur["samples"], threshold=threshold, alpha=alpha, min_runs=min_runs,
-                             max_runs=max(min_runs, len(cur["samples"])) + 1, bootstrap=1000)
+                             candidate_min_runs=n_cur, max_runs=n_cur, bootstrap=1000)
         except GateError as err:
             entry["reason"] = f"not judged: {err}"
             out.append(entry)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 from urllib.parse import urlsplit
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import drift_warning, trend
+from ansible_collections.gpufleet.inference.plugins.module_utils.gate_stats import drift_warning, trend
 
 CLIENT_NAME = "gpufleet.inference_client"
 CLIENT_VERSION = "1"
@@ -423,6 +423,26 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
         mean_k = max(1.0, (n_out - 1) / (len(token_chunks) - 1))
         itl = [(t_cur - t_prev) / mean_k for (t_prev, _a), (t_cur, _b) in zip(token_chunks, token_chunks[1:])]
     return RequestMetrics(True, None, n_out, rec.usage_prompt, ttft, latency, tpot, itl, source, exact, len(times))
+
+
+def check_protocol(rec: RequestRecord, max_tokens: int | None) -> None:
+    """Mark a finished request whose token counts contradict each other as a protocol error (it is no throughput).
+
+    ``usage.completion_tokens`` above the ``max_tokens`` asked for, a cumulative per-chunk count that goes down, or
+    chunks that streamed more tokens than the final usage reports.
+    """
+    if rec.error or not rec.done:
+        return
+    if max_tokens and rec.usage_completion is not None and rec.usage_completion > max_tokens:
+        rec.error = (f"protocol error: usage.completion_tokens {rec.usage_completion} exceeds the max_tokens "
+                     f"{max_tokens} asked for")
+        return
+    seen = [u for u in rec.chunk_usage if u is not None]
+    if any(b < a for a, b in zip(seen, seen[1:])):
+        rec.error = "protocol error: the streamed cumulative usage.completion_tokens went down between chunks"
+    elif seen and rec.usage_completion is not None and seen[-1] > rec.usage_completion:
+        rec.error = (f"protocol error: the chunks streamed {seen[-1]} tokens but the final usage.completion_tokens "
+                     f"says {rec.usage_completion}")
 
 
 def _error_key(error: str) -> str:
@@ -820,6 +840,12 @@ class BenchmarkConfig:
     seed: int = 0
     ignore_eos: bool = True
     timeout: float = 300.0
+    # Stop a run (and the benchmark) once more than this share of its requests failed (1: never).
+    max_error_rate: float = 1.0
+    # Seconds the whole benchmark may take, preflight included (0: no limit).
+    deadline: float = 0.0
+    # Measured runs only: no warm-up requests, no settle runs (more runs of a server that was just benchmarked).
+    measured_only: bool = False
     prompt_mode: str = "token_ids"
     token_id_range: list[int] = field(default_factory=lambda: list(DEFAULT_TOKEN_ID_RANGE))
     per_chunk_usage: bool = True
@@ -837,7 +863,8 @@ class BenchmarkConfig:
                 "repetitions": self.repetitions, "seed": self.seed, "ignore_eos": self.ignore_eos,
                 "timeout": self.timeout, "prompt_mode": self.prompt_mode, "token_id_range": list(self.token_id_range),
                 "per_chunk_usage": self.per_chunk_usage, "settle_runs": self.settle_runs,
-                "settle_tolerance": self.settle_tolerance}
+                "settle_tolerance": self.settle_tolerance, "max_error_rate": self.max_error_rate,
+                "deadline": self.deadline, "measured_only": self.measured_only}
 
 
 def check_config(cfg: BenchmarkConfig) -> Endpoint:
@@ -876,6 +903,11 @@ def check_config(cfg: BenchmarkConfig) -> Endpoint:
                          "(several times as many for a steady state)")
     if not isinstance(cfg.timeout, (int, float)) or isinstance(cfg.timeout, bool) or cfg.timeout <= 0:
         raise ValueError(f"timeout must be a positive number of seconds, got {cfg.timeout!r}")
+    if isinstance(cfg.deadline, bool) or not isinstance(cfg.deadline, (int, float)) or cfg.deadline < 0:
+        raise ValueError(f"deadline must be 0 (none) or a positive number of seconds, got {cfg.deadline!r}")
+    rate = cfg.max_error_rate
+    if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+        raise ValueError(f"max_error_rate must be between 0 and 1, got {rate!r}")
     if cfg.prompt_mode not in ("token_ids", "text"):
         raise ValueError(f"prompt_mode must be token_ids or text, got {cfg.prompt_mode!r}")
     rng = cfg.token_id_range
@@ -986,31 +1018,83 @@ async def preflight(cfg: BenchmarkConfig, pool: ConnectionPool, model: str) -> d
             "per_chunk_usage_seen": metrics.tokens_source != "chunks" and all(u is not None for u in rec.chunk_usage)}
 
 
+class RunStopped(BenchmarkError):
+    """A run passed its error budget (``max_error_rate``); the records so far say why."""
+
+    def __init__(self, message: str, records: list[RequestRecord]) -> None:
+        super().__init__(message)
+        self.records = records
+
+
+def _reasons(records: Sequence[RequestRecord]) -> str:
+    counts: dict[str, int] = {}
+    for rec in records:
+        if rec.error:
+            key = _error_key(rec.error)
+            counts[key] = counts.get(key, 0) + 1
+    return "; ".join(f"{n} x {reason}" for reason, n in sorted(counts.items(), key=lambda kv: -kv[1])[:3])
+
+
 async def run_batch(pool: ConnectionPool, bodies: Sequence[bytes], headers: dict[str, str], concurrency: int,
-                    timeout: float) -> tuple[list[RequestRecord], float]:
+                    timeout: float, max_error_rate: float = 1.0,
+                    max_tokens: int | None = None) -> tuple[list[RequestRecord], float]:
     """Closed loop: ``concurrency`` workers each send the next request as soon as theirs finished.
 
-    Returns the records in request order and the window from the first write to the last finish.
+    Returns the records in request order and the window from the first write to the last finish. Each record is
+    checked for protocol errors against ``max_tokens``. Once more than ``max_error_rate`` of the batch's requests
+    failed, the batch can no longer be valid: the requests in flight are cancelled and RunStopped is raised.
     """
     records: list[RequestRecord | None] = [None] * len(bodies)
     cursor = iter(range(len(bodies)))
+    budget = max_error_rate * len(bodies)
+    failed = [0]
+    stop = asyncio.Event()
 
     async def worker() -> None:
         for i in cursor:
-            records[i] = await timed_request(pool, bodies[i], headers, timeout)
+            if stop.is_set():
+                return
+            rec = await timed_request(pool, bodies[i], headers, timeout)
+            check_protocol(rec, max_tokens)
+            records[i] = rec
+            if not request_metrics(rec).ok:
+                failed[0] += 1
+                if failed[0] > budget:
+                    stop.set()
+                    return
 
-    await pool.prefill(min(concurrency, len(bodies)))
+    workers = min(concurrency, len(bodies))
+    await pool.prefill(workers)
     t0 = time.perf_counter()
-    await asyncio.gather(*[worker() for _i in range(min(concurrency, len(bodies)))])
+    tasks = [asyncio.ensure_future(worker()) for _i in range(workers)]
+    stopper = asyncio.ensure_future(stop.wait())
+    everything = asyncio.ensure_future(asyncio.gather(*tasks))
+    try:
+        await asyncio.wait({everything, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+        if not everything.done():
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            everything.cancel()
+        if everything.done() and not everything.cancelled():
+            everything.exception()  # retrieved, so a cancelled worker is not logged as an unhandled error
     window = time.perf_counter() - t0
-    return [r for r in records if r is not None], window
+    done = [r for r in records if r is not None]
+    if stop.is_set():
+        raise RunStopped(f"{failed[0]} of {len(done)} requests failed, past max_error_rate {max_error_rate:.1%} of a "
+                         f"run of {len(bodies)} (stopped early): {_reasons(done)}", done)
+    everything.result()
+    return done, window
 
 
 async def measured_run(pool: ConnectionPool, bodies: Sequence[bytes], headers: dict[str, str], concurrency: int,
-                       timeout: float, max_tokens: int | None) -> tuple[dict[str, Any], list[RequestRecord]]:
+                       timeout: float, max_tokens: int | None, max_error_rate: float = 1.0,
+                       limit: int | None = None) -> tuple[dict[str, Any], list[RequestRecord]]:
     """One measured run and its summary, with the client's own CPU use over the window."""
     cpu0 = time.process_time()
-    records, window = await run_batch(pool, bodies, headers, concurrency, timeout)
+    records, window = await run_batch(pool, bodies, headers, concurrency, timeout, max_error_rate, limit)
     summary = run_summary(records, window, max_tokens)
     summary["client_cpu_pct"] = round(100.0 * (time.process_time() - cpu0) / max(window, 1e-9), 1)
     return summary, records
@@ -1020,7 +1104,8 @@ async def level_run(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, head
                     key: str) -> tuple[dict[str, Any], list[RequestRecord]]:
     """One run of ``requests`` requests at ``level``, its prompts keyed ``c<level>/<key>/<i>``."""
     bodies = [_body(cfg, model, f"c{level}/{key}/{i}") for i in range(cfg.requests)]
-    return await measured_run(pool, bodies, headers, level, cfg.timeout, cfg.output_tokens if cfg.ignore_eos else None)
+    return await measured_run(pool, bodies, headers, level, cfg.timeout, cfg.output_tokens if cfg.ignore_eos else None,
+                              cfg.max_error_rate, cfg.output_tokens)
 
 
 async def settle(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers: dict[str, str],
@@ -1043,38 +1128,74 @@ async def settle(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers
 async def benchmark(cfg: BenchmarkConfig, progress=None, monitor=None) -> dict[str, Any]:
     """The sweep: discover, preflight, then for each level warm-up requests, settle runs and ``repetitions`` measured runs.
 
+    ``measured_only`` skips the warm-up requests and settle runs. A run past ``max_error_rate`` stops the sweep and
+    ``deadline`` bounds the whole call; both raise BenchmarkError saying where the sweep stood.
+
     ``monitor(pool, headers)``, when given, returns a load_monitor.InFlightMonitor that watches the
     server's own in-flight count during each measured run (its verdict lands in ``server_load``)."""
     endpoint = check_config(cfg)
     pool = ConnectionPool(endpoint, make_ssl_context(cfg, endpoint))
     started = time.time()
-    try:
-        server = await discover(cfg, pool)
+    where = {"stage": "discovery", "level": None, "runs": 0}
+    levels: list[dict[str, Any]] = []
+    server: dict[str, Any] = {}
+
+    async def sweep() -> None:
+        server.update(await discover(cfg, pool))
         model = server["model"]
+        where["stage"] = "preflight"
         server["preflight"] = await preflight(cfg, pool, model)
         headers = auth_headers(cfg)
-        levels = []
         for level in cfg.concurrency:
-            if cfg.warmup:
-                warm = [_body(cfg, model, f"c{level}/warmup/{i}") for i in range(cfg.warmup)]
-                await run_batch(pool, warm, headers, level, cfg.timeout)
-            settled = await settle(pool, cfg, model, headers, level) if cfg.settle_runs else None
+            where.update(level=level, runs=0)
+            settled = None
+            if not cfg.measured_only:
+                where["stage"] = "warm-up"
+                if cfg.warmup:
+                    warm = [_body(cfg, model, f"c{level}/warmup/{i}") for i in range(cfg.warmup)]
+                    await run_batch(pool, warm, headers, level, cfg.timeout, cfg.max_error_rate, cfg.output_tokens)
+                where["stage"] = "settle runs"
+                settled = await settle(pool, cfg, model, headers, level) if cfg.settle_runs else None
+            where["stage"] = "measured runs"
             runs = []
             all_records: list[RequestRecord] = []
             for rep in range(cfg.repetitions):
                 watch = monitor(pool, headers) if monitor else None
                 if watch:
                     await watch.start()
-                summary, records = await level_run(pool, cfg, model, headers, level, f"r{rep}")
-                if watch:
-                    summary["server_load"] = await watch.stop(level)
-                    watch.close()
+                try:
+                    summary, records = await level_run(pool, cfg, model, headers, level, f"r{rep}")
+                    if watch:
+                        summary["server_load"] = await watch.stop(level)
+                finally:
+                    if watch:
+                        watch.close()
                 summary.update(concurrency=level, repetition=rep)
                 runs.append(summary)
                 all_records.extend(records)
+                where["runs"] = rep + 1
                 if progress:
                     progress(summary)
             levels.append(level_summary(level, runs, all_records, settled))
+
+    def at() -> str:
+        if where["level"] is None:
+            return f"at the {where['stage']}"
+        return f"at concurrency {where['level']}, {where['stage']}, after {where['runs']} measured runs"
+
+    try:
+        if cfg.deadline:
+            await asyncio.wait_for(sweep(), cfg.deadline)
+        else:
+            await sweep()
+    except asyncio.TimeoutError:
+        raise BenchmarkError(
+            f"The benchmark of {endpoint.url} did not finish within its deadline of {cfg.deadline:g} s ({at()}): the "
+            "server stopped answering or is far slower than planned. Read the server's log (a hung engine answers "
+            "/v1/models but no completion); raise deadline only for a server known to be this slow.") from None
+    except RunStopped as err:
+        raise BenchmarkError(f"Stopped the benchmark of {endpoint.url} {at()}: {err}. Read the server's log; a server "
+                             "that errors under load is not a valid baseline or candidate.") from None
     finally:
         pool.close()
     finished = time.time()
@@ -1109,7 +1230,7 @@ def _iso(ts: float) -> str:
 
 def plan(cfg: BenchmarkConfig) -> dict[str, Any]:
     """What a sweep will send, for check mode and logs (settle runs counted at their most)."""
-    per_level = cfg.warmup + cfg.requests * (cfg.settle_runs + cfg.repetitions)
+    per_level = (0 if cfg.measured_only else cfg.warmup + cfg.requests * cfg.settle_runs) + cfg.requests * cfg.repetitions
     return {"levels": list(cfg.concurrency), "requests_per_level": per_level,
             "requests_total": 1 + per_level * len(cfg.concurrency),
             "output_tokens_total": cfg.output_tokens * per_level * len(cfg.concurrency)}
@@ -1131,7 +1252,7 @@ def config_from_params(params: dict[str, Any]) -> BenchmarkConfig:
     """A checked BenchmarkConfig from the module's parameters; ValueError naming the bad one."""
     keys = ("url", "model", "api_key", "prompt_tokens", "output_tokens", "concurrency", "requests", "warmup",
             "repetitions", "seed", "ignore_eos", "timeout", "prompt_mode", "token_id_range", "per_chunk_usage",
-            "validate_certs", "ca_path", "settle_runs", "settle_tolerance")
+            "validate_certs", "ca_path", "settle_runs", "settle_tolerance", "max_error_rate", "deadline", "measured_only")
     cfg = BenchmarkConfig(**{k: params[k] for k in keys if k in params and params[k] is not None})
     cfg.concurrency = list(cfg.concurrency)
     cfg.token_id_range = list(cfg.token_id_range)

@@ -16,7 +16,10 @@ the controller can be lost, and moved to the history when the upgrade ends.
 
 Stages, in order (see docs/roles/kernel_upgrade.md for the diagram):
 
-``baseline``   the old kernel (the saved default, running) was measured; nothing changed yet.
+``baseline``   the old kernel (the saved default, running) was measured; nothing changed yet. The gate
+               judges the baseline alone first (``decide(baseline, [])``): while its spread is too wide
+               for the margin it asks for more baseline runs (the gated level only, measured only), up to
+               its cap; a host still too noisy, or drifting, stops here (``inconclusive``, nothing changed).
 ``pinned``     the old kernel is pinned as the GRUB default (and panic= is on the command line).
 ``installed``  the target is installed and passed its post-install checks.
 ``boot_once``  the boot-health unit is installed and the one-shot boot is about to happen
@@ -32,7 +35,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide
+from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import CANDIDATE_MIN_RUNS, GateError, decide
 
 JOURNAL_FORMAT = "gpufleet.kernel_upgrade_journal/1"
 STAGES = ("baseline", "pinned", "installed", "boot_once", "booted", "candidate", "verdict",
@@ -170,18 +173,43 @@ def gated_level(data: dict[str, Any]) -> tuple[int | None, list[float], list[str
 def _bench_side(data: dict[str, Any]) -> dict[str, Any]:
     level, samples, dirty = gated_level(data)
     return {"samples": samples, "files": list(data.get("files") or []), "kernel": data.get("kernel"),
-            "concurrency": level, "duration_s": data.get("duration_s"), "contaminated": dirty, "rounds": 1}
+            "concurrency": level, "duration_s": data.get("duration_s"), "contaminated": dirty, "rounds": 1,
+            "failed": int(data.get("failed") or 0), "requests": int(data.get("requests") or 0)}
+
+
+def _add_rounds(side: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """A side with another round's runs, files, contaminated runs and failures added."""
+    return {**side, "samples": side["samples"] + more["samples"], "files": side["files"] + more["files"],
+            "contaminated": side["contaminated"] + more["contaminated"], "rounds": int(side.get("rounds", 1)) + 1,
+            "failed": int(side.get("failed") or 0) + more["failed"],
+            "requests": int(side.get("requests") or 0) + more["requests"]}
+
+
+def _failures(journal: dict[str, Any]) -> dict[str, int]:
+    """Failed requests and short outputs of each side, for the gate (a candidate that fails more cannot pass)."""
+    base, cand = journal.get("baseline") or {}, journal.get("candidate") or {}
+    return {"baseline_failed": int(base.get("failed") or 0), "baseline_requests": int(base.get("requests") or 0),
+            "candidate_failed": int(cand.get("failed") or 0), "candidate_requests": int(cand.get("requests") or 0)}
 
 
 def _gate_settings(obs: dict[str, Any]) -> dict[str, Any]:
     g = obs["settings"].get("gate") or {}
-    return {"threshold": float(g.get("threshold", 0.95)), "alpha": float(g.get("alpha", 0.01)),
-            "pass_alpha": float(g.get("pass_alpha", 0.05)), "min_runs": int(g.get("min_runs", 5)),
-            "max_runs": int(g.get("max_runs", 15))}
+    out = {"threshold": float(g.get("threshold", 0.95)), "alpha": float(g.get("alpha", 0.01)),
+           "pass_alpha": float(g.get("pass_alpha", 0.005)), "min_runs": int(g.get("min_runs", 5)),
+           "max_runs": int(g.get("max_runs", 15)),
+           "candidate_min_runs": int(g.get("candidate_min_runs") or CANDIDATE_MIN_RUNS)}
+    if g.get("max_baseline_runs"):
+        out["max_baseline_runs"] = int(g["max_baseline_runs"])
+    if g.get("requests_per_run"):
+        out["requests_per_run"] = int(g["requests_per_run"])
+    return out
 
 
-def _benchmark(label: str, runs: int, seed: int) -> dict[str, Any]:
-    return {"name": "benchmark", "label": label, "runs": int(runs), "seed": int(seed)}
+def _benchmark(label: str, runs: int, seed: int, level: int | None = None, measured_only: bool = False) -> dict[str, Any]:
+    """A benchmark action. Extra rounds (``measured_only``) run only the gated ``level``, without warm-up or
+    settle runs; ``concurrency`` None means every configured level."""
+    return {"name": "benchmark", "label": label, "runs": int(runs), "seed": int(seed), "measured_only": measured_only,
+            "concurrency": int(level) if measured_only and level else None}
 
 
 # ---- before any journal ------------------------------------------------------------------------
@@ -292,19 +320,69 @@ def on_baseline(obs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
                         "saved default: measure the baseline again")
     journal = new_journal(obs)
     journal["baseline"] = _bench_side(data)
-    contaminated = journal["baseline"]["contaminated"]
-    if contaminated:
-        journal["verdict"] = {"decision": "inconclusive", "at": obs["now"], "reason": (
-            f"inconclusive: the baseline on {obs['running']} was contaminated by foreign load (runs "
-            f"{', '.join(contaminated)}: the server held more requests than the benchmark sent), so no gate can be "
-            "trusted; nothing was changed. Drain the host (stop other clients, take it out of the load balancer) and "
-            "run again.")}
-        _stamp(journal, obs, "stopped", "baseline contaminated")
-        return journal, finish("inconclusive", journal["verdict"]["reason"])
-    _stamp(journal, obs, "baseline", f"{len(journal['baseline']['samples'])} runs")
-    if obs["settings"].get("verify_pcie", True):
-        return journal, {"name": "audit"}
-    return journal, pin_action(journal, obs)
+    return judge_baseline(journal, obs)
+
+
+def _stop_before_change(journal: dict[str, Any], obs: dict[str, Any], decision: str, reason: str,
+                        note: str) -> tuple[dict, dict]:
+    """End an upgrade that changed nothing yet (stage baseline): the verdict is kept, nothing to roll back."""
+    journal["verdict"] = {"decision": decision, "reason": reason.strip(), "at": obs["now"]}
+    _stamp(journal, obs, "stopped", note)
+    return journal, finish(decision, reason)
+
+
+def judge_baseline(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[dict, dict]:
+    """Before the pin: the gate judges the baseline alone. More baseline runs while it asks for them (the
+    baseline cannot be extended after the reboot), a stop with nothing changed when the host is too noisy
+    or drifting, else on to the PCIe audit or the pin."""
+    base = journal["baseline"]
+    if base["contaminated"]:
+        return _stop_before_change(journal, obs, "inconclusive", (
+            f"inconclusive: the baseline on {journal['old']} was contaminated by foreign load (runs "
+            f"{', '.join(base['contaminated'])}: the server held more requests than the benchmark sent), so no gate "
+            "can be trusted; nothing was changed. Drain the host (stop other clients, take it out of the load "
+            "balancer) and run again."), "baseline contaminated")
+    g = _gate_settings(obs)
+    fails = _failures(journal)
+    try:
+        gate = decide(base["samples"], [], baseline_failed=fails["baseline_failed"],
+                      baseline_requests=fails["baseline_requests"], **g)
+    except GateError as err:
+        return _stop_before_change(journal, obs, "error", f"the gate could not judge the baseline: {err} (before any "
+                                   "change to the host)", "baseline not judged")
+    journal["baseline_gate"] = gate
+    runs, rounds = len(base["samples"]), int(base.get("rounds", 1))
+    cap = int(g.get("max_baseline_runs", 15))
+    if not gate.get("final") and gate.get("baseline_runs_needed", 0) > 0 and rounds <= cap:
+        _stamp(journal, obs, "baseline", f"baseline round {rounds}: {gate['reason']}")
+        return journal, _benchmark("baseline", gate["baseline_runs_needed"], 100 + rounds, base.get("concurrency"),
+                                   measured_only=True)
+    if gate.get("final") or gate.get("decided_by") != "baseline-ready":
+        reason = gate.get("reason") or f"the baseline was not ready after {runs} runs"
+        if "nothing was changed" not in reason.lower():
+            reason += ". Nothing was changed."
+        return _stop_before_change(journal, obs, "inconclusive", reason, gate.get("decided_by") or "baseline not ready")
+    _stamp(journal, obs, "baseline", f"{runs} runs, {gate['reason']}")
+    return journal, after_baseline(journal, obs)
+
+
+def after_baseline(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
+    if obs["settings"].get("verify_pcie", True) and journal.get("findings_before") is None:
+        return {"name": "audit"}
+    return pin_action(journal, obs)
+
+
+def on_baseline_more(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[dict, dict]:
+    """More baseline runs the baseline gate asked for, still on the old kernel, its saved default."""
+    data = obs["data"]
+    if (journal.get("baseline_gate") or {}).get("decided_by") == "baseline-ready" or journal.get("findings_before") is not None:
+        raise FlowError("more baseline runs arrived, but the baseline was already judged ready: nothing was changed")
+    if obs["running"] != journal["old"] or obs["default"] != journal["old"] or data.get("kernel") not in (None, journal["old"]):
+        raise FlowError(f"baseline runs arrived from {data.get('kernel') or obs['running']} (saved default "
+                        f"{obs['default']}), but the baseline belongs to {journal['old']}, running as the saved default")
+    journal["baseline"] = _add_rounds(journal["baseline"], _bench_side(data))
+    journal["updated_at"] = obs["now"]
+    return judge_baseline(journal, obs)
 
 
 def pin_action(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
@@ -312,6 +390,8 @@ def pin_action(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
 
 
 def on_audited(journal, obs):
+    if (journal.get("baseline_gate") or {}).get("decided_by") != "baseline-ready":
+        raise FlowError("a PCIe audit arrived before the baseline was judged ready; nothing was changed")
     if journal["stage"] != "baseline":
         raise FlowError(f"a PCIe audit arrived at stage {journal['stage']}; it belongs after the baseline")
     journal["findings_before"] = finding_keys(obs["data"].get("findings"))
@@ -400,7 +480,7 @@ def on_verified(journal, obs):
         return _verdict(journal, obs, "verify_failed", f"{journal['target']} booted but {'; '.join(problems)}")
     _deadline(journal, obs)
     _stamp(journal, obs, "candidate", "verified")
-    return journal, _benchmark("candidate", _gate_settings(obs)["min_runs"], 0)
+    return journal, _benchmark("candidate", _gate_settings(obs)["candidate_min_runs"], 0)
 
 
 def on_candidate(journal, obs):
@@ -410,8 +490,7 @@ def on_candidate(journal, obs):
     side = _bench_side(data)
     cand = journal.get("candidate")
     if cand:
-        side = {**cand, "samples": cand["samples"] + side["samples"], "files": cand["files"] + side["files"],
-                "contaminated": cand["contaminated"] + side["contaminated"], "rounds": cand["rounds"] + 1}
+        side = _add_rounds(cand, side)
     journal["candidate"] = side
     journal["updated_at"] = obs["now"]
     return judge(journal, obs)
@@ -429,17 +508,19 @@ def judge(journal, obs):
     if not cand.get("samples"):
         _deadline(journal, obs)
         _stamp(journal, obs, "candidate", "no candidate runs yet")
-        return journal, _benchmark("candidate", g["min_runs"], 0)
+        return journal, _benchmark("candidate", g["candidate_min_runs"], 0)
     try:
-        gate = decide(journal["baseline"]["samples"], cand["samples"], **g)
+        gate = decide(journal["baseline"]["samples"], cand["samples"], **_failures(journal), **g)
     except GateError as err:
         return _verdict(journal, obs, "error", f"the gate could not judge: {err}")
     journal["gate"] = gate
     rounds = int(cand.get("rounds", 1))
-    if gate["decision"] == "inconclusive" and gate.get("runs_needed", 0) > 0 and rounds <= g["max_runs"]:
+    # The gate's contract: more runs while runs_needed > 0; otherwise its answer is final (an
+    # `inconclusive` at the cap too: it rolls back, recorded as inconclusive, never as regression).
+    if not gate.get("final") and gate.get("runs_needed", 0) > 0 and rounds <= g["max_runs"]:
         _deadline(journal, obs)
         _stamp(journal, obs, "candidate", f"round {rounds}: {gate['reason']}")
-        return journal, _benchmark("candidate", gate["runs_needed"], rounds)
+        return journal, _benchmark("candidate", gate["runs_needed"], rounds, cand.get("concurrency"), measured_only=True)
     decision = gate["decision"] if gate["decision"] in ("pass", "regression") else "inconclusive"
     return _verdict(journal, obs, decision, gate["reason"])
 
@@ -448,6 +529,8 @@ def on_benchmarked(journal, obs):
     label = obs["data"].get("label")
     if label == "candidate" and journal["stage"] == "candidate":
         return on_candidate(journal, obs)
+    if label == "baseline" and journal["stage"] == "baseline":
+        return on_baseline_more(journal, obs)
     raise FlowError(f"a {label} benchmark arrived at stage {journal['stage']}: a baseline is only measured before an "
                     "upgrade starts, candidates only after the verification")
 
@@ -512,8 +595,9 @@ def resume(journal, obs):
             if obs["default"] != old:
                 raise FlowError(f"the journal says stage baseline (nothing changed) but the saved default is "
                                 f"{obs['default']}, not {old}")
-            return journal, ({"name": "audit"} if obs["settings"].get("verify_pcie", True) and
-                             journal.get("findings_before") is None else pin_action(journal, obs))
+            if (journal.get("baseline_gate") or {}).get("decided_by") == "baseline-ready":
+                return journal, after_baseline(journal, obs)
+            return judge_baseline(journal, obs)  # more baseline runs, the too-noisy stop, or on
         if stage == "pinned":
             return journal, install_action(journal, obs)
         return arm_boot(journal, obs)
@@ -536,7 +620,7 @@ def on_rebooted(journal, obs):
 
 # The stage an event may arrive at (the action that produces it was issued there).
 EXPECTED_STAGE = {"audited": ("baseline",), "pinned": ("baseline",), "installed": ("pinned",),
-                  "rebooted": ("boot_once",), "verified": ("booted",), "benchmarked": ("candidate",),
+                  "rebooted": ("boot_once",), "verified": ("booted",), "benchmarked": ("baseline", "candidate"),
                   "committed": ("verdict",), "rolled_back": ("verdict",), "locked": ()}
 HANDLERS = {"audited": on_audited, "pinned": on_pinned, "installed": on_installed, "rebooted": on_rebooted,
             "verified": on_verified, "benchmarked": on_benchmarked, "committed": on_committed,
@@ -565,7 +649,7 @@ def check_journal(journal: Any, path: str) -> dict[str, Any]:
 def record_facts(journal: dict[str, Any] | None, action: dict[str, Any]) -> dict[str, Any]:
     """What the role's record keeps from the journal and the last action."""
     j = journal or {}
-    gate = j.get("gate") or {}
+    gate = j.get("gate") or j.get("baseline_gate") or {}  # a stop before any change: the baseline's own gate
     return {"stage": j.get("stage") or "start", "old": j.get("old"), "baseline": j.get("baseline") or {},
             "candidate": j.get("candidate") or {}, "gate": gate, "locked": j.get("locked") or [],
             "server_after_rollback": j.get("server_after_rollback"), "journal_run_id": j.get("run_id"),

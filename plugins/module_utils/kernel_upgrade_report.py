@@ -16,6 +16,8 @@ from typing import Any, Iterable
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import OK_DECISIONS
 
 FORMAT = "gpufleet.kernel_upgrade_fleet/1"
+# `inconclusive`: the gate could not tell (too noisy, drifting runs, or undecided at its cap); the host rolled
+# back (or was never changed) like a regression, but is counted apart from it.
 ORDER = ("regression", "inconclusive", "reverted", "failed_boot", "verify_failed", "preflight_failed", "refused", "error",
          "pass", "already", "planned", "not reached")
 
@@ -24,7 +26,8 @@ def gate_summary(gate: dict[str, Any] | None) -> dict[str, Any]:
     """The parts of a throughput_gate result a record keeps."""
     if not gate:
         return {}
-    keep = ("decision", "ratio", "p_value", "p_value_pass", "decided_by", "threshold", "alpha", "reason", "ci")
+    keep = ("decision", "final", "stage", "ratio", "p_value", "p_value_pass", "decided_by", "threshold", "alpha", "reason",
+            "ci", "interval", "cv", "smallest_detectable_drop", "too_noisy", "advice", "screened")
     out = {k: gate.get(k) for k in keep if k in gate}
     for side in ("baseline", "candidate"):
         stats = gate.get(side) or {}
@@ -60,6 +63,9 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
         "p_value": gate.get("p_value"),
         "p_value_pass": gate.get("p_value_pass"),
         "decided_by": gate.get("decided_by"),
+        "cv": gate.get("cv"),
+        "smallest_detectable_drop": gate.get("smallest_detectable_drop"),
+        "advice": gate.get("advice") or "",
         "reason": record.get("reason") or "",
         "timings": record.get("timings") or {},
         "server_after_rollback": record.get("server_after_rollback"),
@@ -87,7 +93,8 @@ def fleet_report(records: Iterable[dict[str, Any]], hosts: Iterable[str], run_id
         counts[row["decision"]] = counts.get(row["decision"], 0) + 1
     failed = [r["host"] for r in rows if r["decision"] not in OK_DECISIONS and r["decision"] != "not reached"]
     return {"format": FORMAT, "run_id": run_id, "hosts": rows, "counts": dict(sorted(counts.items())),
-            "failed": failed, "ok": not failed}
+            "failed": failed, "inconclusive": [r["host"] for r in rows if r["decision"] == "inconclusive"],
+            "ok": not failed}
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -120,5 +127,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["", "## Why", ""]
     for r in rows:
         extra = f" Server after the rollback: {r['server_after_rollback']}." if r.get("server_after_rollback") else ""
+        if r["decision"] == "inconclusive" and r.get("cv") is not None:
+            extra += (f" Measured CV {r['cv']:.1%}, smallest detectable drop {r.get('smallest_detectable_drop') or 0:.1%}"
+                      + (f"; would help: {r['advice']}" if r.get("advice") else "") + ".")
         lines.append(f"- **{r['host']}** ({r['decision']}): {r.get('reason') or '-'}{extra}")
     return "\n".join(lines) + "\n"

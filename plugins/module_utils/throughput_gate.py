@@ -1,315 +1,85 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Pure statistics of the throughput gate: is a candidate (new kernel, new tuning) slower than its baseline?
+"""The throughput gate: is a candidate (new kernel, new tuning) slower than its baseline? Pure, standard library only.
 
-Each sample is one whole benchmark run (its output tokens/s): requests inside a run are correlated
-by the server's batching, so runs, not requests, are the independent observations.
+Each sample is one whole benchmark run (its output tokens/s): requests inside a run are correlated by the
+server's batching, so runs, not requests, are the independent observations. Higher is better.
 
-decide(baseline, candidate) answers ``pass``, ``regression`` or ``inconclusive``:
+The design (docs/benchmark.md has the long form and the simulated error rates):
 
-* ``regression`` when the candidate's median is below ``threshold`` x the baseline's median AND the
-  drop is significant: one-sided Mann-Whitney U (candidate smaller) with p <= ``alpha``. Both are
-  needed: the ratio alone rolls back on noise, the test alone rolls back on drops too small to matter.
-* ``pass`` when the candidate is significantly above ``threshold`` x baseline: the same one-sided test
-  run against the scaled baseline (a non-inferiority test) with p <= ``pass_alpha``.
-* ``inconclusive`` otherwise: ``runs_needed`` more candidate runs are asked for, up to ``max_runs``;
-  at the cap the median ratio alone decides.
+* **Scale.** Run-to-run noise is multiplicative, so the test works on log throughput; d = mean(log candidate)
+  - mean(log baseline) estimates the log of the ratio, with the pooled standard deviation s of both sides
+  (df = n_b + n_c - 2) and SE = s sqrt(1/n_b + 1/n_c).
+* **Outliers.** Before anything else, each side's run farthest from its median is screened out when a
+  leave-one-out prediction test (Student's t, Bonferroni over the side's runs) gives p <= ``screen_alpha``
+  (at most one run per side, only with ``min_runs`` runs or more); what was screened is reported.
+* **Baseline first.** decide(baseline, []) judges the baseline alone, before the reboot: the smallest drop
+  the whole design could detect, from the baseline's own spread, sdd = 1 - exp(-(t_pass + t_power) SE_cap)
+  (SE_cap with ``max_runs`` candidate runs, t quantiles at the last look's nominal level and at ``power``).
+  Above the margin (1 - threshold) it asks for more baseline runs (``baseline_step`` at a time, up to
+  ``max_baseline_runs``); still above at that cap it stops before any change (``too_noisy``).
+* **Sequential test.** Candidate looks at n_c = candidate_min_runs (4), then every ``step`` (2) runs up to
+  max_runs (15). Each look spends part of two error rates by the Lan-DeMets spending function (``spending``:
+  Pocock type by default, so a quiet host stops at the first look) of the information fraction
+  tau = (1/n_b + 1/max_runs) / (1/n_b + 1/n_c); the looks before the last spend (1 - ``reserve``) of it and
+  the last look what is left (``reserve`` 0.3: a cap that can still decide). The nominal level of a look is
+  the increment of the spent error, so by Bonferroni's inequality the error rates hold over all looks,
+  whatever their correlation (Lan and DeMets 1983; Jennison and Turnbull 2000, ch. 7 and 11):
 
-The p-value is exact for small samples (the distribution of U from the Gaussian binomial coefficient
-without ties, a dynamic programme over mid-ranks with ties) and a normal approximation with tie and
-continuity correction for large ones. A seeded percentile bootstrap interval of the median ratio is
-reported as secondary information; it never changes the decision. No I/O, standard library only.
+  - **pass** when d >= log(1 - pass_floor x margin) (0.9625 at 0.95) and the t-test of "lost ``detect``
+    (8%) or more" has p <= the look's share of ``pass_alpha``: P(pass) <= ``pass_alpha`` whenever the true
+    drop is ``detect`` or more; drops between 3.75% and 8% are the indifference zone (either answer is allowed,
+    and a rollback is the safe one);
+  - **regression** when d < log(threshold) and the t-test of "slower than the baseline" has p <= the look's
+    share of ``alpha``: P(regression) <= ``alpha`` with no change (or a faster candidate);
+  - otherwise ``runs_needed`` more candidate runs, and at ``max_runs`` a final ``inconclusive``.
+
+* **Drift.** A side whose runs rise or fall steadily (least-squares slope of the logs, one-sided
+  p <= ``drift_alpha`` that the change over the side exceeds half the margin) makes the answer ``inconclusive``
+  (final). From the second look on, the **trend guard**: one slope over run order shared by both sides (each side
+  its own level, analysis of covariance; df = n_b + n_c - 3) whose one-sided p in the direction that favours
+  the verdict is <= ``trend_guard`` (0.1), and with that trend taken out over the gap between the sides
+  (d - slope x (n_b + n_c) / 2) the ratio is no longer on the verdict's side of its boundary: the verdict is
+  withheld (more runs; at the cap a final ``inconclusive``, decided_by drift). A drift that goes on through the
+  reboot moves the candidate against the baseline, and every further look moves it more.
+* **Screened baseline run.** When the baseline check screens a run out and fewer than ``min_runs`` are left,
+  it asks for one more baseline run in its place, while still before the change.
+* **Failures.** A candidate with a larger share of failed requests or short outputs than its baseline
+  cannot pass (``regression``, decided by the failures).
+
+``inconclusive`` is an answer: it carries the measured CV, the smallest detectable drop and what would help.
+The exact one-sided Mann-Whitney p-value and a seeded bootstrap interval are reported beside it; they do not
+change the decision. Statistics live in gate_stats.py (shared with the benchmark client).
 """
 
 from __future__ import annotations
 
 import math
-import random
 from functools import lru_cache
 from typing import Any, Sequence
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.gate_stats import (
+    EXACT_MAX_PER_SIDE, EXACT_TIES_MAX_TOTAL, EXACT_TREND_MAX, GateError, betainc, bootstrap_ratio_ci, drift_warning,
+    inversion_distribution, median, min_p_value, mwu_less, percentile, sample_stats, screen_one, slope_test,
+    spent_alpha, t_quantile, t_sf, theil_sen_slope, trend, u_distribution, u_statistic,
+)
+
+# The statistics stay importable from here (callers and tests used them from this module before the split).
+__all__ = [
+    "CANDIDATE_MIN_RUNS", "DECISIONS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX",
+    "GateError", "betainc", "bootstrap_ratio_ci", "check_runs", "check_settings", "common_trend", "decide",
+    "detectable_drop", "drift_check", "drift_warning", "inversion_distribution", "look_level", "median", "min_p_value",
+    "mwu_less", "percentile", "replay", "sample_stats", "schedule", "screen_one", "slope_test", "spent_alpha",
+    "t_quantile", "t_sf", "theil_sen_slope", "trend", "u_distribution", "u_statistic",
+]
+
 DECISIONS = ("pass", "regression", "inconclusive")
-
-# Exact p-values up to these sizes; the normal approximation beyond.
-EXACT_MAX_PER_SIDE = 60
-EXACT_TIES_MAX_TOTAL = 40
+CANDIDATE_MIN_RUNS = 4  # the first look: with 5 baseline runs a quiet host is decided after 9 runs in all
+SPENDING = ("obf", "pocock")
 
 
-class GateError(ValueError):
-    """Input the gate cannot judge; the message says which input and what to do."""
-
-
-# ---- small descriptive statistics ---------------------------------------------------------------
-def median(values: Sequence[float]) -> float:
-    """Median (mean of the two middle values for an even count)."""
-    if not values:
-        raise GateError("median of an empty list")
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    if len(ordered) % 2:
-        return float(ordered[mid])
-    return (ordered[mid - 1] + ordered[mid]) / 2.0
-
-
-def percentile(ordered: Sequence[float], q: float) -> float:
-    """Percentile ``q`` (0-100) of an already sorted list, linear between closest ranks.
-
-    This is Hyndman and Fan's type 7, the default of numpy.percentile (which ``vllm bench serve``
-    uses): rank h = (n - 1) * q / 100, value = x[floor(h)] + (h - floor(h)) * (x[floor(h) + 1] - x[floor(h)]).
-    """
-    if not ordered:
-        raise GateError("percentile of an empty list")
-    if not 0.0 <= q <= 100.0:
-        raise GateError(f"percentile must be between 0 and 100, got {q}")
-    h = (len(ordered) - 1) * q / 100.0
-    lo = int(math.floor(h))
-    hi = min(lo + 1, len(ordered) - 1)
-    return float(ordered[lo] + (h - lo) * (ordered[hi] - ordered[lo]))
-
-
-def sample_stats(values: Sequence[float]) -> dict[str, Any]:
-    """n, median, mean, min, max and coefficient of variation (sample stdev / mean) of one side."""
-    n = len(values)
-    mean = sum(values) / n
-    cv = None
-    if n > 1 and mean > 0:
-        var = sum((v - mean) ** 2 for v in values) / (n - 1)
-        cv = math.sqrt(var) / mean
-    return {"n": n, "median": median(values), "mean": mean, "min": float(min(values)), "max": float(max(values)),
-            "cv": cv}
-
-
-# ---- Mann-Whitney U -------------------------------------------------------------------------------
-def u_statistic(x: Sequence[float], y: Sequence[float]) -> float:
-    """U of ``x``: the number of pairs (x_i, y_j) with x_i > y_j, ties counting one half.
-
-    U near 0 means x tends to be smaller than y; U near len(x) * len(y) means larger.
-    """
-    ys = sorted(y)
-    u = 0.0
-    for a in x:
-        below = _count_below(ys, a)
-        equal = _count_below(ys, a, inclusive=True) - below
-        u += below + 0.5 * equal
-    return u
-
-
-def _count_below(ordered: Sequence[float], value: float, inclusive: bool = False) -> int:
-    lo, hi = 0, len(ordered)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if ordered[mid] < value or (inclusive and ordered[mid] == value):
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo
-
-
-@lru_cache(maxsize=256)
-def u_distribution(m: int, n: int) -> tuple[int, ...]:
-    """Number of orderings of m x-values and n y-values (no ties) for each U of x, 0..m*n.
-
-    These are the coefficients of the Gaussian binomial coefficient [m+n choose m]_q, built as
-    prod_{i=1..m} (1 - q^(n+i)) / (1 - q^i) with exact integer arithmetic. They sum to C(m+n, m).
-    """
-    if m < 0 or n < 0:
-        raise GateError("sample sizes must not be negative")
-    poly = [1]
-    for i in range(1, m + 1):
-        shift = n + i
-        grown = poly + [0] * shift
-        for k in range(len(grown) - 1, shift - 1, -1):
-            grown[k] -= grown[k - shift]
-        for k in range(i, len(grown)):
-            grown[k] += grown[k - i]
-        poly = grown[:i * n + 1]
-    return tuple(poly)
-
-
-def _normal_cdf(z: float) -> float:
-    return 0.5 * math.erfc(-z / math.sqrt(2.0))
-
-
-def _tie_groups(pooled: Sequence[float]) -> list[tuple[float, int, float]]:
-    """(value, count, mid-rank) for each distinct value of the pooled sample, smallest first."""
-    ordered = sorted(pooled)
-    groups = []
-    i = 0
-    while i < len(ordered):
-        j = i
-        while j < len(ordered) and ordered[j] == ordered[i]:
-            j += 1
-        groups.append((ordered[i], j - i, (i + 1 + j) / 2.0))
-        i = j
-    return groups
-
-
-def _exact_ties_p(x: Sequence[float], y: Sequence[float]) -> float:
-    """P(rank sum of x <= observed) over all C(N, m) equally likely splits, ties at mid-ranks."""
-    m = len(x)
-    groups = _tie_groups(list(x) + list(y))
-    rank_of = {value: mid for value, _count, mid in groups}
-    observed = int(round(2 * sum(rank_of[v] for v in x)))
-    # ways[k] maps a doubled rank sum to the number of ways to draw k x-values so far.
-    ways: list[dict[int, int]] = [dict() for _i in range(m + 1)]
-    ways[0][0] = 1
-    for _value, count, mid in groups:
-        step = int(round(2 * mid))
-        new: list[dict[int, int]] = [dict() for _i in range(m + 1)]
-        for k in range(m + 1):
-            for total, n_ways in ways[k].items():
-                for j in range(0, min(count, m - k) + 1):
-                    key = total + j * step
-                    new[k + j][key] = new[k + j].get(key, 0) + n_ways * math.comb(count, j)
-        ways = new
-    favourable = sum(n_ways for total, n_ways in ways[m].items() if total <= observed)
-    return favourable / math.comb(len(x) + len(y), m)
-
-
-def mwu_less(x: Sequence[float], y: Sequence[float]) -> tuple[float, str]:
-    """One-sided Mann-Whitney U p-value for "x tends to be smaller than y", and the method used.
-
-    Method ``exact`` (no ties, each side up to 60), ``exact-ties`` (ties, up to 40 values in all) or
-    ``normal`` (normal approximation with tie and continuity correction).
-    """
-    m, n = len(x), len(y)
-    if m == 0 or n == 0:
-        raise GateError("Mann-Whitney U needs at least one value on each side")
-    u = u_statistic(x, y)
-    pooled = list(x) + list(y)
-    has_ties = len(set(pooled)) < len(pooled)
-    if not has_ties and m <= EXACT_MAX_PER_SIDE and n <= EXACT_MAX_PER_SIDE:
-        counts = u_distribution(m, n)
-        favourable = sum(counts[:int(u) + 1])
-        return min(1.0, favourable / math.comb(m + n, m)), "exact"
-    if has_ties and m + n <= EXACT_TIES_MAX_TOTAL:
-        return min(1.0, _exact_ties_p(x, y)), "exact-ties"
-    total = m + n
-    tie_term = sum(c ** 3 - c for _v, c, _r in _tie_groups(pooled)) / (total * (total - 1))
-    var = m * n / 12.0 * ((total + 1) - tie_term)
-    if var <= 0:
-        return 1.0, "normal"
-    z = (u - m * n / 2.0 + 0.5) / math.sqrt(var)
-    return min(1.0, _normal_cdf(z)), "normal"
-
-
-def min_p_value(m: int, n: int) -> float:
-    """The smallest one-sided p-value m vs n runs can give: 1 / C(m+n, m) (0.004 for 5 vs 5)."""
-    return 1.0 / math.comb(m + n, m)
-
-
-# ---- trend across runs (Mann-Kendall) -------------------------------------------------------------
-# A gate compares runs as if they were alike. A server still warming up (kernels compiled for new
-# batch shapes, caches filling: a cold start after the reboot into a new kernel) gives runs that rise
-# one after another; a host that slows down over time (thermal throttling, a job starting) gives runs
-# that fall. Mann-Kendall's S counts, over all pairs of runs, later-higher minus later-lower.
-EXACT_TREND_MAX = 50
-
-
-@lru_cache(maxsize=64)
-def inversion_distribution(n: int) -> tuple[int, ...]:
-    """Permutations of n distinct values with k inversions, k = 0..n(n-1)/2 (the Mahonian numbers).
-
-    The coefficients of the q-factorial prod_{i=1..n} (1 + q + ... + q^(i-1)), built with exact
-    integers; they sum to n!.
-    """
-    if n < 0:
-        raise GateError("a sample size must not be negative")
-    dist = [1]
-    for i in range(2, n + 1):
-        grown = [0] * (len(dist) + i - 1)
-        running = 0
-        for k in range(len(grown)):
-            if k < len(dist):
-                running += dist[k]
-            if 0 <= k - i < len(dist):
-                running -= dist[k - i]
-            grown[k] = running
-        dist = grown
-    return tuple(dist)
-
-
-def theil_sen_slope(values: Sequence[float]) -> float:
-    """Median of the pairwise slopes (x_j - x_i) / (j - i): the change per run, robust to one odd run."""
-    slopes = [(values[j] - values[i]) / (j - i) for i in range(len(values)) for j in range(i + 1, len(values))]
-    return median(slopes) if slopes else 0.0
-
-
-def trend(values: Sequence[float]) -> dict[str, Any]:
-    """Do the runs, in the order they were taken, rise or fall steadily?
-
-    Returns ``s`` (Mann-Kendall S), ``tau`` (S over the number of pairs), ``p_rising`` and
-    ``p_falling`` (one-sided p-values; exact from the inversion distribution without ties up to 50
-    runs, else the normal approximation with tie and continuity correction), ``change`` (the
-    Theil-Sen slope over the runs as a fraction of their median: +0.12 = 12% higher at the end) and
-    ``method``. Fewer than 3 runs give p-values of 1.
-    """
-    vals = [float(v) for v in values]
-    n = len(vals)
-    pairs = n * (n - 1) // 2
-    s = 0
-    for i in range(n):
-        for j in range(i + 1, n):
-            s += (vals[j] > vals[i]) - (vals[j] < vals[i])
-    mid = median(vals) if vals else 0.0
-    change = theil_sen_slope(vals) * (n - 1) / mid if n > 1 and mid > 0 else 0.0
-    out: dict[str, Any] = {"n": n, "s": s, "tau": (s / pairs) if pairs else None, "p_rising": 1.0,
-                           "p_falling": 1.0, "change": change, "method": None}
-    if n < 3:
-        return out
-    has_ties = len(set(vals)) < n
-    if not has_ties and n <= EXACT_TREND_MAX:
-        dist = inversion_distribution(n)
-        total = math.factorial(n)
-        inversions = (pairs - s) // 2  # S = pairs - 2 * inversions
-        out.update(p_rising=sum(dist[:inversions + 1]) / total, p_falling=sum(dist[inversions:]) / total,
-                   method="exact")
-        return out
-    tie_term = sum(c * (c - 1) * (2 * c + 5) for _v, c, _r in _tie_groups(vals))
-    var = (n * (n - 1) * (2 * n + 5) - tie_term) / 18.0
-    if var <= 0:
-        out["method"] = "normal"
-        return out
-    out.update(p_rising=min(1.0, _normal_cdf(-(s - 1) / math.sqrt(var))),
-               p_falling=min(1.0, _normal_cdf((s + 1) / math.sqrt(var))), method="normal")
-    return out
-
-
-def drift_warning(side: str, tr: dict[str, Any], min_change: float, alpha: float = 0.05) -> str | None:
-    """A sentence when ``side``'s runs rose or fell steadily (p <= alpha) by at least ``min_change``, else None."""
-    if tr["p_rising"] <= alpha and tr["change"] >= min_change:
-        return (f"{side} runs rose steadily, one after another (Mann-Kendall p={tr['p_rising']:.4f}, "
-                f"{tr['change']:+.1%} over {tr['n']} runs): the server was still warming up, so its runs are not "
-                "alike; warm it up longer before measuring (inference_benchmark settle_runs or warmup)")
-    if tr["p_falling"] <= alpha and tr["change"] <= -min_change:
-        return (f"{side} runs fell steadily, one after another (Mann-Kendall p={tr['p_falling']:.4f}, "
-                f"{tr['change']:+.1%} over {tr['n']} runs): something slowed the server down while it was measured "
-                "(thermal throttling, another job, memory pressure); find it before trusting these runs")
-    return None
-
-
-# ---- bootstrap ------------------------------------------------------------------------------------
-def bootstrap_ratio_ci(baseline: Sequence[float], candidate: Sequence[float], level: float = 0.95,
-                       resamples: int = 2000, seed: int = 0) -> list[float] | None:
-    """Seeded percentile bootstrap interval of median(candidate) / median(baseline); None if resamples is 0."""
-    if resamples <= 0:
-        return None
-    rng = random.Random(seed)
-    ratios = []
-    for _i in range(resamples):
-        b = median(rng.choices(baseline, k=len(baseline)))
-        c = median(rng.choices(candidate, k=len(candidate)))
-        if b > 0:
-            ratios.append(c / b)
-    if not ratios:
-        return None
-    ratios.sort()
-    tail = (1.0 - level) / 2.0 * 100.0
-    return [percentile(ratios, tail), percentile(ratios, 100.0 - tail)]
-
-
-# ---- the decision ---------------------------------------------------------------------------------
+# ---- input --------------------------------------------------------------------------------------
 def check_runs(name: str, values: Any) -> list[float]:
     """The runs of one side as floats; GateError naming the side and the bad value otherwise."""
     if not isinstance(values, (list, tuple)):
@@ -330,97 +100,400 @@ def check_runs(name: str, values: Any) -> list[float]:
     return out
 
 
-def check_settings(threshold: float, alpha: float, pass_alpha: float, min_runs: int, max_runs: int) -> None:
-    """GateError when the settings cannot give a sound decision (bounds, and a test that can never fire)."""
-    if not 0.0 < threshold <= 1.0:
-        raise GateError(f"threshold must be in (0, 1] (0.95 = a 5% drop is a regression), got {threshold}")
-    for name, value in (("alpha", alpha), ("pass_alpha", pass_alpha)):
+def check_settings(threshold: float, alpha: float, pass_alpha: float, min_runs: int, max_runs: int, step: int = 1,
+                   max_baseline_runs: int | None = None, baseline_step: int = 1, power: float = 0.8,
+                   spending: str = "obf", screen_alpha: float = 0.001, drift_alpha: float = 0.001) -> None:
+    """GateError when the settings cannot give a sound decision."""
+    if not 0.0 < threshold < 1.0:
+        raise GateError(f"threshold must be in (0, 1) (0.95 = a 5% drop is a regression), got {threshold}")
+    for name, value in (("alpha", alpha), ("pass_alpha", pass_alpha), ("screen_alpha", screen_alpha),
+                        ("drift_alpha", drift_alpha)):
         if not 0.0 < value < 0.5:
             raise GateError(f"{name} must be in (0, 0.5), got {value}")
-    if min_runs < 2:
-        raise GateError(f"min_runs must be at least 2, got {min_runs}")
+    if not 0.5 <= power < 1.0:
+        raise GateError(f"power must be in [0.5, 1) (0.8: the smallest detectable drop is caught 80% of the time), got {power}")
+    if min_runs < 3:
+        raise GateError(f"min_runs must be at least 3 (a side's spread needs two runs and the test a degree of freedom "
+                        f"more), got {min_runs}")
     if max_runs < min_runs:
         raise GateError(f"max_runs ({max_runs}) must be at least min_runs ({min_runs})")
-    smallest = min_p_value(min_runs, min_runs)
-    if smallest > alpha:
-        raise GateError(
-            f"with {min_runs} runs per side the smallest one-sided p-value is {smallest:.4f}, above alpha {alpha}: "
-            f"no regression could ever be significant. Raise min_runs (5 runs give {min_p_value(5, 5):.4f}) or alpha.")
+    if max_baseline_runs is not None and max_baseline_runs < min_runs:
+        raise GateError(f"max_baseline_runs ({max_baseline_runs}) must be at least min_runs ({min_runs})")
+    if step < 1 or baseline_step < 1:
+        raise GateError(f"step and baseline_step must be at least 1, got {step} and {baseline_step}")
+    if spending not in SPENDING:
+        raise GateError(f"spending must be one of {', '.join(SPENDING)}, got {spending!r}")
 
 
 def _fmt(value: float) -> str:
     return f"{value:.4g}" if abs(value) < 1000 else f"{value:.1f}"
 
 
-def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.95, alpha: float = 0.01,
-           pass_alpha: float = 0.05, min_runs: int = 5, max_runs: int = 15, step: int | None = None,
-           bootstrap: int = 2000, seed: int = 0, ci_level: float = 0.95, unit: str = "tok/s",
-           noisy_cv: float = 0.05) -> dict[str, Any]:
-    """Judge candidate runs against baseline runs (higher is better). See the module docstring.
+def _logs(values: Sequence[float]) -> list[float]:
+    top = max(values) if values else 1.0
+    return [math.log(max(v, 1e-9 * max(top, 1e-9))) for v in values]
 
-    ``step`` is how many more candidate runs an inconclusive answer asks for (default ``min_runs``).
-    Raises GateError for bad input.
+
+def _mean_var(values: Sequence[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    return mean, sum((v - mean) ** 2 for v in values)
+
+
+# ---- the design: looks, spent error, smallest detectable drop -------------------------------------
+@lru_cache(maxsize=1024)
+def schedule(min_runs: int, step: int, max_runs: int) -> tuple[int, ...]:
+    """Candidate run counts at which the gate looks: min_runs, min_runs + step, ..., max_runs."""
+    looks = list(range(min_runs, max_runs, step)) + [max_runs]
+    return tuple(sorted(set(looks)))
+
+
+@lru_cache(maxsize=8192)
+def look_level(n_b: int, n_c: int, min_runs: int, step: int, max_runs: int, alpha: float, kind: str,
+               reserve: float = 0.0) -> tuple[float, float, float]:
+    """(nominal level of this look, error spent up to it, information fraction) for ``n_c`` candidate runs.
+
+    The nominal level is the increment of the spent error since the previous scheduled look; runs past
+    ``max_runs`` are the last look. With ``reserve`` r, the looks before the last spend (1 - r) x the spending
+    function and the last look spends what is left (a spending function with a step at tau = 1, still
+    non-decreasing and reaching alpha, so the Bonferroni bound over the looks holds as before).
+    """
+    looks = schedule(min_runs, step, max_runs)
+    n_c = min(n_c, max_runs)
+
+    def tau(n: int) -> float:
+        return (1.0 / n_b + 1.0 / max_runs) / (1.0 / n_b + 1.0 / n)
+
+    def spent_at(n: int) -> float:
+        return alpha if n >= max_runs else (1.0 - reserve) * spent_alpha(alpha, tau(n), kind)
+
+    earlier = [k for k in looks if k < n_c]
+    before = spent_at(earlier[-1]) if earlier else 0.0
+    spent = spent_at(n_c)
+    return max(spent - before, 0.0), spent, tau(n_c)
+
+
+def detectable_drop(sd_log: float, n_b: int, df: int, settings: dict[str, Any]) -> float:
+    """Smallest drop (a fraction) told from no change with the set power, for this spread, at the cap.
+
+    The textbook size of a fixed one-sided test at level ``alpha`` with ``max_runs`` candidate runs:
+    1 - exp(-(t_alpha + t_power) x s sqrt(1/n_b + 1/max_runs)), t quantiles with the cap's degrees of freedom.
+    """
+    se_cap = sd_log * math.sqrt(1.0 / n_b + 1.0 / settings["max_runs"])
+    df = max(df, 1)
+    q = t_quantile(settings["alpha"], df) + t_quantile(1.0 - settings["power"], df)
+    return 1.0 - math.exp(-q * se_cap)
+
+
+def _cv(sd_log: float) -> float:
+    return math.sqrt(max(math.exp(sd_log * sd_log) - 1.0, 0.0))
+
+
+def _advice(sdd: float, margin: float, requests_per_run: int | None) -> str:
+    if sdd <= margin:
+        return "more runs (raise max_runs) would narrow the interval"
+    factor = (sdd / margin) ** 2
+    longer = (f"runs of about {int(math.ceil(requests_per_run * factor))} requests (now {requests_per_run})"
+              if requests_per_run else f"runs about {factor:.1f} times as long")
+    return (f"{longer}, if the noise averages out within a run; more runs (max_runs, max_baseline_runs); or a quieter host")
+
+
+def _screen(name: str, values: Sequence[float], logs: list[float], alpha: float, min_runs: int,
+            unit: str) -> tuple[list[float], list[int], list[dict[str, Any]]]:
+    """The logs kept, their run indexes, and what was screened (at most one run)."""
+    hit = screen_one(logs, alpha=alpha, min_n=min_runs)
+    if hit is None:
+        return logs, list(range(len(logs))), []
+    i = hit["index"]
+    note = {"side": name, "index": i, "value": values[i], "p": hit["p"],
+            "reason": (f"{name} run {i + 1} ({_fmt(values[i])} {unit}) stands apart from the side's other runs "
+                       f"(median {_fmt(math.exp(hit['median_of_rest']))} {unit}; leave-one-out p={hit['p']:.2g}): "
+                       "left out of the test")}
+    keep = [j for j in range(len(logs)) if j != i]
+    return [logs[j] for j in keep], keep, [note]
+
+
+def drift_check(sides: dict[str, list[float]], half_margin: float, alpha: float,
+                min_df: int = 6) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """Steady drift inside each side: the least-squares slope of its logs against run order.
+
+    The slopes are tested with the residual variance pooled over the sides' fits (df = sum(n - 2)), so a side
+    of five runs does not flag drift on a lucky small residual; no flag below ``min_df``. A side flags when its
+    change over its runs is shown to exceed ``half_margin`` (logs): one-sided t-test of the slope against the
+    slope of that change, p <= ``alpha``. ``p_rising``/``p_falling`` test the slope against zero (reported).
+    """
+    fits = {name: slope_test(logs) for name, logs in sides.items()}
+    df = sum(max(len(logs) - 2, 0) for logs in sides.values())
+    ss = sum(f.get("resid_ss", 0.0) for f in fits.values())
+    info: dict[str, dict[str, Any]] = {}
+    flag = None
+    for name, fit in fits.items():
+        entry = {"change": math.expm1(fit["change"]), "t": None, "p_rising": 1.0, "p_falling": 1.0,
+                 "p_rising_beyond": 1.0, "p_falling_beyond": 1.0, "df": df}
+        if fit.get("sxx") and df > 0:
+            se = math.sqrt(ss / df / fit["sxx"])
+            t = fit["slope"] / se if se > 0 else math.copysign(math.inf, fit["slope"]) if fit["slope"] else 0.0
+            per_run = half_margin / (len(sides[name]) - 1)  # the slope of a change of half the margin
+            entry.update(t=t, p_rising=t_sf(t, df), p_falling=t_sf(-t, df),
+                         p_rising_beyond=t_sf((fit["slope"] - per_run) / se, df) if se > 0 else float(t > 0),
+                         p_falling_beyond=t_sf((-fit["slope"] - per_run) / se, df) if se > 0 else float(t < 0))
+        info[name] = entry
+        if flag or df < min_df:
+            continue
+        for direction, key, sign in (("rose", "p_rising", 1.0), ("fell", "p_falling", -1.0)):
+            if entry[key + "_beyond"] <= alpha:
+                flag = (f"{name} runs {direction} steadily by {entry['change']:+.1%} over {len(sides[name])} runs "
+                        f"(p={entry[key + '_beyond']:.2g} that it is beyond half the gate's margin): runs that are not "
+                        "alike cannot be compared; " +
+                        ("warm the server up longer (settle_runs, warmup)" if sign > 0 else
+                         "find what slowed the host (thermal throttling, another job)"))
+                break
+    return info, flag
+
+
+def common_trend(b_logs: Sequence[float], c_logs: Sequence[float]) -> dict[str, Any]:
+    """One slope over run order shared by both sides, each side with its own level (analysis of covariance)."""
+    sxx = sxy = ss = 0.0
+    for logs in (b_logs, c_logs):
+        n = len(logs)
+        xm, ym = (n - 1) / 2.0, sum(logs) / n
+        sxx += sum((i - xm) ** 2 for i in range(n))
+        sxy += sum((i - xm) * (v - ym) for i, v in enumerate(logs))
+        ss += sum((v - ym) ** 2 for v in logs)
+    df = len(b_logs) + len(c_logs) - 3
+    out = {"change_per_run": 0.0, "slope": 0.0, "se": None, "t": 0.0, "df": df, "p_rising": 1.0, "p_falling": 1.0}
+    if sxx <= 0 or df < 1:
+        return out
+    slope = sxy / sxx
+    resid = max(ss - slope * sxy, 0.0)
+    se = math.sqrt(resid / df / sxx)
+    out.update(change_per_run=math.expm1(slope), slope=slope, se=se)
+    if se <= 0:
+        out.update(p_rising=0.0 if slope > 0 else 1.0, p_falling=0.0 if slope < 0 else 1.0)
+        return out
+    t = slope / se
+    out.update(t=t, p_rising=t_sf(t, df), p_falling=t_sf(-t, df))
+    return out
+
+
+def _failure_rate(failed: int, requests: int) -> float:
+    return failed / requests if requests > 0 else float(failed)
+
+
+def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.95, alpha: float = 0.01,
+           pass_alpha: float = 0.005, min_runs: int = 5, max_runs: int = 15, step: int | None = None,
+           bootstrap: int = 2000, seed: int = 0, ci_level: float = 0.95, unit: str = "tok/s", noisy_cv: float = 0.05,
+           max_baseline_runs: int = 15, baseline_step: int | None = None, power: float = 0.8, spending: str = "pocock",
+           screen_alpha: float = 0.001, drift_alpha: float = 0.001, baseline_failed: int = 0,
+           baseline_requests: int = 0, candidate_failed: int = 0, candidate_requests: int = 0,
+           requests_per_run: int | None = None, detect: float | None = None,
+           candidate_min_runs: int | None = CANDIDATE_MIN_RUNS, trend_guard: float = 0.1, guard_from: int = 2,
+           pass_floor: float = 0.75, reserve: float = 0.3) -> dict[str, Any]:
+    """Judge candidate runs against baseline runs (higher is better); with no candidate runs, judge the baseline alone.
+
+    See the module docstring for the design. ``step`` is the candidate runs between looks (default 2),
+    ``baseline_step`` the baseline runs asked for at a time (default ``min_runs``). Raises GateError for bad input.
     """
     base = check_runs("baseline", baseline)
     cand = check_runs("candidate", candidate)
-    check_settings(threshold, alpha, pass_alpha, min_runs, max_runs)
-    step = step or min_runs
+    step = step or 2
+    baseline_step = baseline_step or 1
+    first = candidate_min_runs or min_runs
+    check_settings(threshold, alpha, pass_alpha, min_runs, max_runs, step, max_baseline_runs, baseline_step, power,
+                   spending, screen_alpha, drift_alpha)
+    if not 0.0 < pass_floor <= 1.0:
+        raise GateError(f"pass_floor must be in (0, 1] (a share of the margin: 0.75 at threshold 0.95 passes from 0.9625), "
+                        f"got {pass_floor}")
+    if not 0.0 <= reserve < 1.0:
+        raise GateError(f"reserve must be in [0, 1) (the share of each error rate kept for the last look), got {reserve}")
+    if not 0.0 <= trend_guard < 0.5:
+        raise GateError(f"trend_guard must be in [0, 0.5) (0 turns the shared-trend guard off), got {trend_guard}")
+    if guard_from < 1:
+        raise GateError(f"guard_from must be at least 1 (the look from which the trend guard applies), got {guard_from}")
+    margin = 1.0 - threshold
+    detect = min(1.6 * margin, margin + (1.0 - margin) / 2.0) if detect is None else detect
+    if not margin < detect < 1.0:
+        raise GateError(f"detect must be a drop larger than the margin {margin:.3g} and below 1, got {detect}")
+    log_t, log_r, log_p = math.log(threshold), math.log(1.0 - margin / 2.0), math.log(1.0 - detect)
+    log_f = math.log(1.0 - pass_floor * margin)
+    if not 3 <= first <= max_runs:
+        raise GateError(f"candidate_min_runs must be between 3 and max_runs ({max_runs}), got {first}")
+    settings = {"max_runs": max_runs, "min_runs": first, "step": step, "pass_alpha": pass_alpha, "alpha": alpha,
+                "spending": spending, "power": power}
     result: dict[str, Any] = {
-        "decision": "inconclusive", "ratio": None, "p_value": None, "p_value_pass": None, "method": None,
+        "decision": "inconclusive", "final": False, "stage": "baseline", "ratio": None, "p_value": None,
+        "p_value_pass": None, "p_value_mwu": None, "detect": None, "method": f"log-t, {spending} spending",
         "threshold": threshold, "alpha": alpha, "pass_alpha": pass_alpha, "min_runs": min_runs, "max_runs": max_runs,
+        "max_baseline_runs": max_baseline_runs,
         "baseline": sample_stats(base) if base else {"n": 0}, "candidate": sample_stats(cand) if cand else {"n": 0},
-        "ci": None, "ci_level": ci_level, "runs_needed": 0, "baseline_runs_needed": 0, "decided_by": "waiting",
-        "warnings": [], "reason": "",
+        "cv": None, "smallest_detectable_drop": None, "too_noisy": False, "screened": [], "look": None,
+        "interval": None, "ci": None, "ci_level": ci_level, "runs_needed": 0, "baseline_runs_needed": 0,
+        "decided_by": "waiting", "advice": "", "warnings": [], "reason": "",
     }
-    if len(base) < min_runs or len(cand) < min_runs:
-        result["baseline_runs_needed"] = max(0, min_runs - len(base))
-        result["runs_needed"] = max(0, min_runs - len(cand))
-        result["reason"] = (f"inconclusive: {len(base)} baseline and {len(cand)} candidate runs, at least {min_runs} "
-                            f"per side are needed: run {result['baseline_runs_needed']} more baseline and "
+    if len(base) < min_runs:
+        result["baseline_runs_needed"] = min_runs - len(base)
+        result["reason"] = (f"inconclusive: {len(base)} baseline runs, at least {min_runs} are needed before anything is "
+                            f"judged: run {result['baseline_runs_needed']} more baseline runs")
+        return result
+    if median(base) <= 0:
+        raise GateError(f"the baseline median is {median(base)} {unit}: the baseline server produced no tokens, so nothing "
+                        "can be compared; fix the baseline and measure it again")
+    b_logs, b_keep, screened = _screen("baseline", base, _logs(base), screen_alpha, min_runs, unit)
+    result["screened"] = screened
+    b_mean, b_ss = _mean_var(b_logs)
+    b_sd = math.sqrt(b_ss / (len(b_logs) - 1))
+    sdd_b = detectable_drop(b_sd, len(b_logs), len(b_logs) - 1 + max_runs - 1, settings)
+    result.update(cv=_cv(b_sd), smallest_detectable_drop=sdd_b)
+    b_info, b_drift = drift_check({"baseline": b_logs}, -log_r, drift_alpha)
+    result["baseline"]["drift"] = b_info["baseline"]
+    if not cand:
+        if b_drift:
+            result.update(final=True, decided_by="drift", advice=b_drift.split("; ")[-1],
+                          reason=f"inconclusive before any change: {b_drift}")
+        elif screened and len(b_logs) < min_runs and len(base) < max_baseline_runs:
+            result.update(baseline_runs_needed=1, decided_by="baseline-screened", advice="",
+                          reason=(f"inconclusive: {screened[0]['reason']}; run 1 more baseline run in its place before any "
+                                  "change (the baseline cannot be extended after it)"))
+        elif sdd_b <= margin:
+            result.update(runs_needed=first, decided_by="baseline-ready", advice="",
+                          reason=(f"baseline ready: {len(base)} runs, CV {result['cv']:.1%}, smallest detectable drop "
+                                  f"{sdd_b:.1%} (margin {margin:.0%}): measure {first} candidate runs"))
+        elif len(base) < max_baseline_runs:
+            result.update(baseline_runs_needed=min(baseline_step, max_baseline_runs - len(base)),
+                          decided_by="baseline-noisy", advice=_advice(sdd_b, margin, requests_per_run))
+            result["reason"] = (f"inconclusive: with {len(base)} baseline runs (CV {result['cv']:.1%}) the smallest "
+                                f"detectable drop is {sdd_b:.1%}, above the {margin:.0%} margin: run "
+                                f"{result['baseline_runs_needed']} more baseline runs before any change "
+                                f"(cap {max_baseline_runs})")
+        else:
+            result.update(final=True, too_noisy=True, decided_by="too-noisy", advice=_advice(sdd_b, margin, requests_per_run))
+            result["reason"] = (f"host too noisy for a {margin:.0%} gate: CV {result['cv']:.1%}, smallest detectable drop "
+                                f"{sdd_b:.1%} with {len(base)} baseline and {max_runs} candidate runs; try "
+                                f"{result['advice']}. Nothing was changed.")
+        return result
+
+    result["stage"] = "candidate"
+    if len(cand) < first:
+        result["runs_needed"] = first - len(cand)
+        result["reason"] = (f"inconclusive: {len(cand)} candidate runs, at least {first} are needed: run "
                             f"{result['runs_needed']} more candidate runs")
         return result
-    b_med, c_med = result["baseline"]["median"], result["candidate"]["median"]
-    if b_med <= 0:
-        raise GateError(f"the baseline median is {b_med} {unit}: the baseline server produced no tokens, so nothing "
-                        "can be compared; fix the baseline and measure it again")
-    ratio = c_med / b_med
-    p_drop, method = mwu_less(cand, base)
-    p_pass, _m = mwu_less([threshold * v for v in base], cand)
-    result.update(ratio=ratio, p_value=p_drop, p_value_pass=p_pass, method=method,
+    c_logs, c_keep, c_screened = _screen("candidate", cand, _logs(cand), screen_alpha, max(first, 5), unit)
+    result["screened"] = screened + c_screened
+    c_mean, c_ss = _mean_var(c_logs)
+    n_b, n_c = len(b_logs), len(c_logs)
+    df = n_b + n_c - 2
+    sd = math.sqrt((b_ss + c_ss) / df)
+    se = sd * math.sqrt(1.0 / n_b + 1.0 / n_c)
+    d = c_mean - b_mean
+    nominal_p, spent_p, tau = look_level(len(base), len(cand), first, step, max_runs, pass_alpha, spending, reserve)
+    nominal_r, spent_r, _tau = look_level(len(base), len(cand), first, step, max_runs, alpha, spending, reserve)
+    if se > 0:
+        p_drop, p_pass = t_sf(-d / se, df), t_sf((d - log_p) / se, df)
+    else:
+        p_drop, p_pass = (0.0 if d < 0 else 1.0), (0.0 if d > log_p else 1.0)
+    sdd = detectable_drop(sd, n_b, n_b - 1 + max_runs - 1, settings)
+    ratio = math.exp(d)
+    final_look = len(cand) >= max_runs
+    result.update(ratio=ratio, p_value=p_drop, p_value_pass=p_pass, detect=detect, cv=_cv(sd),
+                  smallest_detectable_drop=sdd,
+                  p_value_mwu=mwu_less([cand[i] for i in c_keep], [base[i] for i in b_keep])[0],
+                  look={"candidate_runs": len(cand), "information": tau, "nominal_pass": nominal_p,
+                        "nominal_regression": nominal_r, "spent_pass": spent_p, "spent_regression": spent_r,
+                        "last": final_look},
                   ci=bootstrap_ratio_ci(base, cand, level=ci_level, resamples=bootstrap, seed=seed))
+    if nominal_p > 0 and nominal_r > 0 and se > 0:
+        result["interval"] = [math.exp(d - t_quantile(nominal_p, df) * se), math.exp(d + t_quantile(nominal_r, df) * se)]
+    drift_info, drift = drift_check({"baseline": b_logs, "candidate": c_logs}, -log_r, drift_alpha)
+    result["baseline"]["drift"], result["candidate"]["drift"] = drift_info["baseline"], drift_info["candidate"]
     for side in ("baseline", "candidate"):
+        result[side]["trend"] = trend([base, cand][side == "candidate"])
         cv = result[side]["cv"]
         if cv is not None and cv > noisy_cv:
             result["warnings"].append(
                 f"{side} run-to-run CV is {cv:.1%} (over {noisy_cv:.0%}): the runs are too short or the host is busy, "
-                f"and a gate at {threshold:.0%} needs noise well below the {1 - threshold:.0%} it must see; "
-                "lengthen the runs (more requests) or quiet the host")
-    # Runs that drift by half the margin the gate looks for bias it: a rising candidate (a cold
-    # server) towards a false rollback, a rising baseline towards a missed regression.
-    for side, runs in (("baseline", base), ("candidate", cand)):
-        result[side]["trend"] = trend(runs)
-        warning = drift_warning(side, result[side]["trend"], min_change=(1.0 - threshold) / 2.0)
-        if warning:
-            result["warnings"].append(warning)
-    counts = f"{len(base)} vs {len(cand)} runs"
-    where = (f"candidate median {_fmt(c_med)} {unit} is {ratio:.1%} of the baseline's {_fmt(b_med)} "
-             f"(threshold {threshold:.0%})")
-    if ratio < threshold and p_drop <= alpha:
-        result.update(decision="regression", decided_by="test")
-        result["reason"] = (f"regression: {where}, and the drop is significant (one-sided Mann-Whitney U p={p_drop:.4f} "
-                            f"<= {alpha}, {counts})")
-    elif p_pass <= pass_alpha:
-        result.update(decision="pass", decided_by="test")
-        result["reason"] = (f"pass: {where}; the candidate is significantly above {threshold:.0%} of the baseline "
-                            f"(p={p_pass:.4f} <= {pass_alpha}, {counts})")
-    elif len(cand) >= max_runs:
-        decision = "regression" if ratio < threshold else "pass"
-        result.update(decision=decision, decided_by="median-at-cap")
-        result["reason"] = (f"{decision} (decided by the median at the cap of {max_runs} candidate runs): {where}; "
-                            f"neither test was conclusive (drop p={p_drop:.4f}, above-threshold p={p_pass:.4f}, {counts})")
+                f"and a gate at {threshold:.0%} needs noise well below the {margin:.0%} it must see")
+    result["warnings"].extend(s["reason"] for s in result["screened"])
+    counts = f"{len(base)} vs {len(cand)} runs" + (f", {len(result['screened'])} screened" if result["screened"] else "")
+    where = (f"candidate/baseline {ratio:.1%} (geometric means; threshold {threshold:.0%}, CV {result['cv']:.1%}, "
+             f"look {len(cand)}/{max_runs}, {counts})")
+    fail_b = _failure_rate(baseline_failed, baseline_requests)
+    fail_c = _failure_rate(candidate_failed, candidate_requests)
+    if fail_c > fail_b:
+        result.update(decision="regression", final=True, decided_by="failures")
+        result["reason"] = (f"regression: the candidate failed or cut short {candidate_failed} of {candidate_requests} "
+                            f"requests, the baseline {baseline_failed} of {baseline_requests}: a server that fails more "
+                            f"cannot pass, whatever its speed ({where})")
+        return result
+    if drift:
+        result.update(final=True, decided_by="drift", advice=drift.split("; ")[-1])
+        result["reason"] = f"inconclusive: {drift} ({where})"
+        return result
+    common = common_trend(b_logs, c_logs)
+    result["trend"] = common
+    looks = schedule(first, step, max_runs)
+    guard_on = len(looks) >= guard_from and len(cand) >= looks[guard_from - 1]
+    held = None
+    if guard_on and common.get("se") and se > 0:
+        # the verdict must hold with the shared trend taken out too (runs are taken one after another)
+        gap = (len(b_logs) + len(c_logs)) / 2.0
+        d_adj = d - common["slope"] * gap
+        if d < log_t and p_drop <= nominal_r and common["p_falling"] <= trend_guard:
+            if not d_adj < log_t:
+                held = "regression"
+        elif d >= log_f and p_pass <= nominal_p and common["p_rising"] <= trend_guard:
+            if not d_adj >= log_t:
+                held = "pass"
+        result["trend"]["adjusted_ratio"] = math.exp(d_adj)
+    if held:
+        msg = (f"the runs of both sides {'fall' if held == 'regression' else 'rise'} steadily "
+               f"({common['change_per_run']:+.2%} per run, p={common['p_falling' if held == 'regression' else 'p_rising']:.2g}"
+               f" <= {trend_guard}) and with that trend taken out the {held} no longer holds")
+        if final_look:
+            result.update(final=True, decided_by="drift", advice="find what changes the host's speed over time")
+            result["reason"] = f"inconclusive: {msg} ({where})"
+        else:
+            nxt = next((k for k in looks if k > len(cand)), max_runs)
+            result["runs_needed"] = nxt - len(cand)
+            result["reason"] = f"inconclusive: {msg}; run {result['runs_needed']} more candidate runs ({where})"
+        return result
+    if d < log_t and p_drop <= nominal_r:
+        result.update(decision="regression", final=True, decided_by="test")
+        result["reason"] = (f"regression: {where}; below the threshold and significantly slower than the baseline "
+                            f"(p={p_drop:.2g} <= {nominal_r:.2g}, this look's share of alpha {alpha})")
+    elif d >= log_f and p_pass <= nominal_p:
+        result.update(decision="pass", final=True, decided_by="test")
+        result["reason"] = (f"pass: {where}; above the threshold, and a drop of {detect:.0%} or more is ruled out "
+                            f"(p={p_pass:.2g} <= {nominal_p:.2g}, this look's share of pass_alpha {pass_alpha})")
+    elif final_look:
+        result.update(final=True, decided_by="cap", advice=_advice(sdd, margin, requests_per_run))
+        result["reason"] = (f"inconclusive at the cap of {max_runs} candidate runs: {where}; neither a pass "
+                            f"(p={p_pass:.2g} > {nominal_p:.2g}) nor a regression (p={p_drop:.2g} > {nominal_r:.2g}); "
+                            f"smallest detectable drop {sdd:.1%}: try {result['advice']}")
     else:
-        result["runs_needed"] = min(step, max_runs - len(cand))
-        result["reason"] = (f"inconclusive: {where}; neither a significant drop below {threshold:.0%} (p={p_drop:.4f} > "
-                            f"{alpha}) nor significantly above it (p={p_pass:.4f} > {pass_alpha}) with {counts}: "
-                            f"run {result['runs_needed']} more candidate runs (cap {max_runs})")
+        looks = schedule(first, step, max_runs)
+        nxt = next((k for k in looks if k > len(cand)), max_runs)
+        result["runs_needed"] = nxt - len(cand)
+        result["reason"] = (f"inconclusive: {where}; neither a pass (p={p_pass:.2g} > {nominal_p:.2g}) nor a regression "
+                            f"(p={p_drop:.2g} > {nominal_r:.2g}) yet: run {result['runs_needed']} more candidate runs")
+    return result
+
+
+def replay(baseline: Sequence[float], candidate: Sequence[float], **settings: Any) -> dict[str, Any]:
+    """Judge stored runs as the sequential gate would have while taking them: decide() at each scheduled look on the
+    candidate runs taken so far (in the order taken; the whole baseline), stopping at the first final answer.
+
+    The result is decide()'s at that look, with ``candidate_runs_used``; when the stored runs end before a final
+    answer it is the last look's (``final`` false, ``runs_needed`` more). Runs past the last look they reach are not
+    used. Stored runs taken when the first look was at ``min_runs`` should pass ``candidate_min_runs=min_runs``.
+    """
+    cand = check_runs("candidate", candidate)
+    first = settings.get("candidate_min_runs") or CANDIDATE_MIN_RUNS
+    looks = schedule(first, settings.get("step") or 2, settings.get("max_runs", 15))
+    used = [k for k in looks if k <= len(cand)] or [len(cand)]
+    result: dict[str, Any] = {}
+    for k in used:
+        result = decide(baseline, cand[:k], **settings)
+        result["candidate_runs_used"] = k
+        if result["final"]:
+            break
     return result

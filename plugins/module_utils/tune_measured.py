@@ -390,9 +390,13 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
             if key not in base["levels"]:
                 raise TuneError(f"profile {name!r} level c={key} was measured for {e['name']!r} but not for "
                                 f"{ref['name']!r}: the profiles changed mid-run; start over")
+            # the gate's first look is the first round's run count (the profile's repetitions), so that round
+            # spends its share of the error rates; later rounds add the runs the gate asked for
+            first = e.setdefault("first_look", {}).setdefault(f"{name}/{key}", len(lv["samples"]))
             try:
                 v = decide(base["levels"][key]["samples"], lv["samples"], threshold=g["threshold"], alpha=g["alpha"],
-                           pass_alpha=g["pass_alpha"], min_runs=g["min_runs"], max_runs=g["max_runs"], bootstrap=1000)
+                           pass_alpha=g["pass_alpha"], min_runs=g["min_runs"], max_runs=g["max_runs"],
+                           candidate_min_runs=min(max(first, 3), g["max_runs"]), bootstrap=1000)
             except GateError as err:
                 raise TuneError(f"the gate cannot judge {e['name']!r} {name} c={key}: {err}") from err
             verdicts[name][key] = {k: v[k] for k in ("decision", "ratio", "p_value", "p_value_pass", "ci",

@@ -149,9 +149,28 @@ options:
     description: CA bundle to verify the server's certificate with, for C(https) URLs.
     type: path
   max_error_rate:
-    description: Fraction of failed requests (0 to 1) above which the module fails, with the results in its output.
+    description:
+      - Fraction of failed requests (0 to 1) above which the module fails, with the results in its output.
+      - A run (warm-up, settle or measured) stops as soon as more than this share of its requests failed, cancelling the
+        requests in flight, and the module fails saying where; a server that errors cannot give a valid run, so the
+        rest of the sweep would only cost time.
+      - A request whose C(usage.completion_tokens) exceeds O(output_tokens), or contradicts the tokens its chunks
+        streamed, is a protocol error, not a throughput.
     type: float
     default: 0.0
+  deadline:
+    description:
+      - Seconds the whole call may take, preflight included; past it the module fails, saying where the sweep stood. A
+        server that answers the preflight and then hangs fails within O(timeout) (the first timed-out request is past
+        O(max_error_rate) 0) and at the latest at this deadline. V(0) sets no deadline.
+    type: float
+    default: 3600
+  measured_only:
+    description:
+      - Measured runs only, without the O(warmup) requests and the settle runs; more runs of a server that was just
+        benchmarked (the throughput gate's extra rounds), at the levels of O(concurrency) (give the gated one).
+    type: bool
+    default: false
   results_dir:
     description:
       - Directory on the host for the results JSON (created if missing). The file is
@@ -384,6 +403,8 @@ ARGUMENT_SPEC = dict(
     validate_certs=dict(type="bool", default=True),
     ca_path=dict(type="path"),
     max_error_rate=dict(type="float", default=0.0),
+    deadline=dict(type="float", default=3600.0),
+    measured_only=dict(type="bool", default=False),
     results_dir=dict(type="path"),
     label=dict(type="str", default="benchmark"),
     tuning=dict(type="dict", default={}),

@@ -20,7 +20,10 @@ description:
   - A corrupt or unreadable journal, or a host that runs a kernel other than its saved default without a journal, is
     refused (RV(next_action) is C(finish) with the decision C(refused) and the fix), and nothing is changed.
   - The gate is C(gpufleet.inference.throughput_gate)'s decide() over the journal's runs; contaminated runs (foreign load
-    on the server) make the answer C(inconclusive).
+    on the server) make the answer C(inconclusive). Before the pin the gate judges the baseline alone and asks for more
+    baseline runs while it is too noisy, up to its cap, or stops with nothing changed (C(inconclusive), "host too noisy").
+    More candidate runs follow while its C(runs_needed) is above 0 (measured only, the gated level alone); its answer
+    is then final, and a final C(inconclusive) rolls back. Failed requests and short outputs of each side reach it.
   - With O(lease_run_id) set, every step renews the host's lease (C(gpufleet.inference.host_lease)) and refuses when this
     run no longer holds it.
 author:
@@ -41,7 +44,8 @@ options:
   data:
     description:
       - The event's data. V(start) - C(preflight) (the result of C(kernel_upgrade_preflight)). V(benchmarked) - C(label),
-        C(samples), C(files), C(kernel), C(concurrency), C(contaminated) (indices of contaminated runs). V(audited) -
+        C(samples), C(files), C(kernel), C(concurrency), C(contaminated) (indices of contaminated runs), C(failed) (failed
+        requests and short outputs), C(requests). V(audited) -
         C(findings). V(installed) - C(preflight) (phase installed). V(verified) - C(cmdline_missing), C(findings_after),
         C(vllm) (C(checked), C(ok), C(msg)). V(committed)/V(rolled_back) - C(locked), C(server). V(error) - C(msg).
     type: dict
@@ -80,7 +84,8 @@ options:
     type: int
     default: 1800
   gate:
-    description: The gate's settings (C(threshold), C(alpha), C(pass_alpha), C(min_runs), C(max_runs)).
+    description: The gate's settings (C(threshold), C(alpha), C(pass_alpha), C(min_runs), C(max_runs), and optionally
+      C(max_baseline_runs), C(candidate_min_runs) (the first look, default 4) and C(requests_per_run)).
     type: dict
     default: {}
   journal:
@@ -122,12 +127,13 @@ EXAMPLES = r"""
 RETURN = r"""
 next_action:
   description:
-    - What the controller does next. C(name) is one of C(lock), C(benchmark) (C(label), C(runs), C(seed)), C(audit),
+    - What the controller does next. C(name) is one of C(lock), C(benchmark) (C(label), C(runs), C(seed),
+      C(measured_only), C(concurrency) - an extra round runs only that level, without warm-up or settle runs), C(audit),
       C(pin), C(install) (C(package), C(packages)), C(boot_once) (C(version), C(commit_timeout)), C(verify), C(commit) and C(rollback)
       (C(version), C(hold), C(unattended_upgrades), C(reboot)), C(finish) (C(decision), C(reason), C(ok)).
   returned: success
   type: dict
-  sample: {name: benchmark, label: baseline, runs: 5, seed: 0}
+  sample: {name: benchmark, label: baseline, runs: 5, seed: 0, measured_only: false, concurrency: null}
 journal:
   description: The journal after the step (null when no upgrade is in progress).
   returned: success

@@ -52,13 +52,16 @@ def measure(args, requests: int) -> dict:
     result = ic.run(ic.benchmark(cfg))
     level = result["levels"][0]
     runs = list(level["output_throughput"]["values"])
-    settings = {"threshold": args.threshold, "alpha": 0.01, "pass_alpha": 0.05, "min_runs": 5, "max_runs": 15}
+    settings = {"threshold": args.threshold}
     aa = decide(runs[:5], runs[5:20], threshold=args.threshold, bootstrap=0) if len(runs) >= 10 else None
     cv = level["output_throughput"]["cv"] or 0.0
     sim = {}
     if cv > 0 and args.sim_trials:
-        for name, drop in (("false_rollback", 0.0), ("detection_8pct", 0.08)):
-            sim[name] = simulate(args.sim_trials, drop, cv, settings, 5, 1)["regression_rate"]
+        # the whole gated procedure at this CV (bench_throughput_gate): any rollback with no change, 8% drops caught
+        unchanged = simulate(("aa", cv, 0.0, 0.0, False, args.sim_trials, 1, settings))
+        dropped = simulate(("drop8", cv, 0.08, 0.0, False, args.sim_trials, 1, settings))
+        sim = {"false_rollback": unchanged["rollback"], "detection_8pct": dropped["regression"],
+               "inconclusive": unchanged["inconclusive"]}
     return {"requests": requests, "seconds": round(time.perf_counter() - t0, 1),
             "run_seconds": [r["duration_s"] for r in level["runs"]], "settle": level["settle"], "runs": runs,
             "cv": cv, "trend": level["trend"], "errors": level["errors"],

@@ -17,14 +17,16 @@ BASE_RUNS = [1000.0, 1012.0, 995.0, 1004.0, 998.0, 1008.0, 1001.0, 993.0, 1010.0
              1005.0]
 SETTINGS = {"reboot_ok": True, "check_mode": False, "lock": True, "lock_packages": [], "verify_pcie": True,
             "commit_timeout": 1800,
-            "gate": {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.05, "min_runs": 5, "max_runs": 15}}
+            "gate": {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.005, "min_runs": 5, "max_runs": 15}}
 PACKAGES = [f"linux-image-{OLD}", "linux-image-cloud-amd64", "nvidia-driver", "nvidia-kernel-dkms", "gpufleet-lab-dkms",
             "openssh-server"]
 
 
 class Host:
     def __init__(self, speed_new: float = 1.0, boots: bool = True, verify_ok: bool = True, post_ok: bool = True,
-                 foreign_load: str = "", inconclusive_speeds: list[float] | None = None):
+                 foreign_load: str = "", inconclusive_speeds: list[float] | None = None,
+                 base_pattern: list[float] | None = None, cand_pattern: list[float] | None = None,
+                 cand_failed: int = 0):
         self.running = OLD
         self.default = OLD
         self.boot = 0
@@ -38,6 +40,9 @@ class Host:
         self.post_ok = post_ok
         self.foreign_load = foreign_load  # "baseline" or "candidate": every run of that side is contaminated
         self.inconclusive_speeds = inconclusive_speeds
+        # per-run multipliers (cyclic over the side's runs so far): a noisy baseline or candidate
+        self.patterns = {"baseline": base_pattern or [1.0], "candidate": cand_pattern or [1.0]}
+        self.cand_failed = cand_failed  # failed requests or short outputs of every candidate benchmark
         self.benchmarks: list[dict] = []  # every benchmark: label, kernel, default at the time
         self.reboots = 0
         self.runs_done: dict = {}
@@ -83,14 +88,20 @@ class Host:
             self.benchmarks.append({"label": label, "kernel": self.running, "default": self.default})
             speed = self.speed_new if self.running == NEW else 1.0
             done = self.runs_done.get((label, self.running), 0)
-            runs = [BASE_RUNS[(done + i) % len(BASE_RUNS)] for i in range(action["runs"])]
+            pattern = self.patterns[label]
+            runs = [BASE_RUNS[(done + i) % len(BASE_RUNS)] * pattern[(done + i) % len(pattern)]
+                    for i in range(action["runs"])]
             self.runs_done[(label, self.running)] = done + len(runs)
             if self.running == NEW and self.inconclusive_speeds:
                 speed = self.inconclusive_speeds.pop(0) if len(self.inconclusive_speeds) > 1 else self.inconclusive_speeds[0]
             contaminated = list(range(len(runs))) if self.foreign_load == label else []
+            self.benchmarks[-1].update(runs=action["runs"], measured_only=action.get("measured_only", False),
+                                       concurrency=action.get("concurrency"))
             return "benchmarked", {"label": label, "samples": [v * speed for v in runs], "kernel": self.running,
                                    "files": [f"/var/lib/gpufleet/benchmarks/{label}-{len(self.benchmarks)}.json"],
-                                   "concurrency": 4, "contaminated": contaminated}
+                                   "concurrency": 4, "contaminated": contaminated,
+                                   "failed": self.cand_failed if label == "candidate" else 0,
+                                   "requests": 32 * len(runs)}
         if name == "audit":
             return "audited", {"findings": [{"code": "link_downgraded", "device": "0000:01:00.0"}]}
         if name == "pin":

@@ -232,11 +232,15 @@ def test_query_on_a_missing_history_says_so(tmp_path, capsys):
 
 
 def test_a_lower_median_without_a_significant_test_is_not_flagged():
-    """Stored runs cannot be extended, so the gate's median-at-the-cap rule never flags a drop here."""
+    """A median 20% lower is not a drop when the test is not significant (the gate has no median fallback).
+
+    The gate's ratio is that of the geometric means (issue 17), here (600*1200*800*700*900 / 1000*700*1300*900*1100)^(1/5).
+    """
     runs = [{"id": 1, "samples": [1000.0, 700.0, 1300.0, 900.0, 1100.0], "median": 1000.0},
             {"id": 2, "samples": [600.0, 1200.0, 800.0, 700.0, 900.0], "median": 800.0}]
     step = cp.consecutive_drops(runs)[0]
-    assert step["ratio"] == 0.8 and step["p_value"] > 0.01
+    geo = ((600.0 * 1200 * 800 * 700 * 900) / (1000.0 * 700 * 1300 * 900 * 1100)) ** 0.2
+    assert step["ratio"] == pytest.approx(geo) and step["ratio"] < 0.95 and step["p_value"] > 0.01
     assert (step["drop"], step["decision"]) == (False, "inconclusive")
 
 

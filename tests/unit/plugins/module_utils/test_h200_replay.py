@@ -45,7 +45,8 @@ LEVELS = [(session, level) for session in SESSIONS for level in ("16", "64", "25
 def test_gate_verdicts_recomputed(session, label):
     rows = {r["label"]: r for r in h200_report.gate_rows(load("gate.json", session))}
     want, got = EXPECTED[session]["gates"][label], rows[label]
-    assert got["decision"] == want["decision"]
+    assert got["decision"] == want["decision"] and got["final"] is want["final"]
+    assert got["runs_needed"] == want.get("runs_needed", 0)
     assert got["ratio"] == pytest.approx(want["ratio"], abs=5e-4)
     assert got["candidate_runs"] == want["candidate_runs"]
     if "p_value" in want:
@@ -72,14 +73,17 @@ def test_stage_table_recomputed(session):
     assert [r["stage"] for r in rows] == [s["stage"] for s in EXPECTED[session]["stages"]]
     for row, want in zip(rows, EXPECTED[session]["stages"]):
         for key, value in want.items():
+            if key.startswith("device_"):
+                continue
             if isinstance(value, float):
                 assert row[key] == pytest.approx(value, abs=5e-4), key
             else:
                 assert row[key] == value, key
-    # the verdict stored by the device run is the one recomputed
-    for rec, row in zip(tune["records"][1:], rows[1:]):
-        assert rec["gate"]["decision"]["decision"] == row["verdict"]
-        assert rec["kept"] == row["kept"]
+    # what the device's gate (the one before issue 17) said and did is stored with the runs; expected.yml keeps it,
+    # so the stored records are the ones the table was recomputed from
+    for rec, want in zip(tune["records"][1:], EXPECTED[session]["stages"][1:]):
+        assert rec["gate"]["decision"]["decision"] == want["device_verdict"]
+        assert rec["kept"] is want["device_kept"]
     md = vfs.stage_table_markdown(rows, [16, 64, 256])
     assert md.count("\n") == len(rows) + 2 and "| max_num_seqs 512 | max_num_seqs=512 |" in md
 
@@ -129,14 +133,15 @@ def test_noise_cells_recomputed(session):
     for row, want in zip(rows, EXPECTED[session]["noise"]):
         assert (row["concurrency"], row["requests"], row["n"]) == (want["concurrency"], want["requests"], 8)
         assert row["cv"] == pytest.approx(want["cv"], abs=5e-4)
-        assert row["decides_5pct"] is want["decides_drop"]
+        assert row["decides"] is want["decides_drop"]
 
 
-def test_second_session_noise_lets_the_gate_catch_only_large_drops():
-    """At 10.6-13.4% CV (runs of 5-9 s) the simulated gate at 0.95 catches 90% only of drops of 15% or more:
-    the sentence gpu_h200.md writes for each cell."""
+def test_second_session_noise_is_too_much_for_a_5pct_gate():
+    """At 10.6-13.4% CV (runs of 5-9 s) the sequential gate at 0.95 stops before any change: the baseline's own
+    spread cannot resolve a 5% drop, so it never passes an unchanged server and catches no drop up to 50% in 90%
+    of trials (it never measures the candidate): the sentence gpu_h200.md writes for each cell ("> 50%")."""
     rows = h200_report.noise_rows(load("noise.json", "run2"), trials=300)
-    assert all(row["min_drop_90"] is not None and row["min_drop_90"] >= 0.15 for row in rows)
+    assert all(row["min_drop_90"] is None and row["false_rollback"] == 1.0 and not row["decides"] for row in rows)
     assert all(0.10 < row["cv"] < 0.14 and row["run_s"] > 4.5 for row in rows)
 
 

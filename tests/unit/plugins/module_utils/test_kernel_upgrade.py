@@ -339,6 +339,23 @@ def test_fleet_report_rows_counts_and_markdown():
     assert "| lab2 | **not reached** |" in md and "its wave has not run yet" in md
 
 
+def test_fleet_report_counts_inconclusive_apart_from_regression():
+    noisy = record("lab4", "inconclusive", [100, 130, 80, 115, 90], [], None)
+    noisy["gate"] = {"decision": "inconclusive", "final": True, "decided_by": "too-noisy", "cv": 0.186,
+                     "smallest_detectable_drop": 0.21, "too_noisy": True, "advice": "runs of about 2300 requests (now 128)"}
+    recs = [record("lab3", "regression", [100, 101, 99, 100, 102], [40, 42, 41, 39, 43], 0.41), noisy]
+    rep = kr.fleet_report(recs, ["lab3", "lab4"], "r1")
+    assert rep["counts"] == {"inconclusive": 1, "regression": 1}
+    assert rep["inconclusive"] == ["lab4"] and rep["failed"] == ["lab3", "lab4"]
+    assert rep["hosts"][1]["cv"] == 0.186 and rep["hosts"][1]["advice"].startswith("runs of about 2300")
+    md = kr.render_markdown(rep)
+    assert "Outcome: 1 regression, 1 inconclusive; failed: lab3, lab4." in md
+    assert ("- **lab4** (inconclusive): inconclusive because Measured CV 18.6%, smallest detectable drop 21.0%; would "
+            "help: runs of about 2300 requests (now 128).") in md
+    summary = kr.gate_summary(dict(noisy["gate"], screened=[{"side": "baseline", "index": 2}]))
+    assert summary["too_noisy"] and summary["cv"] == 0.186 and summary["screened"][0]["index"] == 2
+
+
 def test_gate_summary_keeps_what_the_record_needs():
     gate = {"decision": "pass", "ratio": 1.01, "p_value": 0.6, "p_value_pass": 0.004, "decided_by": "test", "threshold": 0.95,
             "alpha": 0.01, "reason": "pass: ...", "ci": [0.98, 1.03], "warnings": [], "method": "exact",

@@ -34,7 +34,7 @@ PREFIX = "ansible_collections.gpufleet.inference.plugins.module_utils"
 
 # Layer -> module_utils. A file imports module_utils of lower layers only.
 LAYERS = {
-    0: ["hostfs", "hostcmd"],
+    0: ["gate_stats", "hostfs", "hostcmd"],
     1: ["audit_report", "bench_history", "grub", "host_lease", "nccl_env", "pci_config", "pcie_aspm",
         "pcie_boot", "pcie_p2p", "reboot_contract", "svg_chart", "throughput_gate", "vllm_args", "vllm_preflight", "vllm_ready",
         "vllm_startlog"],

@@ -153,14 +153,19 @@ def test_unwritable_results_dir(lab, tmp_path, capsys):
 
 
 def test_requests_that_fail_under_load_fail_the_task(tmp_path, capsys):
-    """A server that gives up on long requests: every measured request times out, the module fails with the reasons."""
+    """A server that gives up on long requests: the first run past max_error_rate stops the sweep, with the reasons."""
     with LabServer(tmp_path, "--work", "4096", "--step-work", "0") as slow:
         result = run_main({"url": slow.url, "prompt_tokens": 8, "output_tokens": 400, "concurrency": [2], "requests": 2,
                            "warmup": 0, "repetitions": 1, "timeout": 0.5}, capsys)
-    assert result["failed"]
-    assert result["msg"].startswith(f"2 of 2 benchmark requests to {slow.url} failed (100.0%, max_error_rate 0.0%): "
-                                    "2 x timed out after 0.5 s")
-    assert result["benchmark"]["errors"] == 2
+        assert result["failed"] and not result["benchmarked"]
+        assert result["msg"].startswith(f"Stopped the benchmark of {slow.url} at concurrency 2, settle runs, after 0 "
+                                        "measured runs: ")
+        assert "past max_error_rate 0.0% of a run of 2 (stopped early): " in result["msg"]
+        assert "x timed out after 0.5 s" in result["msg"]
+        # without settle runs the measured run is the one that stops
+        result = run_main({"url": slow.url, "prompt_tokens": 8, "output_tokens": 400, "concurrency": [2], "requests": 2,
+                           "warmup": 0, "settle_runs": 0, "repetitions": 3, "timeout": 0.5, "deadline": 120}, capsys)
+    assert result["failed"] and "at concurrency 2, measured runs, after 0 measured runs" in result["msg"]
 
 
 def test_errors_within_the_allowed_rate_only_warn(tmp_path, capsys):

@@ -40,9 +40,10 @@ def test_regression(capsys):
     result = run_main({"baseline": BASE, "candidate": SLOWER}, capsys)
     assert result["changed"] is False and result["actions"] == []
     assert result["decision"] == "regression" and result["runs_needed"] == 0
-    assert result["ratio"] == pytest.approx(925.2 / 1009.9)
-    assert result["p_value"] == pytest.approx(1 / 252)
-    assert result["gate"]["decided_by"] == "test" and result["gate"]["baseline"]["n"] == 5
+    geo = (lambda xs: __import__("math").exp(sum(__import__("math").log(x) for x in xs) / len(xs)))
+    assert result["ratio"] == pytest.approx(geo(SLOWER) / geo(BASE))
+    assert result["p_value"] < result["gate"]["look"]["nominal_regression"]
+    assert result["gate"]["decided_by"] == "test" and result["gate"]["baseline"]["n"] == 5 and result["gate"]["final"]
     assert result["reason"] == result["gate"]["reason"]
 
 
@@ -55,13 +56,33 @@ def test_pass_and_check_mode_agree(capsys):
 
 
 def test_inconclusive_asks_for_runs(capsys):
+    # the first look is at 4 candidate runs, the next ones every `step` runs
+    result = run_main({"baseline": BASE, "candidate": [880.0, 1000.0, 940.0, 1015.0]}, capsys)
+    assert result["decision"] == "inconclusive" and result["runs_needed"] == 2 and not result["gate"]["final"]
+    result = run_main({"baseline": BASE, "candidate": [880.0, 1000.0, 940.0, 1015.0], "step": 5}, capsys)
+    assert result["runs_needed"] == 5
     result = run_main({"baseline": BASE, "candidate": [880.0, 1000.0, 940.0, 1015.0, 930.0]}, capsys)
-    assert result["decision"] == "inconclusive" and result["runs_needed"] == 5
+    assert result["runs_needed"] == 1  # 5 runs is between the looks at 4 and 6
+
+
+def test_baseline_alone_and_too_noisy(capsys):
+    result = run_main({"baseline": BASE, "candidate": []}, capsys)
+    assert result["gate"]["decided_by"] == "baseline-ready" and result["runs_needed"] == 4
+    noisy = [1000.0, 1150.0, 900.0, 1080.0, 940.0] * 3
+    result = run_main({"baseline": noisy, "candidate": [], "requests_per_run": 128}, capsys)
+    assert result["decision"] == "inconclusive" and result["gate"]["too_noisy"] and result["gate"]["final"]
+    assert result["reason"].startswith("host too noisy for a 5% gate: CV 9.3%, smallest detectable drop 10.6%")
+
+
+def test_failures_reach_the_gate(capsys):
+    result = run_main({"baseline": BASE, "candidate": SAME, "baseline_requests": 640, "candidate_failed": 2,
+                       "candidate_requests": 640}, capsys)
+    assert result["decision"] == "regression" and result["gate"]["decided_by"] == "failures"
 
 
 def test_fail_on_regression(capsys):
     result = run_main({"baseline": BASE, "candidate": SLOWER, "fail_on_regression": True}, capsys)
-    assert result["failed"] and result["msg"].startswith("regression: candidate median 925.2 tok/s is 91.6%")
+    assert result["failed"] and result["msg"].startswith("regression: candidate/baseline 91.7%")
     assert result["decision"] == "regression"
     assert not run_main({"baseline": BASE, "candidate": SAME, "fail_on_regression": True}, capsys).get("failed")
 
@@ -73,8 +94,10 @@ def test_noisy_runs_warn(capsys):
 
 
 @pytest.mark.parametrize("args, fragment", [
-    ({"baseline": BASE, "candidate": SAME, "threshold": 1.5}, "Cannot judge the runs: threshold must be in (0, 1]"),
-    ({"baseline": BASE, "candidate": SAME, "min_runs": 3}, "no regression could ever be significant"),
+    ({"baseline": BASE, "candidate": SAME, "threshold": 1.5}, "Cannot judge the runs: threshold must be in (0, 1)"),
+    ({"baseline": BASE, "candidate": SAME, "min_runs": 2}, "min_runs must be at least 3"),
+    ({"baseline": BASE, "candidate": SAME, "candidate_failed": -1}, "candidate_failed must be 0 or more"),
+    ({"baseline": BASE, "candidate": SAME, "spending": "linear"}, "value of spending must be one of"),
     ({"baseline": [0, 0, 0, 0, 0], "candidate": SAME}, "baseline median is 0.0 tok/s"),
     ({"baseline": BASE, "candidate": SAME, "bootstrap_resamples": -1}, "bootstrap_resamples must be 0 or more"),
     ({"baseline": BASE, "candidate": ["fast"]}, "unable to convert to float"),
@@ -97,12 +120,14 @@ def test_filter_matches_the_module(capsys):
     assert gate(BASE, SLOWER) == module["gate"]
     assert gate(tuple(BASE), SAME, threshold="0.95", min_runs="5")["decision"] == "pass"
     assert gate(["1000", "1010", "990", "1005", "995"], SLOWER)["decision"] == "regression"
+    assert gate(BASE, [], requests_per_run="128", spending="pocock")["decided_by"] == "baseline-ready"
 
 
 @pytest.mark.parametrize("baseline, candidate, kwargs, fragment", [
     (BASE, "fast", {}, "candidate must be a list"),
     (BASE, SAME, {"alpha": 0.9}, "alpha must be in (0, 0.5)"),
     (BASE, SAME, {"min_runs": "five"}, "invalid literal"),
+    (BASE, SAME, {"stepp": 2}, "unknown option(s) stepp"),
 ])
 def test_filter_errors(baseline, candidate, kwargs, fragment):
     gate = gate_filter()
