@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 from ansible.module_utils import _internal
@@ -36,12 +37,15 @@ def run_main(args, capsys):
     return result
 
 
+def _geometric_mean(values):
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 def test_regression(capsys):
     result = run_main({"baseline": BASE, "candidate": SLOWER}, capsys)
     assert result["changed"] is False and result["actions"] == []
     assert result["decision"] == "regression" and result["runs_needed"] == 0
-    geo = (lambda xs: __import__("math").exp(sum(__import__("math").log(x) for x in xs) / len(xs)))
-    assert result["ratio"] == pytest.approx(geo(SLOWER) / geo(BASE))
+    assert result["ratio"] == pytest.approx(_geometric_mean(SLOWER) / _geometric_mean(BASE))
     assert result["p_value"] < result["gate"]["look"]["nominal_regression"]
     assert result["gate"]["decided_by"] == "test" and result["gate"]["baseline"]["n"] == 5 and result["gate"]["final"]
     assert result["reason"] == result["gate"]["reason"]
