@@ -49,6 +49,7 @@ LEASE = "/var/lib/gpufleet/lease.json"
 SSH_BLOCK = "gpufleet-lab-no-ssh.service"
 LOAD_UNIT = "gpufleet-lab-load"
 FIGURES = LAB_DIR / "kernel_upgrade_crash_figures.jsonl"
+CONTROLLERS: list[subprocess.Popen] = []  # every ansible-playbook this module started (each in its own session)
 DKMS_SRC = REPO / "tests" / "lab" / "dkms" / "gpufleet_lab"
 # The server's own in-flight count (what the benchmark's load monitor reads), run on the host.
 IN_FLIGHT = r"""
@@ -170,6 +171,7 @@ def rollout_popen(work: Path, tag: str, limit: str, *extra: str) -> tuple[subpro
              "-e", f"kernel_upgrade_fleet_report_dir={report}", "--limit", limit, *extra],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO, env=ansible_env(),
             start_new_session=True)
+    CONTROLLERS.append(proc)
     return proc, report
 
 
@@ -203,7 +205,7 @@ def wait_controller(proc: subprocess.Popen, timeout: float) -> int:
     """The run's exit status; a run past its timeout is killed (no controller is left behind)."""
     try:
         return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException:  # a timeout, or the session interrupted (timeout -s INT): no controller is left behind
         kill_controller(proc)
         raise
 
@@ -235,6 +237,17 @@ def gate_figures(rec: dict) -> dict:
     return {"decision": rec.get("decision"), "ratio": gate.get("ratio"), "p_value": gate.get("p_value"),
             "baseline_median": (gate.get("baseline") or {}).get("median"),
             "candidate_median": (gate.get("candidate") or {}).get("median"), "total_s": (rec.get("timings") or {}).get("total_s")}
+
+
+@pytest.fixture(autouse=True)
+def no_controller_left():
+    """A test that fails or is interrupted leaves no ansible-playbook of its own running (they run in
+    sessions of their own, out of reach of the signals that stop pytest)."""
+    yield
+    for proc in CONTROLLERS:
+        if proc.poll() is None:
+            kill_controller(proc)
+    CONTROLLERS.clear()
 
 
 @pytest.fixture(scope="module")
