@@ -131,6 +131,7 @@ def _back_to_old(name: str) -> None:
     script = f"""set -e
 systemctl disable --now gpufleet-boot-health.timer >/dev/null 2>&1 || true
 systemctl stop {LOAD_UNIT} >/dev/null 2>&1 || true
+systemctl reset-failed {LOAD_UNIT} >/dev/null 2>&1 || true
 rm -f {JOURNAL} {LEASE} {HEALTH_RESULT} /etc/gpufleet/boot-health.json /etc/systemd/system/gpufleet-boot-health.* \
       /etc/systemd/system/timers.target.wants/gpufleet-boot-health.timer
 systemctl daemon-reload
@@ -468,7 +469,7 @@ def test_foreign_load_during_the_baseline_is_inconclusive_not_pass(lab_servers, 
         figure("foreign_load", loaded_after_s=round(t_loaded), run_s=round(t_run), decision=rec["decision"], contaminated=hist["baseline"]["contaminated"],
                baseline_samples=hist["baseline"]["samples"])
     finally:
-        ssh_try("lab2", f"systemctl stop {LOAD_UNIT}; rm -f /run/{LOAD_UNIT}.py")
+        ssh_try("lab2", f"systemctl stop {LOAD_UNIT}; systemctl reset-failed {LOAD_UNIT}; rm -f /run/{LOAD_UNIT}.py")
 
 
 def test_a_dkms_module_that_cannot_build_for_the_target_stops_the_host_before_its_reboot(lab_servers, work):
