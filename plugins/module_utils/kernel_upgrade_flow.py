@@ -340,7 +340,7 @@ def on_pinned(journal, obs):
 INSTALL_ERROR_MARKS = ("Error", "error", "E: ", "make.log", "exited with return code", "failed")
 
 
-def install_failure(install: dict[str, Any], packages: str) -> str:
+def install_failure(install: dict[str, Any], packages: str, dkms_modules: list[str] | None = None) -> str:
     """Why the package install failed, in a few lines of its own output (a DKMS module that does not build
     for the new kernel makes the kernel's postinst fail: apt-get exits 100 and the package stays
     half-configured)."""
@@ -351,8 +351,9 @@ def install_failure(install: dict[str, Any], packages: str) -> str:
             if line and any(mark in line for mark in INSTALL_ERROR_MARKS) and line not in lines:
                 lines.append(line)
     shown = " / ".join(lines[-8:]) or str(install.get("msg") or "no output")
+    logs = ", ".join(f"/var/lib/dkms/{m}/*/build/make.log" for m in dkms_modules or []) or "the make.log it names"
     return (f"apt-get install {packages} failed (rc {install.get('rc')}): {shown}. The new kernel is not booted. Its "
-            "packages may be left half-configured (dpkg --audit): fix the cause (a DKMS build: the make.log named above), "
+            f"packages may be left half-configured (dpkg --audit): fix the cause (a DKMS build: {logs}), "
             "then dpkg --configure -a, or purge them")
 
 
@@ -361,7 +362,7 @@ def on_installed(journal, obs):
     install = obs["data"].get("install") or {}
     problems = []
     if truthy(install.get("failed")):
-        problems.append(install_failure(install, " ".join(install_action(journal, obs)["packages"])))
+        problems.append(install_failure(install, " ".join(install_action(journal, obs)["packages"]), journal.get("dkms_modules")))
     if not post.get("ok", False):
         problems.append(post.get("msg") or "checks failed")
     if problems:
