@@ -416,10 +416,37 @@ def on_pinned(journal, obs):
     return journal, install_action(journal, obs)
 
 
+# Lines of a failed apt-get run that say why (DKMS's build error and its log, dpkg's and apt's errors).
+INSTALL_ERROR_MARKS = ("Error", "error", "E: ", "make.log", "exited with return code", "failed")
+
+
+def install_failure(install: dict[str, Any], packages: str, dkms_modules: list[str] | None = None) -> str:
+    """Why the package install failed, in a few lines of its own output (a DKMS module that does not build
+    for the new kernel makes the kernel's postinst fail: apt-get exits 100 and the package stays
+    half-configured)."""
+    lines: list[str] = []
+    for text in (install.get("stderr"), install.get("stdout"), install.get("msg")):
+        for line in str(text or "").splitlines():
+            line = line.strip()
+            if line and any(mark in line for mark in INSTALL_ERROR_MARKS) and line not in lines:
+                lines.append(line)
+    shown = " / ".join(lines[-8:]) or str(install.get("msg") or "no output")
+    logs = ", ".join(f"/var/lib/dkms/{m}/*/build/make.log" for m in dkms_modules or []) or "the make.log it names"
+    return (f"apt-get install {packages} failed (rc {install.get('rc')}): {shown}. The new kernel is not booted. Its "
+            f"packages may be left half-configured (dpkg --audit): fix the cause (a DKMS build: {logs}), "
+            "then dpkg --configure -a, or purge them")
+
+
 def on_installed(journal, obs):
     post = obs["data"].get("preflight") or {}
+    install = obs["data"].get("install") or {}
+    problems = []
+    if truthy(install.get("failed")):
+        problems.append(install_failure(install, " ".join(install_action(journal, obs)["packages"]), journal.get("dkms_modules")))
     if not post.get("ok", False):
-        return _verdict(journal, obs, "preflight_failed", f"after the install: {post.get('msg') or 'checks failed'}")
+        problems.append(post.get("msg") or "checks failed")
+    if problems:
+        return _verdict(journal, obs, "preflight_failed", "after the install: " + "; ".join(problems))
     _stamp(journal, obs, "installed", "post-install checks passed")
     return arm_boot(journal, obs)
 

@@ -62,8 +62,10 @@ def test_the_step_passes_every_setting_the_flow_reads():
 
 def test_the_boot_health_unit_comes_before_the_one_shot_entry_and_the_reboot():
     names = [next(k for k in t if k.startswith(("ansible.", "gpufleet."))) for t in load("action_boot_once.yml")]
-    assert names[:4] == ["ansible.builtin.copy", "gpufleet.inference.kernel_boot_health",
+    # the check's directory first: Debian has no /usr/local/libexec (the lab's re-run failed there, 2026-12-02)
+    assert names[:5] == ["ansible.builtin.file", "ansible.builtin.copy", "gpufleet.inference.kernel_boot_health",
                          "gpufleet.inference.kernel_boot_entry", "ansible.builtin.reboot"]
+    assert load("action_boot_once.yml")[0]["ansible.builtin.file"]["path"] == "/usr/local/libexec"
     for action in ("commit", "rollback"):
         tasks = load(f"action_{action}.yml")
         assert any(t.get("gpufleet.inference.kernel_boot_health", {}).get("state") == "absent" for t in tasks), action
