@@ -24,7 +24,10 @@ The hashing runs in one engine thread (hashlib releases the GIL), the HTTP side 
 are pseudo-words chosen by the hash chain, so output is deterministic for a given prompt.
 ``--cold-steps N --cold-factor F`` make a server that warms up, as vLLM does while it meets batch
 shapes for the first time: the first engine step costs F times its work, falling linearly to the
-normal cost at step N (tests of the benchmark's settle runs use it).
+normal cost at step N (tests of the benchmark's settle runs use it). ``--step-wait-ms W`` adds W ms
+of waiting to every step (times the cold factor), as a GPU engine's step waits for its kernels: it
+takes wall time and no CPU, so a cold ramp made of it keeps its shape on a loaded host, where CPU
+work is stretched by whatever else runs.
 
 Run (the API key, if any, comes from the environment, never from argv):
 
@@ -111,6 +114,7 @@ class Engine:
         self.eos_after = args.eos_after
         self.cold_steps = args.cold_steps
         self.cold_factor = args.cold_factor
+        self.step_wait = args.step_wait_ms / 1000.0
         size = max(self.work, self.step_work, self.prefill_work, 4096)
         block = bytearray()
         seed = b"gpufleet-lab-weights"
@@ -152,6 +156,8 @@ class Engine:
         """One engine step in the engine thread: new hash state (token) per running sequence."""
         if self.step_work:
             self._hash(b"step", int(self.step_work * factor))
+        if self.step_wait:
+            time.sleep(self.step_wait * factor)
         out = []
         for state, prompt_len in zip(states, prefill_tokens):
             if prompt_len:
@@ -507,6 +513,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="engine steps over which a cold start's extra cost falls away (default 0: no cold start)")
     parser.add_argument("--cold-factor", type=float, default=1.0,
                         help="how many times its work the first engine step costs (default 1)")
+    parser.add_argument("--step-wait-ms", type=float, default=0.0,
+                        help="ms every engine step waits, using no CPU, times the cold factor (default 0)")
     parser.add_argument("--api-key", help=argparse.SUPPRESS)
     args, unknown = parser.parse_known_args(argv)
     return args, unknown
@@ -523,7 +531,7 @@ def check_args(args: argparse.Namespace) -> str | None:
     for name in ("max_num_seqs", "max_model_len", "vocab_size", "stream_interval"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
-    for name in ("work", "step_work", "prefill_work", "cold_steps"):
+    for name in ("work", "step_work", "prefill_work", "cold_steps", "step_wait_ms"):
         if getattr(args, name) < 0:
             return f"--{name.replace('_', '-')} must not be negative"
     if args.cold_factor < 1:

@@ -345,3 +345,22 @@ def test_cold_start_cost_falls_linearly_to_normal(model_dir):
     assert [engine.cost_factor(i) for i in (0, 5, 10, 11)] == [5.0, 3.0, 1.0, 1.0]
     warm, _rest = lis.parse_args(["--model", str(model_dir)])
     assert lis.Engine(warm).cost_factor(0) == 1.0
+
+
+def test_step_wait_is_wall_time_without_cpu_and_follows_the_cold_factor(model_dir):
+    """--step-wait-ms W: a step waits W ms times its cost factor, sleeping (no CPU), on top of its hashing."""
+    sys.path.insert(0, os.path.dirname(SERVER))
+    try:
+        import lab_inference_server as lis
+    finally:
+        sys.path.pop(0)
+    args, _unknown = lis.parse_args(["--model", str(model_dir), "--work", "0", "--step-work", "0",
+                                     "--step-wait-ms", "20"])
+    engine = lis.Engine(args)
+    for factor in (1.0, 4.0):
+        wall, cpu = time.perf_counter(), time.thread_time()
+        engine._step([b"x"], [0], factor)  # pylint: disable=protected-access
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        assert 0.020 * factor <= wall < 0.020 * factor + 0.5 and cpu < 0.01
+    bad, _rest = lis.parse_args(["--model", str(model_dir), "--step-wait-ms", "-1"])
+    assert lis.check_args(bad) == "--step-wait-ms must not be negative"

@@ -458,8 +458,11 @@ def test_short_outputs_when_the_server_stops_early(model_dir):
 # ---- warm-up: a server that starts cold ------------------------------------------------------------
 # The lab server's --cold-factor 20 --cold-steps N: the first engine step costs 20 times its work, falling
 # linearly to the normal cost at step N, as a freshly started vLLM is slow until it has met its batch
-# shapes. 4 requests x 8 tokens at 2 in flight take about 16 engine steps per run.
-COLD = ("--work", "64", "--step-work", "256", "--cold-factor", "20")
+# shapes. 4 requests x 8 tokens at 2 in flight take about 16 engine steps per run. The steps' cost is
+# mostly --step-wait-ms (2 ms a step, 40 ms cold), time waited without CPU: CPU work alone (a few ms a
+# run) was stretched at random by the other jobs of a loaded 2-core CI host, and the ramp's shape with it
+# (these tests failed there 1 time in 5 to 10).
+COLD = ("--work", "16", "--step-work", "64", "--step-wait-ms", "2", "--cold-factor", "20")
 
 
 def test_settle_runs_wait_for_a_cold_server(model_dir):
@@ -492,7 +495,9 @@ def test_measured_runs_of_a_cold_server_are_flagged_as_rising(model_dir):
 
 
 def test_a_server_that_never_settles_is_warned_about(model_dir):
-    with LabServer(model_dir, *COLD, "--cold-steps", "400") as lab:
+    # --cold-steps 64: the ~16 steps of the second run cost about 30% less than those of the first, a gap no
+    # jitter closes to 1% (at 400 steps the gap was 4%, and CI once saw the two runs agree within 1%).
+    with LabServer(model_dir, *COLD, "--cold-steps", "64") as lab:
         cfg = ic.BenchmarkConfig(url=lab.url, prompt_tokens=8, output_tokens=8, concurrency=[2], requests=4, warmup=0,
                                  repetitions=1, settle_runs=2, settle_tolerance=0.01, timeout=60)
         result = run(ic.benchmark(cfg))
