@@ -14,12 +14,16 @@
 #           our client (with and without per-chunk usage) beside vllm bench serve, CPU contention (hog),
 #           pcie_facts with the bandwidth probe during a run, noise, max_num_seqs 32 at c=64, the tuning stages
 #           (call it again, back to back, until it has nothing left: carry .vllmchunks/02 the first time)
+#   tune    install and start the baseline as `run` does, then only the measured-tuning stages, resumed from
+#           a stored tune.json (SEED, e.g. docs/examples/h200-vllm/run2/tune.json: its records are kept and the
+#           stages after them run, gated against SEED_CURRENT, default the baseline server at :8000)
 # (The first H200 session's phases `main` and `gate` are in git history at 68c555b, docs/gpu_h200.md.)
 # Settings: BUDGET (s of work before the phase stops starting new runs, default 540), ROUNDS (compare, 3),
+# TABLE_LEVELS (tune: the levels each stage is also measured at, default "16 64 256"),
 # PCU (our client's per-chunk usage in noise/gate/tune, default --no-per-chunk-usage), CLIENT_CPUS (12-15).
 #   usage (device tool, from the checkout root): cd .h200tree && OUT=$OUT bash tests/tools/device_h200_vllm.sh PHASE
 set -u
-PHASE=${1:?phase: stage1 or run}
+PHASE=${1:?phase: stage1, run or tune}
 OUT=${OUT:?set OUT to the output directory}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)          # .h200tree
 CHUNKS=${CHUNKS:-$ROOT/../.vllmchunks}
@@ -47,13 +51,14 @@ stage1)
   ls -la /opt/torch/.venv/bin/python* "$(dirname "$(dirname "$(command -v python3)")")"/pyvenv.cfg 2>&1
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
   ;;
-run)
+run|tune)
   # One work list, resumable: every step skips what an earlier call of this machine finished (results in
   # /tmp/h200) and starts nothing it cannot finish before BUDGET. The same command for every call after
   # stage1; the first of them carries chunk 02 (the install), the later ones only .h200tree and the scripts.
   read -r -a P <<< "${PCU---no-per-chunk-usage}"   # how our client asks in noise, gate and tune (compare runs both)
   T=(taskset -c "${CLIENT_CPUS:-12-15}")       # the clients' CPUs; the server's are the unit's CPUAffinity
   left() { echo $((DL - $(date +%s))); }
+  read -r -a TL <<< "${TABLE_LEVELS:-16 64 256}"
   if [ ! -d /tmp/site/vllm ]; then
     [ -f /tmp/acc/C.so ] || { echo "chunk 01 missing: the machine was not kept warm; run stage1 again"; exit 2; }
     cp "$CHUNKS"/02/* /tmp/acc/ && python3 "$CHUNKS/scripts/install.py" || exit 2
@@ -74,6 +79,25 @@ PY
       --timeout 300 || { tail -60 "$W/server-baseline.log"; exit 1; }; }
   echo "baseline ready at t=$(( $(date +%s) - S )); its CPUs: $(taskset -pc "$(python3 -c "import json;print(json.load(open('$W/server-baseline.json'))['pid'])")")"
   R=(--server-record "$W/server-baseline.json")
+  if [ "$PHASE" = tune ]; then
+    if [ ! -f "$W/tune.json" ]; then
+      python3 - "${SEED:?tune: set SEED to a stored tune.json}" "$W/tune.json" "${SEED_CURRENT:-http://127.0.0.1:8000}" <<'PY'
+import json, sys
+state = json.load(open(sys.argv[1]))
+# the stages after the stored records are gated against SEED_CURRENT (the baseline server by default: a
+# server of the stored session is gone); the stored records stay as they were measured
+state["current"] = {"vars": {}, "url": sys.argv[3], "pid": None, "name": "baseline"}
+state["seeded_from"] = {"file": sys.argv[1], "records": len(state["records"])}
+state.pop("pending", None); state.pop("deadline_hit", None)
+json.dump(state, open(sys.argv[2], "w"), indent=1)
+PY
+    fi
+    timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" tune --out "$W/tune.json" "${R[@]}" "${P[@]}" \
+      --profiles tests/tools/h200/profiles.yml --host-vars tests/tools/h200/host_vars.yml --logdir "$W" --concurrency 64 \
+      --requests-per-slot 4 --table-levels "${TL[@]}" --deadline "$DL"
+    echo "tune rc=$? at t=$(( $(date +%s) - S ))"
+    exit 0
+  fi
   # 1. our client with and without per-chunk usage beside vllm bench serve (one long-lived worker process)
   timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" compare --out "$W/compare.json" "${R[@]}" --tokenizer /tmp/model \
     --concurrency 16 64 256 --requests 128 512 1024 --rounds "${ROUNDS:-3}" --deadline $((DL - 20))
@@ -108,5 +132,5 @@ PY
   [ "$(left)" -gt 130 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" noise --out "$W/noise.json" "${R[@]}" "${P[@]}" \
       --concurrency 16 --lengths 32 --runs 8 --deadline $((DL - 120))
   ;;
-*) echo "unknown phase $PHASE"; exit 2 ;;
+*) echo "unknown phase $PHASE: stage1, run or tune"; exit 2 ;;
 esac
