@@ -22,7 +22,7 @@ import asyncio
 import re
 from typing import Any, Sequence
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.inference_client import HttpConnection
+from ansible_collections.gpufleet.inference.plugins.module_utils.inference_transport import HttpConnection
 
 METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
 _SAMPLE_RE = re.compile(r"^(?P<name>[A-Za-z_:][A-Za-z0-9_:]*)(?:\{[^}]*\})?\s+(?P<value>[-+0-9.eE]+|NaN)(?:\s+\d+)?$")
@@ -72,7 +72,7 @@ class InFlightMonitor:
     """Samples /metrics on its own connection while a run is in flight (start(), then stop(concurrency))."""
 
     def __init__(self, connect, headers: dict[str, str] | None = None, interval: float = 0.2, path: str = "/metrics"):
-        self.connect = connect  # async () -> an open inference_client.HttpConnection
+        self.connect = connect  # async () -> an open inference_transport.HttpConnection
         self.headers = dict(headers or {})
         self.interval = interval
         self.path = path
@@ -133,7 +133,7 @@ class InFlightMonitor:
 
 
 def for_pool(pool, headers: dict[str, str] | None = None, interval: float = 0.2) -> InFlightMonitor:
-    """A monitor on its own connection to the pool's endpoint (the hook inference_client.benchmark() takes)."""
+    """A monitor on its own connection to the pool's endpoint (the hook inference_sweep.benchmark() takes)."""
 
     async def connect():
         conn = HttpConnection(pool.endpoint, pool.ssl_context)

@@ -375,7 +375,7 @@ import platform
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.inference_client import (
+from ansible_collections.gpufleet.inference.plugins.module_utils.inference_sweep import (
     BenchmarkError, benchmark, check_label, compact_summary, config_from_params, error_failure, plan, probe,
     result_warnings, results_document, results_filename, run,
 )
