@@ -168,3 +168,33 @@ def test_rendered_argv_is_the_roles(session):
             assert now["unit_settings"] == stored[name]["unit_settings"] == {"CPUAffinity": "0-11"}, name
     assert stored["eager"]["argv"][-1] == "--enforce-eager"
     assert stored["baseline"]["environment"]["NCCL_NVLS_ENABLE"] == "0"
+
+
+def test_third_session_cuda_graphs_stage_recomputed():
+    """Third session: only the stage "CUDA graphs off", resumed from run2's five records (kept as stored) and
+    gated against the session's own baseline server; the table over all six is recomputed."""
+    folder = os.path.join(BASE, "run3")
+    with open(os.path.join(folder, "tune.json"), encoding="utf-8") as fh:
+        tune = json.load(fh)
+    with open(os.path.join(folder, "expected.yml"), encoding="utf-8") as fh:
+        want = yaml.safe_load(fh)["stages"]
+    assert tune["records"][:5] == load("tune.json", "run2")["records"] and tune["seeded_from"]["records"] == 5
+    rows = vfs.stage_table(tune["records"], 64)
+    assert [r["stage"] for r in rows] == [s["stage"] for s in want]
+    for row, stage in zip(rows, want):
+        for key, value in stage.items():
+            if key.startswith("device_"):
+                continue
+            if key == "p_value":
+                assert row[key] == pytest.approx(value, rel=0.01)
+            elif isinstance(value, float):
+                assert row[key] == pytest.approx(value, abs=5e-4), key
+            else:
+                assert row[key] == value, key
+    rec = tune["records"][5]
+    assert rec["argv"][-1] == "--enforce-eager" and rec["gate"]["baseline_url"] == "http://127.0.0.1:8000"
+    assert rec["gate"]["decision"]["decision"] == want[5]["device_verdict"] and rec["kept"] is want[5]["device_kept"]
+    # interleaved one by one, every request answered in full
+    runs = rec["gate"]["baseline_runs"] + rec["gate"]["candidate_runs"]
+    assert len(rec["gate"]["baseline_runs"]) == len(rec["gate"]["candidate_runs"]) == 5
+    assert all(r["errors"] == 0 and r["requests"] == rec["gate"]["requests"] for r in runs)
