@@ -10,9 +10,10 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.audit_report im
     fleet_audits, render_html, render_markdown, tuning_changes)
 
 
-def _fleet_audits(hostvars, hosts, key="__audit_result", benchmark_dir=None, tuning_dir=None):
+def _fleet_audits(hostvars, hosts, key="__audit_result", benchmark_dir=None, tuning_dir=None, audit_dir=None):
     try:
-        return fleet_audits(hostvars, list(hosts), key, benchmark_dir=benchmark_dir, tuning_dir=tuning_dir)
+        return fleet_audits(hostvars, list(hosts), key, benchmark_dir=benchmark_dir, tuning_dir=tuning_dir,
+                            audit_dir=audit_dir or None)
     except (KeyError, TypeError) as err:
         raise AnsibleFilterError(f"fleet_audits: cannot read the audit of a host ({err}); "
                                  "pass hostvars and a list of inventory host names") from err

@@ -65,18 +65,39 @@ def link_degraded(link: dict[str, Any] | None) -> bool:
     return bool(slow or narrow)
 
 
+def stored_audit(audit_dir: str, host: str) -> dict[str, Any] | None:
+    """The audit the audit role last copied to the controller (<audit_dir>/<host>.json), or None when there is
+    none or it does not parse as one (a report is no place to fail on an old file)."""
+    path = os.path.join(audit_dir, f"{host}.json")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("pcie"), dict):
+        return None
+    return {"host": host, "kernel": str(doc.get("kernel") or ""), "pcie": doc["pcie"], "stored": os.path.basename(path)}
+
+
 def fleet_audits(hostvars: Any, hosts: list[str], key: str = "__audit_result", benchmark_dir: str | None = None,
-                 tuning_dir: str | None = None) -> list[dict[str, Any]]:
+                 tuning_dir: str | None = None, audit_dir: str | None = None) -> list[dict[str, Any]]:
     """One entry per host that holds an audit result, in inventory order, with the controller's
-    latest benchmark and tuning changes for it where those directories are given."""
+    latest benchmark and tuning changes for it where those directories are given.
+
+    With ``audit_dir`` (the audit role's controller directory), a host this run did not audit (left out by
+    ``--limit``, unreachable, failed before its audit) is shown with the audit last stored there, marked
+    ``stored`` (the file's name), so that a run over part of the fleet does not drop the rest from its report."""
     fleet = []
     for host in hosts:
-        hv = hostvars[host]
+        hv = hostvars[host] if host in hostvars else {}
         result = hv.get(key) if hasattr(hv, "get") else None
         if not result or "pcie" not in result:
-            continue
-        facts = hv.get("ansible_facts") or {}
-        entry = {"host": host, "kernel": facts.get("kernel", ""), "pcie": result["pcie"]}
+            entry = stored_audit(audit_dir, host) if audit_dir else None
+            if entry is None:
+                continue
+        else:
+            facts = hv.get("ansible_facts") or {}
+            entry = {"host": host, "kernel": facts.get("kernel", ""), "pcie": result["pcie"]}
         if benchmark_dir or tuning_dir:
             entry.update(controller_extras(host, benchmark_dir, tuning_dir))
         fleet.append(entry)
@@ -177,7 +198,12 @@ def host_summary(entry: dict[str, Any]) -> dict[str, Any]:
     ranked = sorted(findings, key=lambda f: order.get(f.get("severity"), len(order)))
     return {"host": entry["host"], "kernel": entry.get("kernel", ""), "gpus": gpus, "counts": counts,
             "pair_levels": levels, "findings": ranked, "benchmark": entry.get("benchmark"),
-            "tuning": entry.get("tuning")}
+            "tuning": entry.get("tuning"), "stored": entry.get("stored")}
+
+
+def _stored_note(r: dict[str, Any]) -> str:
+    return (f"Not audited in this run: the audit last stored on the controller ({r['stored']})."
+            if r.get("stored") else "")
 
 
 STAMP_RE = re.compile(r"gpufleet-report digest ([0-9a-f]{16}) generated (\S+)")
@@ -231,10 +257,11 @@ def _markdown_body(fleet: list[dict[str, Any]]) -> str:
         slowest = degraded[0]["link"] if degraded else (r["gpus"][0]["link"] if r["gpus"] else "n/a")
         first = r["findings"][0]["message"] if r["findings"] else "none"
         out.append("| " + " | ".join(_md_cell(c) for c in (
-            r["host"], r["kernel"] or "?", len(r["gpus"]), slowest, ", ".join(r["pair_levels"]) or "-",
+            r["host"] + (" (stored)" if r["stored"] else ""), r["kernel"] or "?", len(r["gpus"]), slowest, ", ".join(r["pair_levels"]) or "-",
             r["counts"]["critical"], r["counts"]["warning"], r["counts"]["info"], first)) + " |")
     for r in rows:
-        out += ["", f"## {r['host']}", "", "| device | name | link | NUMA | driver |", "|---|---|---|---|---|"]
+        out += ["", f"## {r['host']}", ""] + ([_stored_note(r), ""] if r["stored"] else [])
+        out += ["| device | name | link | NUMA | driver |", "|---|---|---|---|---|"]
         for g in r["gpus"]:
             out.append("| " + " | ".join(_md_cell(c) for c in (
                 g["bdf"], g["name"], g["link"] + (" (below capability)" if g["degraded"] else ""),
@@ -298,6 +325,8 @@ def _html_body(fleet: list[dict[str, Any]]) -> str:
     parts.append("</table>")
     for r in rows:
         parts.append(f'<h2 id="{html.escape(r["host"])}">{html.escape(r["host"])}</h2>')
+        if r["stored"]:
+            parts.append(f'<p class="info">{html.escape(_stored_note(r))}</p>')
         parts.append("<table><tr><th>device</th><th>name</th><th>link</th><th>NUMA</th><th>driver</th></tr>")
         for g in r["gpus"]:
             parts.append("<tr>" + _td(g["bdf"]) + _td(g["name"]) + _td(g["link"], "bad" if g["degraded"] else "ok")

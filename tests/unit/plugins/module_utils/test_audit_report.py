@@ -127,3 +127,24 @@ def test_tuning_changes_lists_only_results_that_changed():
         {"role": "pcie_link", "what": "ASPM policy", "actions": ["set_policy (policy performance)"]},
         {"role": "irq_affinity", "what": "IRQ affinity", "actions": ["pin IRQ 33 to 0-3"]}]
     assert ar.tuning_changes({}) == []
+
+
+def test_hosts_not_audited_in_this_run_come_from_the_stored_audits(tmp_path):
+    """audit_dir: a host without a result in this run is shown with its stored audit, marked; an unreadable
+    or foreign file is left out, and a host audited in this run is never replaced by its stored file."""
+    (tmp_path / "gpu2.json").write_text(json.dumps(_entry("gpu2")))
+    (tmp_path / "gpu3.json").write_text("{not json")
+    (tmp_path / "gpu4.json").write_text(json.dumps({"host": "gpu4", "something": "else"}))
+    (tmp_path / "gpu1.json").write_text(json.dumps(_entry("gpu1", findings=[])))
+    hostvars = {"gpu1": {"__audit_result": {"pcie": _entry("gpu1")["pcie"]}, "ansible_facts": {"kernel": "6.1.0-56"}},
+                "gpu2": {}, "gpu3": {}}
+    hosts = ["gpu1", "gpu2", "gpu3", "gpu4", "gpu5"]
+    assert [e["host"] for e in ar.fleet_audits(hostvars, hosts)] == ["gpu1"]
+    fleet = ar.fleet_audits(hostvars, hosts, audit_dir=str(tmp_path))
+    assert [(e["host"], e.get("stored")) for e in fleet] == [("gpu1", None), ("gpu2", "gpu2.json")]
+    assert fleet[0]["kernel"] == "6.1.0-56" and len(fleet[0]["pcie"]["findings"]) == 2  # this run's, not the file's
+    md = ar.render_markdown(fleet, now="2026-12-02T00:00:00Z")
+    assert "| gpu2 (stored) | 6.1.0-50-cloud-amd64 |" in md and "| gpu1 | 6.1.0-56 |" in md
+    assert "## gpu2\n\nNot audited in this run: the audit last stored on the controller (gpu2.json).\n" in md
+    assert md.count("Not audited in this run") == 1
+    assert "Not audited in this run" in ar.render_html(fleet, now="2026-12-02T00:00:00Z")
