@@ -23,3 +23,11 @@ def tail(text: str, lines: int = 80) -> str:
 def assert_ok(proc: subprocess.CompletedProcess, what: str, lines: int = 80) -> None:
     """Fail with the command's last lines when it exited non-zero."""
     assert proc.returncode == 0, f"{what} failed with rc={proc.returncode}:\n{tail(proc.stdout, lines)}"
+
+
+def first_pci_function() -> str | None:
+    """This machine's first PCI function (what the playbook tests audit for real), or None without a PCI bus."""
+    try:
+        return sorted(os.listdir("/sys/bus/pci/devices"))[0]
+    except (OSError, IndexError):
+        return None

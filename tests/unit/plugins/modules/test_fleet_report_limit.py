@@ -14,14 +14,7 @@ import sys
 import pytest
 import yaml
 
-from tests.helpers import REPO, assert_ok, run
-
-
-def first_pci_function() -> str | None:
-    try:
-        return sorted(os.listdir("/sys/bus/pci/devices"))[0]
-    except (OSError, IndexError):
-        return None
+from tests.helpers import REPO, assert_ok, first_pci_function, run
 
 
 @pytest.mark.skipif(first_pci_function() is None, reason="this machine has no PCI bus to audit")

@@ -17,17 +17,10 @@ import sys
 import pytest
 import yaml
 
-from tests.helpers import REPO, assert_ok, run
+from tests.helpers import REPO, assert_ok, first_pci_function, run
 
 CTL = os.path.join(REPO, "tests", "unit", "roles", "standin_vllm", "files", "standin_ctl.py")
 SERVER = os.path.join(REPO, "extras", "lab_inference_server.py")
-
-
-def first_pci_function() -> str | None:
-    try:
-        return sorted(os.listdir("/sys/bus/pci/devices"))[0]
-    except (OSError, IndexError):
-        return None
 
 
 @pytest.mark.skipif(first_pci_function() is None, reason="this machine has no PCI bus to audit")
