@@ -330,7 +330,8 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
                                                  "after": s["nr"], "free": s["free"]}
                       for kb, s in sorted(info["sizes"].items())},
         }
-    text_actions = [f"set node {a['node']} {NAMES[a['size_kb']]} pages {a['before']} -> {a['after']}" for a in actions]
+    shown = [{"action": "set", "path": a["path"], "node": a["node"], "size": NAMES[a["size_kb"]], "before": a["before"],
+              "after": a["after"]} for a in actions]
     diff = {}
     if actions:
         predicted = {"numa": layout["numa"], "nodes": {n: {"sizes": {kb: dict(s) for kb, s in i["sizes"].items()}}
@@ -340,7 +341,7 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
         diff = {"before": _render(layout), "after": _render(predicted)}
     return {
         "changed": bool(actions),
-        "actions": text_actions,
+        "actions": shown,
         "nodes": nodes_out,
         "cmdline_args": persist["cmdline_args"],
         "sysctl": persist["sysctl"],

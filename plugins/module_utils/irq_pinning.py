@@ -102,9 +102,10 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
         warn(msg)
 
     verb = "pin" if state == "present" else "reset"
-    actions = [f"{verb} IRQ {e['irq']} of {e['bdf']} to CPUs {e['wanted']} (was {e['before']})"
+    actions = [{"action": verb, "path": f"/proc/irq/{e['irq']}/smp_affinity_list", "irq": e["irq"], "device": e["bdf"],
+                "before": e["before"], "after": e["wanted"]}
                for e in entries if e["status"] in ("change", "changed")]
-    actions += [f"{a['op']} {a['path']}" for a in files]
+    actions += [{"action": a["op"], "path": a["path"]} for a in files]  # the contents are in the diff
     irqs = report(entries, resolved)
     devices = []
     for bdf in bdfs:

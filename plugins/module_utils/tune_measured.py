@@ -539,7 +539,7 @@ def prepare(fs: HostFS, state: dict, act: dict, check: bool, actions: list) -> N
             current = read_exact(fs, path)
             if current == content:
                 continue
-            actions.append(f"restore {path}" if content is not None else f"remove {path}")
+            actions.append({"action": "restore" if content is not None else "remove", "path": path})
             if not check:
                 if content is None:
                     fs.remove(path)

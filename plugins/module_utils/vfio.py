@@ -386,6 +386,24 @@ def describe_action(a: dict[str, Any]) -> str:
     return f"{op} {bdf}"
 
 
+def result_action(a: dict[str, Any], states: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """One planned step as the module's result shows it (the action schema of docs/development.md): the verb, what
+    it acts on, before/after where there is a value; file contents stay out (the diff has them)."""
+    op, bdf = a["op"], a.get("bdf")
+    if op == "override":
+        return {"action": "set_override", "device": bdf, "path": f"{PCI_DEVICES}/{bdf}/driver_override",
+                "before": (states.get(bdf) or {}).get("driver_override"), "after": a["value"]}
+    if op == "unbind":
+        return {"action": "unbind", "device": bdf, "driver": a["driver"]}
+    if op == "probe":
+        return {"action": "probe", "device": bdf, "driver": a["expect"]}
+    if op == "modprobe":
+        return {"action": "load_module", "module": a["module"]}
+    if op == "remove_id":
+        return {"action": "remove_id", "path": f"{PCI_DRIVERS}/{VFIO}/remove_id", "id": a["id"]}
+    return {"action": op, "path": a["path"]}
+
+
 # ---- persistence ----------------------------------------------------------------------------------
 def udev_bdfs(text: str | None) -> list[str]:
     """The functions our own udev rules file keeps on vfio-pci."""

@@ -16,7 +16,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology im
 from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import (
     DRIVERS_PROBE, MODPROBE_CONF, PCI_DRIVERS, STATE_FILE, UDEV_RULES, VFIO, BindWatcher, VfioError, check_groups,
     describe_action, display_reasons, in_use, iommu_enabled, load_originals, parse_modprobe, plan_absent, plan_persist, plan_present,
-    read_state, remember, resolve,
+    read_state, remember, resolve, result_action,
 )
 
 
@@ -242,7 +242,7 @@ def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindW
             if wrong:
                 raise VfioError(f"After the run {', '.join(wrong)} is not on {VFIO}: something rebound it. Check dmesg and udev rules.")
 
-    actions = [describe_action(a) for a in runtime_full + file_actions]
+    actions = [result_action(a, states) for a in runtime_full + file_actions]
     devices = []
     for t in targets:
         bdf = t["bdf"]

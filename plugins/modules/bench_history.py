@@ -143,11 +143,16 @@ EXAMPLES = r"""
 
 RETURN = r"""
 actions:
-  description: What was or would be stored or written.
+  description:
+    - What was or would be stored or written. A document stored is C(action=store) with the C(path) of the history, the
+      C(host), C(source) and C(finished_at) of the run and (not in check mode) its C(run_id); a report file is
+      C(action=write) with its C(path).
   returned: always
   type: list
-  elements: str
-  sample: ["store gpu-01 site 2026-12-01T20:00:00Z", "write reports/history/history.html"]
+  elements: dict
+  sample: [{action: store, path: reports/history.sqlite, host: gpu-01, source: site, finished_at: "2026-12-01T20:00:00Z",
+            run_id: 12},
+           {action: write, path: /srv/fleet/reports/history/history.html}]
 added:
   description: Run ids stored now (documents already in the history are not stored again).
   returned: state=append
@@ -181,13 +186,11 @@ files:
   elements: str
 """
 
-import os
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import bench_history as bh
-from ansible_collections.gpufleet.inference.plugins.module_utils import history_report as hr
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench_history import SOURCES
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench_history_apply import execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS
 
 ARGUMENT_SPEC = dict(
     path=dict(type="path", required=True),
@@ -196,7 +199,7 @@ ARGUMENT_SPEC = dict(
     skip_invalid=dict(type="bool", default=False),
     documents=dict(type="list", elements="dict", default=[]),
     host=dict(type="str"),
-    source=dict(type="str", choices=list(bh.SOURCES), default="on_demand"),
+    source=dict(type="str", choices=list(SOURCES), default="on_demand"),
     gpu_driver=dict(type="str"),
     vllm_version=dict(type="str"),
     profile=dict(type="str", default=""),
@@ -211,92 +214,13 @@ ARGUMENT_SPEC = dict(
 )
 
 
-def _append(module, p, result):
-    docs = [(f"document {i}", d) for i, d in enumerate(p["documents"])]
-    docs += bh.load_documents(p["results"])
-    checked = []
-    for where, doc in docs:
-        try:
-            bh.check_document(doc, where)
-        except bh.HistoryError as err:
-            if not (p["skip_invalid"] and where in p["results"]):
-                raise
-            module.warn(f"Not stored: {err}")
-            continue
-        checked.append((where, doc))
-    docs = checked
-    if module.check_mode:
-        result["actions"] = [f"store {p['host'] or doc.get('host')} {p['source']} {doc.get('finished_at')}"
-                             for _w, doc in docs]
-        result["schema_version"] = bh.SCHEMA_VERSION
-        return
-    conn = bh.connect(p["path"])
-    try:
-        for where, doc in docs:
-            run_id, added = bh.append(conn, doc, host=p["host"], source=p["source"], gpu_driver=p["gpu_driver"],
-                                      vllm_version=p["vllm_version"], profile=p["profile"], stage=p["stage"],
-                                      where=where)
-            result["run_ids"].append(run_id)
-            if added:
-                result["added"].append(run_id)
-                result["actions"].append(f"store {p['host'] or doc.get('host')} {p['source']} {doc['finished_at']} "
-                                         f"as run {run_id}")
-        result["schema_version"] = bh.schema_version(conn)
-    finally:
-        conn.close()
-
-
-def _series(p):
-    conn = bh.connect(p["path"], create=False)
-    try:
-        out = []
-        for host in (p["hosts"] or bh.hosts(conn)):
-            out += bh.series(conn, host=host)
-        return out, bh.schema_version(conn)
-    finally:
-        conn.close()
-
-
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
                            required_if=[("state", "report", ["dest"])])
-    p = module.params
-    result = dict(changed=False, actions=[])
     try:
-        if p["state"] == "append":
-            result.update(added=[], run_ids=[])
-            _append(module, p, result)
-        else:
-            if p["state"] == "report" and module.check_mode and not os.path.exists(p["path"]):
-                result.update(actions=[f"write {p['dest']}/history.md", f"write {p['dest']}/history.html"],
-                              drops=[], files=[], schema_version=bh.SCHEMA_VERSION, changed=True)
-                module.exit_json(**result)
-            series, version = _series(p)
-            model = hr.build(series, threshold=p["threshold"], alpha=p["alpha"], min_runs=p["min_runs"],
-                             cp_alpha=p["cp_alpha"])
-            result.update(schema_version=version, drops=model["drops"])
-            if p["state"] == "query":
-                result["series"] = series
-            else:
-                fs = HostFS("/")
-                files = {"history.md": hr.render_markdown(model, p["title"]),
-                         "history.html": hr.render_html(model, p["title"])}
-                result["files"] = []
-                for name, text in files.items():
-                    path = os.path.join(os.path.abspath(p["dest"]), name)
-                    current = fs.read_optional(path) if os.path.exists(path) else None
-                    if current is not None and current == text.rstrip("\n"):
-                        continue
-                    result["actions"].append(f"write {path}")
-                    result["files"].append(path)
-                    if not module.check_mode:
-                        fs.write_atomic(path, text, mode=0o644)
-    except bh.HistoryError as err:
-        module.fail_json(msg=f"Throughput history {p['path']}: {err}", **result)
-    except HostFSError as err:
-        module.fail_json(msg=f"Cannot write the history report under {p['dest']}: {err}. Check the directory's "
-                             "permissions.", **result)
-    result["changed"] = bool(result["actions"])
+        result = execute(module.params, HostFS("/"), module.check_mode, warn=module.warn)
+    except Failed as err:
+        module.fail_json(msg=str(err), **err.fields)
     module.exit_json(**result)
 
 

@@ -107,11 +107,17 @@ EXAMPLES = r"""
 
 RETURN = r"""
 actions:
-  description: The writes done (or that would be done in check mode).
+  description:
+    - The writes done (or that would be done in check mode), decreases first. Each is C(action=set) with the C(path) of
+      the C(nr_hugepages) file, the NUMA C(node), the page C(size) (V(2M) or V(1G)), and the page count C(before) and
+      C(after).
   returned: always
   type: list
-  elements: str
-  sample: ["set node 0 2M pages 0 -> 4096", "set node 1 2M pages 0 -> 4096"]
+  elements: dict
+  sample: [{action: set, path: /sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages, node: 0, size: 2M,
+            before: 0, after: 4096},
+           {action: set, path: /sys/devices/system/node/node1/hugepages/hugepages-2048kB/nr_hugepages, node: 1, size: 2M,
+            before: 0, after: 4096}]
 nodes:
   description: Per NUMA node, its memory, the guard's limit and, per page size, the count before, wanted and after.
   returned: success

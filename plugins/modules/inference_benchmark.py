@@ -250,11 +250,13 @@ EXAMPLES = r"""
 
 RETURN = r"""
 actions:
-  description: What the module changed or would change on the host (the results file it writes).
+  description:
+    - What the module changed or would change on the host, C(action=write) with the C(path) of the results file (in check
+      mode the file name ends in C(<UTC time>.json), the time the run would finish); empty without O(results_dir).
   returned: always
   type: list
-  elements: str
-  sample: ["write /var/lib/gpufleet/benchmarks/baseline-6.1.0-50-cloud-amd64-20260101T120000Z.json"]
+  elements: dict
+  sample: [{action: write, path: /var/lib/gpufleet/benchmarks/baseline-6.1.0-50-cloud-amd64-20260101T120000Z.json}]
 benchmarked:
   description: Whether load was sent (false in check mode).
   returned: always
@@ -434,7 +436,7 @@ def main():
         except BenchmarkError as err:
             module.fail_json(msg=str(err), **result)
         if results_dir:
-            result["actions"] = [f"write {results_dir}/{label}-{kernel}-<UTC time>.json"]
+            result["actions"] = [{"action": "write", "path": f"{results_dir}/{label}-{kernel}-<UTC time>.json"}]
         result["changed"] = bool(result["actions"])
         module.exit_json(**result)
 
@@ -455,7 +457,7 @@ def main():
             module.fail_json(msg=f"The benchmark ran, but its results could not be stored: {err}. Check that results_dir "
                                  "is on a writable file system and that the task runs as a user who may write there "
                                  "(become: true).", **result)
-        result.update(results_file=path, actions=[f"write {path}"], changed=True)
+        result.update(results_file=path, actions=[{"action": "write", "path": path}], changed=True)
 
     for warning in result_warnings(outcome, cfg):
         module.warn(warning)

@@ -156,11 +156,16 @@ EXAMPLES = r"""
 
 RETURN = r"""
 actions:
-  description: What the module did, or would do in check mode.
+  description:
+    - What the module did, or would do in check mode. An interrupt is C(action=pin) (O(state=present)) or C(action=reset)
+      (O(state=absent)) with the C(path) of its C(smp_affinity_list), the C(irq) number, the C(device) it belongs to and
+      the CPU list C(before) and C(after); a file is C(action=write) or C(action=remove) with its C(path) (the contents
+      are in the diff).
   returned: always
   type: list
-  elements: str
-  sample: ["pin IRQ 120 of 0000:3b:00.0 to CPUs 2 (was 0-15)", "write /etc/gpufleet/irq_affinity.pinned"]
+  elements: dict
+  sample: [{action: pin, path: /proc/irq/120/smp_affinity_list, irq: 120, device: "0000:3b:00.0", before: 0-15, after: "2"},
+           {action: write, path: /etc/gpufleet/irq_affinity.pinned}]
 irqs:
   description: One entry per vector of the functions.
   returned: success

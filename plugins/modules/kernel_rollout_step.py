@@ -153,78 +153,21 @@ default_version:
   type: str
   sample: 6.1.0-50-cloud-amd64
 actions:
-  description: What was written (or would be in check mode).
+  description:
+    - What was written (or would be in check mode), in order. C(renew_lease) (the lease's C(path), C(what) happened to
+      it), C(write_journal) (the journal's C(path) and its new C(stage)); when the upgrade ends, C(archive_journal) (the
+      C(path) in the history) and C(remove_journal).
   returned: always
   type: list
   elements: dict
   sample: [{action: write_journal, path: /var/lib/gpufleet/kernel_upgrade/journal.json, stage: baseline}]
 """
 
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import host_lease as lease_utils
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import KernelUpgradeError, validate_version
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import (
-    FlowError, finish, record_facts, step,
-)
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import (
-    DPKG_STATUS, boot_id, dump, health_result, installed_packages, load_journal, running_kernel, save_journal,
-    saved_default,
-)
-
-EVENTS = ["start", "locked", "benchmarked", "audited", "pinned", "installed", "rebooted", "verified", "committed",
-          "rolled_back", "error"]
-
-
-def renew_lease(module: AnsibleModule, fs: HostFS, now: float) -> list[dict]:
-    p = module.params
-    if not p["lease_run_id"]:
-        return []
-    path = lease_utils.LEASE
-    current = lease_utils.parse(fs.read_text(path, default=""), path)
-    if module.check_mode and current is None:
-        return []  # a check-mode run took its lease only on paper: another run's lease would still refuse it
-    lease, what = lease_utils.plan(current, "renewed", p["lease_run_id"], now, p["lease_ttl"])
-    if not module.check_mode:
-        fs.write_durable(path, lease_utils.render(lease), 0o644)
-    return [{"action": "renew_lease", "path": path, "what": what}]
-
-
-def run(module: AnsibleModule, fs: HostFS) -> dict:
-    p = module.params
-    now = time.time()
-    running = running_kernel(fs)
-    default, saved = saved_default(fs)
-    base = {"running": running, "default_version": default, "saved_entry": saved}
-    try:
-        validate_version(p["target"], "target")
-        journal = load_journal(fs, p["journal"])
-        lease_actions = renew_lease(module, fs, now)
-        obs = {"event": p["event"], "data": p["data"] or {}, "preflight": p["preflight"] or {}, "running": running, "default": default,
-               "boot_id": boot_id(fs), "now": now, "target": p["target"], "run_id": p["run_id"],
-               "installed_packages": installed_packages(fs.read_optional(DPKG_STATUS)), "health": health_result(fs),
-               "settings": {"reboot_ok": p["reboot_ok"], "check_mode": module.check_mode, "lock": p["lock"],
-                            "lock_packages": p["lock_packages"], "verify_pcie": p["verify_pcie"],
-                            "headers": p["headers"],
-                            "commit_timeout": p["commit_timeout"], "gate": p["gate"] or {}}}
-        new, action = step(journal, obs)
-    except (FlowError, lease_utils.LeaseError, KernelUpgradeError) as err:
-        action = finish("refused", str(err))
-        return dict(base, changed=False, next_action=action, journal=None, record=record_facts(None, action),
-                    actions=[], diff={})
-    actions = list(lease_actions)
-    if new is not None and new != journal:
-        if module.check_mode:
-            actions.append({"action": "write_journal", "path": p["journal"], "stage": new["stage"]})
-        else:
-            actions += save_journal(fs, new, p["journal"])
-    diff = {"before": dump(journal) if journal else "", "after": dump(new) if new else "",
-            "before_header": p["journal"], "after_header": p["journal"]}
-    return dict(base, changed=bool(actions), next_action=action, journal=new, record=record_facts(new or journal, action),
-                actions=actions, diff=diff)
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_rollout_apply import EVENTS, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import FlowError
 
 
 def main():
@@ -250,17 +193,8 @@ def main():
         supports_check_mode=True,
     )
     fs = HostFS(module.params["root"])
-    try:
-        result = run(module, fs)
-    except HostFSError as err:
-        module.fail_json(msg=f"kernel_rollout_step under root {fs.root} failed: {err}. The module reads /proc, /boot/grub "
-                             "and /var/lib/dpkg and writes /var/lib/gpufleet: run it as root (become: true) on the host.")
-    except FlowError as err:
-        module.fail_json(msg=str(err), changed=False)
-    diff = result.pop("diff")
-    if module._diff and diff:  # pylint: disable=protected-access
-        result["diff"] = diff
-    module.exit_json(**result)
+    finish(module, "kernel_rollout_step", "reads /proc, /boot/grub and /var/lib/dpkg and writes /var/lib/gpufleet",
+           lambda: execute(module.params, fs, module.check_mode), FlowError)
 
 
 if __name__ == "__main__":

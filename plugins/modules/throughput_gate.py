@@ -334,10 +334,10 @@ gate:
            runs_needed: 0, baseline_runs_needed: 0, screened: [], threshold: 0.95, alpha: 0.01, pass_alpha: 0.005,
            ci: null, ci_level: 0.95, warnings: [], reason: "pass: ..."}
 actions:
-  description: Always empty; the module changes nothing.
+  description: Always empty; the module changes nothing (the list of action dicts every module of the collection returns).
   returned: always
   type: list
-  elements: str
+  elements: dict
   sample: []
 """
 

@@ -155,10 +155,14 @@ EXAMPLES = r"""
 
 RETURN = r"""
 actions:
-  description: What the module wrote or would write (the state file, restored files).
+  description:
+    - What the module wrote or would write, in order. Before a revert, each file the stage changed is put back as the
+      apply found it, C(action=restore) (or C(action=remove) when it did not exist) with its C(path); the state file
+      is C(action=write) (C(action=remove) for O(op=reset)) with its C(path).
   returned: always
   type: list
-  elements: str
+  elements: dict
+  sample: [{action: restore, path: /etc/nccl.conf}, {action: write, path: /var/lib/gpufleet/tune_measured/state.json}]
 next:
   description:
     - The action to do now, C(id), C(action) (V(benchmark), V(apply), V(revert), V(done)), C(stage), C(tasks) (C({role,
@@ -222,7 +226,7 @@ def main():
         state = load(fs, path)
         if p["op"] == "reset":
             if state is not None:
-                result["actions"].append(f"remove {path}")
+                result["actions"].append({"action": "remove", "path": path})
                 if not module.check_mode:
                     fs.remove(path)
             result.update(changed=bool(result["actions"]), next={"action": "done"}, stages=[], state={})
@@ -252,7 +256,7 @@ def main():
             state["finished_at"] = p["now"] or "unknown"
         after = json.dumps(state, sort_keys=True)
         if after != before:
-            result["actions"].append(f"write {path}")
+            result["actions"].append({"action": "write", "path": path})
             if not module.check_mode:
                 # temp file, fsync, rename, fsync of the directory: the state survives a crash or a reboot
                 fs.write_atomic(path, json.dumps(state, indent=1, sort_keys=True) + "\n", mode=0o600)

@@ -148,12 +148,20 @@ EXAMPLES = r"""
 
 RETURN = r"""
 actions:
-  description: What the module did, or would do in check mode, in order.
+  description:
+    - What the module did, or would do in check mode, in order. C(action) is C(set_override) (the C(device), the C(path)
+      of its C(driver_override), C(before) and C(after), null when cleared), C(unbind) (the C(device) and the C(driver) it
+      leaves), C(load_module) (the kernel C(module)), C(probe) (the C(device) and the C(driver) it should bind to, null
+      for its default driver), C(remove_id) (the vendor:device C(id) taken out of vfio-pci's dynamic table, at C(path)),
+      or C(write) and C(remove) of a persistence file's C(path) (the contents are in the diff).
   returned: always
   type: list
-  elements: str
-  sample: ["set 0000:3b:00.0 driver_override to vfio-pci", "unbind 0000:3b:00.0 from nvidia", "load the vfio-pci kernel module",
-           "probe 0000:3b:00.0 (bind to vfio-pci)", "write /etc/udev/rules.d/61-gpufleet-vfio.rules"]
+  elements: dict
+  sample: [{action: set_override, device: "0000:3b:00.0", path: /sys/bus/pci/devices/0000:3b:00.0/driver_override,
+            before: null, after: vfio-pci},
+           {action: unbind, device: "0000:3b:00.0", driver: nvidia}, {action: load_module, module: vfio-pci},
+           {action: probe, device: "0000:3b:00.0", driver: vfio-pci},
+           {action: write, path: /etc/udev/rules.d/61-gpufleet-vfio.rules}]
 devices:
   description: Every function handled, selected or companion.
   returned: success

@@ -121,11 +121,11 @@ def test_controller_extras_take_the_newest_benchmark_and_the_tuning_changes(tmp_
 def test_tuning_changes_lists_only_results_that_changed():
     hv = {"__pcie_link_aspm": {"changed": True, "actions": [{"action": "set_policy", "policy": "performance"}]},
           "__pcie_link_payload": {"changed": False, "actions": []},
-          "__irq_affinity_result": {"changed": True, "actions": ["pin IRQ 33 to 0-3"]},
+          "__irq_affinity_result": {"changed": True, "actions": [{"action": "pin", "irq": 33, "before": "0-7", "after": "0-3"}]},
           "__hugepages_state": {"skipped": True, "changed": False}}
     assert ar.tuning_changes(hv) == [
         {"role": "pcie_link", "what": "ASPM policy", "actions": ["set_policy (policy performance)"]},
-        {"role": "irq_affinity", "what": "IRQ affinity", "actions": ["pin IRQ 33 to 0-3"]}]
+        {"role": "irq_affinity", "what": "IRQ affinity", "actions": ["pin (after 0-3, before 0-7, irq 33)"]}]
     assert ar.tuning_changes({}) == []
 
 

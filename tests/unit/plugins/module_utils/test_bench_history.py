@@ -17,24 +17,15 @@ import os
 import sqlite3
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import bench_history as bh
 from ansible_collections.gpufleet.inference.plugins.module_utils import bench_changepoint as cp
 from ansible_collections.gpufleet.inference.plugins.module_utils import history_report as hr
 from ansible_collections.gpufleet.inference.plugins.modules import bench_history as bench_history_module
 from ansible_collections.gpufleet.inference.plugins.modules import inference_benchmark
-from tests.unit.plugins.modules.uthelper import target_side
+from tests.unit.plugins.modules.uthelper import run_module, target_side
 from tests.unit.browser import inspect_charts
 from tests.unit.test_lab_inference_server import LabServer
-
-
-def run_module(mod, args, capsys):
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
-        mod.main()
-    result = json.loads(capsys.readouterr().out)
-    assert (exc.value.code != 0) == bool(result.get("failed")), result
-    return result
 
 
 def doc(finished_at, values, host="gpu-01", kernel="6.1.0-50-cloud-amd64", tuning=None, concurrency=8, prompt=1024):

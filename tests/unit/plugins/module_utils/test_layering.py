@@ -7,6 +7,7 @@ imports themselves (parsed with ast, nothing is imported):
 - every module_utils file has a layer, and imports module_utils of lower layers only (no cycles,
   no reaching up);
 - no module_utils imports AnsibleModule or calls fail_json/exit_json, and no module calls them below main();
+- every module documents its ``actions`` as a list of dicts, each naming its verb in ``action``;
 - the layer table in docs/development.md is this one;
 - the module_utils the irq_affinity role copies to the host are exactly the import closure of the
   module_utils its re-apply script imports;
@@ -43,8 +44,8 @@ LAYERS = {
     3: ["history_report", "hugepages", "inference_client", "irq_affinity", "kernel_upgrade_journal",
         "kernel_upgrade_report", "load_monitor", "nvml", "pcie_acs", "pcie_findings", "pcie_payload", "pcie_users",
         "stage_table", "vfio"],
-    4: ["boot_health", "irq_pinning", "kernel_cmdline_apply", "kernel_upgrade_preflight", "pcie_acs_apply",
-        "pcie_audit", "pcie_payload_apply", "vfio_bind"],
+    4: ["bench_history_apply", "boot_health", "irq_pinning", "kernel_cmdline_apply", "kernel_rollout_apply",
+        "kernel_upgrade_preflight", "pcie_acs_apply", "pcie_audit", "pcie_payload_apply", "vfio_bind"],
 }
 LAYER = {name: layer for layer, names in LAYERS.items() for name in names}
 
@@ -127,6 +128,31 @@ def test_modules_fail_only_in_main():
                 calls = [n.lineno for n in ast.walk(node) if isinstance(n, ast.Attribute) and n.attr in ("fail_json", "exit_json")]
                 if calls:
                     wrong.append(f"{path.name}: {node.name} calls fail_json/exit_json (lines {calls})")
+    assert wrong == []
+
+
+def test_every_module_documents_its_actions_as_dicts_of_one_schema():
+    """``actions`` are dicts (docs/development.md, "The module skeleton"): every module's RETURN documents them as a
+    list of dicts returned always, and each entry of its sample names its verb in ``action`` and holds no file
+    contents. What the modules really return is checked on every run through uthelper (check_actions)."""
+    wrong = []
+    for path in sorted((REPO / "plugins" / "modules").glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        ret = next((n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                    and any(getattr(t, "id", "") == "RETURN" for t in n.targets)), "")
+        actions = (yaml.safe_load(ret) or {}).get("actions")
+        if not isinstance(actions, dict):
+            wrong.append(f"{path.name}: RETURN documents no actions")
+            continue
+        shape = (actions.get("returned"), actions.get("type"), actions.get("elements"))
+        if shape != ("always", "list", "dict"):
+            wrong.append(f"{path.name}: actions are documented as returned {shape[0]}, {shape[1]} of {shape[2]}, "
+                         "not returned always, list of dict")
+        for entry in actions.get("sample") or []:
+            if not isinstance(entry, dict) or not isinstance(entry.get("action"), str) or "content" in entry:
+                wrong.append(f"{path.name}: sample action {entry!r} is not a dict with a verb in 'action' and no 'content'")
     assert wrong == []
 
 

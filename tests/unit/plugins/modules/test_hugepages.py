@@ -23,6 +23,13 @@ def params(**kw):
     return base
 
 
+def set_pages(node, size, before, after) -> dict:
+    """The action that writes one node's nr_hugepages of one size."""
+    kb = {"2M": M2, "1G": G1}[size]
+    return {"action": "set", "path": f"/sys/devices/system/node/node{node}/hugepages/hugepages-{kb}kB/nr_hugepages",
+            "node": node, "size": size, "before": before, "after": after}
+
+
 def nr(host, node, kb=M2) -> int:
     return int(host.real(f"/sys/devices/system/node/node{node}/hugepages/hugepages-{kb}kB/nr_hugepages").read_text())
 
@@ -32,7 +39,7 @@ def test_reserve_2m_on_every_node_reads_back_and_persists_as_sysctl(tmp_path):
     sim = SimKernel(host)
     result = hugepages.execute(params(pages_2m=1024), sim.fs(), False)
     assert result["changed"] is True
-    assert result["actions"] == ["set node 0 2M pages 0 -> 1024", "set node 1 2M pages 0 -> 1024"]
+    assert result["actions"] == [set_pages(0, "2M", 0, 1024), set_pages(1, "2M", 0, 1024)]
     assert (nr(host, 0), nr(host, 1)) == (1024, 1024)
     assert result["nodes"]["1"]["pages"]["2M"] == {"before": 0, "wanted": 1024, "after": 1024, "free": 1024}
     assert result["nodes"]["0"]["limit_kb"] == 64 * GIB_KB * 80 // 100
@@ -114,9 +121,9 @@ def test_1g_decrease_and_runtime_method_write_sysfs(tmp_path):
     host = two_node_host(tmp_path, pages={0: {G1: 4}, 1: {G1: 4}})
     sim = SimKernel(host)
     down = hugepages.execute(params(pages_1g=2), sim.fs(), False)
-    assert down["actions"] == ["set node 0 1G pages 4 -> 2", "set node 1 1G pages 4 -> 2"] and nr(host, 0, G1) == 2
+    assert down["actions"] == [set_pages(0, "1G", 4, 2), set_pages(1, "1G", 4, 2)] and nr(host, 0, G1) == 2
     up = hugepages.execute(params(pages_1g=3, method_1g="runtime"), sim.fs(), False)
-    assert up["actions"] == ["set node 0 1G pages 2 -> 3", "set node 1 1G pages 2 -> 3"] and up["reboot_pending"] is False
+    assert up["actions"] == [set_pages(0, "1G", 2, 3), set_pages(1, "1G", 2, 3)] and up["reboot_pending"] is False
 
 
 def test_per_node_counts(tmp_path):

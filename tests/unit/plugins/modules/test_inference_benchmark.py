@@ -14,18 +14,14 @@ import socket
 import stat
 
 import pytest
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.modules import inference_benchmark
+from tests.unit.plugins.modules.uthelper import run_module
 from tests.unit.test_lab_inference_server import LabServer
 
 
 def run_main(args, capsys):
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
-        inference_benchmark.main()
-    result = json.loads(capsys.readouterr().out)
-    assert (exc.value.code != 0) == bool(result.get("failed"))
-    return result
+    return run_module(inference_benchmark, args, capsys)
 
 
 def warnings_of(result) -> list[str]:
@@ -65,7 +61,7 @@ def test_benchmark_stores_results_with_kernel_and_tuning(lab, tmp_path, capsys):
     path = result["results_file"]
     assert os.path.dirname(path) == str(results_dir)
     assert os.path.basename(path).startswith(f"baseline-{platform.release()}-") and path.endswith("Z.json")
-    assert result["actions"] == [f"write {path}"]
+    assert result["actions"] == [{"action": "write", "path": path}]
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o644
     with open(path, encoding="utf-8") as fh:
         stored = json.load(fh)
@@ -96,7 +92,8 @@ def test_check_mode_probes_only(lab, tmp_path, capsys):
     result = run_main(dict(small(lab, results_dir=str(tmp_path / "r"), label="candidate"), _ansible_check_mode=True), capsys)
     assert result["benchmarked"] is False and result["results_file"] is None
     assert result["server"]["model"] == "lab"
-    assert result["changed"] is True and result["actions"][0].startswith(f"write {tmp_path / 'r'}/candidate-")
+    assert result["changed"] is True and result["actions"][0]["action"] == "write"
+    assert result["actions"][0]["path"].startswith(f"{tmp_path / 'r'}/candidate-")
     assert not (tmp_path / "r").exists()
     assert lab.metric("vllm:generation_tokens_total") == before  # no load was sent
 

@@ -87,7 +87,7 @@ def test_second_run_and_check_mode_change_nothing(tmp_path):
     sim = SimKernel(host)
     check = irq_affinity.execute(params(), sim.fs(), True)
     assert sim.writes == [] and check["changed"] is True
-    assert len([a for a in check["actions"] if a.startswith("pin IRQ")]) == 8
+    assert len([a for a in check["actions"] if a["action"] == "pin"]) == 8
     assert [r["status"] for r in check["irqs"]] == ["change"] * 8
     first = irq_affinity.execute(params(), sim.fs(), False)
     assert first["changed"] is True and len(first["actions"]) == len(check["actions"])
@@ -107,8 +107,9 @@ def test_managed_vectors_are_reported_and_left_alone_then_known_to_check_mode(tm
     assert statuses[admin] == ("changed", False)
     assert all(statuses[n] == ("managed", True) for n in io_queues)
     assert result["devices"][0]["managed_vectors"] == 3
-    assert result["actions"][0] == f"pin IRQ {admin} of {NVME} to CPUs 0 (was 0-7)"
-    assert not any(f"IRQ {n} " in a for a in result["actions"] for n in io_queues)
+    assert result["actions"][0] == {"action": "pin", "path": f"/proc/irq/{admin}/smp_affinity_list", "irq": admin,
+                                    "device": NVME, "before": "0-7", "after": "0"}
+    assert not any(a.get("irq") == n for a in result["actions"] for n in io_queues)
     cache = json.loads(HostFS(str(host.root)).read_text(ia.MANAGED_CACHE))
     assert cache == {NVME: {"driver": "nvme", "irqs": io_queues}}
     assert irq_affinity.execute(params(devices=[NVME]), sim.fs(), True)["changed"] is False

@@ -5,14 +5,13 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 from ansible.module_utils import _internal
-from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.modules import throughput_gate
+from tests.unit.plugins.modules.uthelper import run_module
 
 BASE = [1012.5, 1003.1, 998.7, 1020.0, 1009.9]
 SLOWER = [921.4, 930.8, 915.0, 925.2, 934.1]
@@ -30,11 +29,7 @@ def module_side():
 
 
 def run_main(args, capsys):
-    with patch_module_args(args), pytest.raises(SystemExit) as exc:
-        throughput_gate.main()
-    result = json.loads(capsys.readouterr().out)
-    assert (exc.value.code != 0) == bool(result.get("failed"))
-    return result
+    return run_module(throughput_gate, args, capsys)
 
 
 def _geometric_mean(values):

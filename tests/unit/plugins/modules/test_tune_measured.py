@@ -98,7 +98,7 @@ def test_check_mode_writes_nothing(tmp_path, capsys):
     args = {"root": str(tmp_path), "state_file": "/state.json", "op": "start", "_ansible_check_mode": True,
             "profiles": ["latency"], "stages": [{"name": "a", "kind": "vllm", "role": "r", "vars": {"x": 1}}]}
     result = run_module(tune_measured, args, capsys)
-    assert result["changed"] is True and result["actions"] == ["write /state.json"]
+    assert result["changed"] is True and result["actions"] == [{"action": "write", "path": "/state.json"}]
     assert not os.path.exists(tmp_path / "state.json")
 
 

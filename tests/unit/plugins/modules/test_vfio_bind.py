@@ -22,6 +22,12 @@ from tests.unit.plugins.modules.uthelper import run_module
 GPU, AUDIO, NVME = "0000:17:00.0", "0000:17:00.1", "0000:18:00.0"
 
 
+def override(bdf, before, after) -> dict:
+    """The action that sets (or clears) one function's driver_override."""
+    return {"action": "set_override", "device": bdf, "path": f"/sys/bus/pci/devices/{bdf}/driver_override",
+            "before": before, "after": after}
+
+
 def params(**kw):
     base = {"devices": [GPU], "state": "present", "companions": True, "group_allow": [], "force": False, "bind_now": True,
             "persist": "none", "restore_driver": None, "timeout": 1.0}
@@ -56,9 +62,10 @@ def test_bind_gpu_and_audio_loads_vfio_records_originals_and_persists(tmp_path):
     assert result["changed"] is True
     assert run.modprobes == ["vfio-pci"]
     assert result["actions"] == [
-        f"set {GPU} driver_override to vfio-pci", f"unbind {GPU} from nvidia", "load the vfio-pci kernel module",
-        f"probe {GPU} (bind to vfio-pci)", f"set {AUDIO} driver_override to vfio-pci", f"unbind {AUDIO} from snd_hda_intel",
-        f"probe {AUDIO} (bind to vfio-pci)", f"write {vfio.UDEV_RULES}"]
+        override(GPU, None, "vfio-pci"), {"action": "unbind", "device": GPU, "driver": "nvidia"},
+        {"action": "load_module", "module": "vfio-pci"}, {"action": "probe", "device": GPU, "driver": "vfio-pci"},
+        override(AUDIO, None, "vfio-pci"), {"action": "unbind", "device": AUDIO, "driver": "snd_hda_intel"},
+        {"action": "probe", "device": AUDIO, "driver": "vfio-pci"}, {"action": "write", "path": vfio.UDEV_RULES}]
     assert [(d["bdf"], d["driver_before"], d["driver_after"], d["selected_by"]) for d in result["devices"]] == [
         (GPU, "nvidia", "vfio-pci", "id"), (AUDIO, "snd_hda_intel", "vfio-pci", "companion")]
     assert run.sim.driver(GPU) == run.sim.driver(AUDIO) == "vfio-pci"
@@ -90,7 +97,7 @@ def test_check_mode_reads_everything_and_writes_nothing(tmp_path):
     run = Run(host)
     result = run(check_mode=True, devices=[GPU], persist="udev")
     assert run.sim.writes == [] and run.modprobes == []
-    assert result["changed"] is True and "load the vfio-pci kernel module" in result["actions"]
+    assert result["changed"] is True and {"action": "load_module", "module": "vfio-pci"} in result["actions"]
     assert [d["driver_after"] for d in result["devices"]] == ["vfio-pci", "vfio-pci"]
     assert run.sim.driver(GPU) == "nvidia"
     assert not HostFS(str(host.root)).exists(vfio.UDEV_RULES)
@@ -201,7 +208,7 @@ def test_iommu_off_is_refused_with_the_fix_and_bind_now_false_persists_only(tmp_
         run(devices=[GPU], persist="udev")
     assert run.sim.writes == []
     result = run(devices=[GPU], persist="udev", bind_now=False)
-    assert result["actions"] == [f"write {vfio.UDEV_RULES}"] and run.sim.driver(GPU) == "nvidia"
+    assert result["actions"] == [{"action": "write", "path": vfio.UDEV_RULES}] and run.sim.driver(GPU) == "nvidia"
     assert result["iommu_enabled"] is False and result["groups"] == {}
 
 
@@ -217,7 +224,7 @@ def test_persisting_a_function_in_use_is_refused_even_without_binding_now(tmp_pa
         run(devices=["0000:01:00.0"], persist="udev", bind_now=False)
     assert run.sim.writes == [] and not host.real(vfio.UDEV_RULES).exists()
     result = run(devices=["0000:01:00.0"], persist="udev", bind_now=False, force=True)
-    assert result["actions"] == [f"write {vfio.UDEV_RULES}"]
+    assert result["actions"] == [{"action": "write", "path": vfio.UDEV_RULES}]
     assert any("No IOMMU groups on this host" in w for w in run.warnings)
 
 
@@ -255,7 +262,7 @@ def test_modprobe_persistence_writes_ids_and_softdeps(tmp_path):
     text = HostFS(str(host.root)).read_text(vfio.MODPROBE_CONF)
     assert vfio.parse_modprobe(text) == (["10de:22e8", "10de:2330"], ["nvidia", "snd_hda_intel"])
     back = run(devices=[GPU], persist="modprobe", state="absent")
-    assert "remove ID 10de:2330 from vfio-pci's dynamic ID table (set by modprobe.d ids=)" in back["actions"]
+    assert {"action": "remove_id", "path": "/sys/bus/pci/drivers/vfio-pci/remove_id", "id": "10de:2330"} in back["actions"]
     assert not HostFS(str(host.root)).exists(vfio.MODPROBE_CONF)
 
 

@@ -96,13 +96,28 @@ def needs_tools(*tools: str):
     return pytest.mark.skipif(bool(missing), reason=f"{', '.join(missing)} not installed (scripts/bootstrap installs it)")
 
 
+def check_actions(result: dict) -> None:
+    """A module's ``actions``, where its result has them, are dicts of the one schema (docs/development.md, "The
+    module skeleton"): each names its verb in a non-empty string ``action``; file contents stay out (``content``)."""
+    if "actions" not in result:
+        return
+    actions = result["actions"]
+    assert isinstance(actions, list), f"actions must be a list of dicts, got {actions!r}"
+    for i, action in enumerate(actions):
+        assert isinstance(action, dict), f"actions[{i}] must be a dict with an 'action' verb, got {action!r}"
+        assert isinstance(action.get("action"), str) and action["action"], f"actions[{i}] names no verb: {action!r}"
+        assert "content" not in action, f"actions[{i}] carries file contents (the diff has them): {sorted(action)}"
+
+
 def run_module(module, args: dict, capsys) -> dict:
     """``module.main()`` as Ansible runs it, with ``args`` as its module arguments: the JSON result it
-    prints. A failed result must come with a non-zero exit, a successful one with exit 0."""
+    prints. A failed result must come with a non-zero exit, a successful one with exit 0; its actions
+    must be of the one schema (check_actions)."""
     with patch_module_args(args), pytest.raises(SystemExit) as exc:
         module.main()
     result = json.loads(capsys.readouterr().out)
     assert (exc.value.code != 0) == bool(result.get("failed")), result
+    check_actions(result)
     return result
 
 
@@ -260,6 +275,7 @@ class UTHelper:
             self.module.main()
         result = json.loads(capsys.readouterr().out)
         assert "Traceback" not in result.get("msg", "") and "exception" not in result, result.get("exception")
+        check_actions(result)
         assert len(log.seen) == len(log.expected), (
             f"the module ran {len(log.seen)} of the {len(log.expected)} listed commands: {log.seen}")
         assert_subset(case.get("output") or {}, result)
