@@ -21,6 +21,7 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_payload as pp
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot_apply import render_script
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_payload
 from tests.unit.fakesysfs import load_capture, payload_switch, two_gpus_one_switch, two_numa_nodes
@@ -59,7 +60,7 @@ def tuned_switch(root, persist: bool = True, **kw):
     if persist:
         live = {b: {"mps": d["mps_after"], "mrrs": d["mrrs_after"]} for b, d in plan["devices"].items()}
         fs.write_atomic(pp.PERSIST_CONFIG, pp.render_persist(pp.persist_entries(plan["managed"], {}, live)))
-        fs.write_atomic(pp.APPLY_SCRIPT, pp.render_script(sys.executable), 0o755)
+        fs.write_atomic(pp.APPLY_SCRIPT, render_script(sys.executable), 0o755)
         fs.write_atomic(pp.UNIT_PATH, pp.render_unit())
         wants = Path(fs.path(pp.UNIT_WANTS))
         wants.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +75,7 @@ def persisted_only(root):
     assert plan["writes"] == []
     live = {b: {"mps": d["mps_after"], "mrrs": d["mrrs_after"]} for b, d in plan["devices"].items()}
     fs.write_atomic(pp.PERSIST_CONFIG, pp.render_persist(pp.persist_entries(plan["managed"], {}, live)))
-    fs.write_atomic(pp.APPLY_SCRIPT, pp.render_script(sys.executable), 0o755)
+    fs.write_atomic(pp.APPLY_SCRIPT, render_script(sys.executable), 0o755)
     fs.write_atomic(pp.UNIT_PATH, pp.render_unit())
     wants = Path(fs.path(pp.UNIT_WANTS))
     wants.parent.mkdir(parents=True, exist_ok=True)
@@ -252,7 +253,7 @@ def test_boot_unit_skips_a_replaced_card_and_applies_the_rest(tmp_path, capsys):
 
 def test_apply_script_rejects_a_foreign_file(tmp_path):
     script = tmp_path / "apply"
-    script.write_text(pp.render_script(sys.executable))
+    script.write_text(render_script(sys.executable))
     bad = tmp_path / "x.json"
     bad.write_text('{"format": "other"}')
     proc = subprocess.run([sys.executable, str(script), str(bad)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
