@@ -58,8 +58,10 @@ SCRIPTS = {"irq_affinity": irq_reapply.render_script, "pcie_boot": pcie_boot_app
 
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
-        self.set_options(var_options=variables, direct=kwargs)
-        python = self.get_option("python")
+        unknown = set(kwargs) - {"python"}
+        if unknown:
+            raise AnsibleLookupError(f"reapply_script: unknown options {sorted(unknown)}: only python")
+        python = kwargs.get("python")
         if not python or not str(python).startswith("/"):
             raise AnsibleLookupError(f"reapply_script: python must be the absolute path of the host's interpreter, not {python!r}.")
         out = []

@@ -112,6 +112,8 @@ def _source_from_import_system(name: str) -> str:
         spec = None
     getter = getattr(spec.loader, "get_source", None) if spec is not None and spec.loader is not None else None
     source = getter(fullname) if getter else None
+    if isinstance(source, bytes):  # Ansible's collection loader on the controller answers with the file's bytes
+        source = importlib.util.decode_source(source)
     if source is None:
         raise BundleError(f"cannot read the source of {fullname}: this Python has no copy of it (a module run holds "
                           "only the module_utils its module imports: import the entry module_utils there)")
@@ -185,6 +187,7 @@ def main():
                          "%s\\n" % (prog, MIN_PYTHON[0], MIN_PYTHON[1], sys.executable, sys.version.split()[0], PYTHON_HINT))
         return 2
     sys.meta_path.insert(0, BundleImporter(os.path.abspath(__file__)))
+    sys.excepthook = traceback.print_exception  # reads the bundled lines through get_source (the C printer opens files)
     try:
         entry = importlib.import_module(PACKAGE + "." + ENTRY)
     except ImportError as err:
@@ -226,6 +229,7 @@ def render_script(python: str, entry: str, sources: Mapping[str, str], header: I
         "import importlib.util",
         "import os",
         "import sys",
+        "import traceback",
         "",
         f"FORMAT = {FORMAT!r}",
         f"PACKAGE = {PACKAGE!r}",
