@@ -45,6 +45,13 @@ def render_script(python: str) -> str:
     return reapply_bundle.render_script(python, ENTRY, reapply_bundle.loaded_sources([ENTRY]), HEADER, REINSTALL, PYTHON_HINT)
 
 
+def say(msg: str, err: bool = False) -> None:
+    """A line of output (stderr for problems and warnings); the units' journal keeps both."""
+    stream = sys.stderr if err else sys.stdout
+    stream.write(msg + "\n")
+    stream.flush()
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(prog=PROG, description="Re-apply the IRQ pinning of gpufleet.inference irq_affinity.")
     parser.add_argument("--device", action="append", default=[],
@@ -67,16 +74,16 @@ def main(argv=None) -> int:
     config = ia.load_json(fs, config_path)
     devices = config.get("devices") or {}
     if not isinstance(devices, dict):
-        print(f"{PROG}: {config_path} has no devices mapping; nothing to do.", file=sys.stderr)
+        say(f"{PROG}: {config_path} has no devices mapping; nothing to do.", err=True)
         return 2
     wanted = []
     for raw in args.device or sorted(devices):
         bdf = normalize_bdf(raw)
         if bdf is None:
-            print(f"{PROG}: '{raw}' is not a PCI address.", file=sys.stderr)
+            say(f"{PROG}: '{raw}' is not a PCI address.", err=True)
             return 2
         if bdf not in devices:
-            print(f"{bdf}: not in {config_path}; nothing to do.")
+            say(f"{bdf}: not in {config_path}; nothing to do.")
             continue
         wanted.append(bdf)
     if not wanted:
@@ -92,7 +99,7 @@ def main(argv=None) -> int:
         entries, plan_warnings = ia.plan(walker, resolved, only, "present", cache, allow_no_irqs=True)
         ia.apply(fs, entries)
     except ia.IrqError as err:
-        print(f"{PROG}: {err}", file=sys.stderr)
+        say(f"{PROG}: {err}", err=True)
         return 1
     warnings += plan_warnings
     new_cache = ia.managed_cache_after(cache, walker, entries)
@@ -103,9 +110,9 @@ def main(argv=None) -> int:
             warnings.append(f"cannot remember managed vectors in {ia.MANAGED_CACHE}: {err}")
     for e in entries:
         if e["status"] == "changed":
-            print(f"{e['bdf']} IRQ {e['irq']}: {e['before']} -> {e['after']}")
+            say(f"{e['bdf']} IRQ {e['irq']}: {e['before']} -> {e['after']}")
     for msg in warnings:
-        print(f"warning: {msg}", file=sys.stderr)
+        say(f"warning: {msg}", err=True)
     counts = {s: sum(1 for e in entries if e["status"] == s) for s in ("changed", "ok", "managed")}
-    print(json.dumps(dict({"devices": only}, **counts), sort_keys=True))
+    say(json.dumps(dict({"devices": only}, **counts), sort_keys=True))
     return 0

@@ -27,6 +27,7 @@ import functools
 import os
 import shutil
 import subprocess
+import sys
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import reapply_bundle
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import C_LOCALE
@@ -60,7 +61,9 @@ def render_script(python: str) -> str:
 
 
 def log(msg: str) -> None:
-    print(msg, flush=True)
+    """One line of the unit's journal (stdout, flushed: a hang later still shows what was done)."""
+    sys.stdout.write(msg + "\n")
+    sys.stdout.flush()
 
 
 def run_command(argv: list[str]) -> tuple[int, str, str]:
@@ -242,4 +245,3 @@ def main(argv: list[str] | None = None) -> int:
     failed += acs_failed
     log(f"{PROG}: {len(devices)} device(s), {failed} failed")
     return 1 if failed else 0
-

@@ -210,7 +210,7 @@ def test_no_list_of_module_utils_is_kept_by_hand():
                 strings.append(node)
         walk(data)
         found = sorted({s for s in strings if Path(s).stem in names and s.endswith(".py")} |
-                       {m for m in re.findall(r"plugins/module_utils/(\w+)", text)})
+                       set(re.findall(r"plugins/module_utils/(\w+)", text)))
         if found:
             wrong.append(f"{path.relative_to(REPO)}: {found}")
     assert wrong == []
