@@ -194,3 +194,36 @@ def test_python_3_6_is_refused_with_the_way_out(tmp_path, render_script, hint):
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.startswith(f"apply: needs Python 3.7 or later to run the collection's module_utils, and {py36} is Python 3.6")
     assert hint in proc.stderr
+
+
+# ---- which interpreter the PCIe modules write -----------------------------------------------------------------------
+class _Module:
+    params = {"state_dir": "/var/lib/gpufleet/pcie_payload"}
+
+
+def test_the_boot_script_names_the_interpreter_that_runs_the_module(tmp_path, monkeypatch):
+    """/usr/bin/python3 only when it is that interpreter: on EL 8 it may be a 3.6 beside the 3.11 Ansible runs."""
+    from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+    from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_state import PcieState
+    real = PcieState(_Module(), HostFS("/"), "/usr/bin/setpci", "originals.json", pcie_boot_apply.render_script)
+    other = tmp_path / "python3.11"
+    other.symlink_to(sys.executable)
+    monkeypatch.setattr(sys, "executable", str(other))
+    expected = "/usr/bin/python3" if Path("/usr/bin/python3").exists() and Path("/usr/bin/python3").samefile(other) else str(other)
+    assert real.python() == expected
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "venv-python"))  # not /usr/bin/python3, whatever that is
+    (tmp_path / "venv-python").write_text("")
+    assert real.python() == str(tmp_path / "venv-python")
+    assert real.script().startswith(f"#!{tmp_path / 'venv-python'}\n")
+    if Path("/usr/bin/python3").exists():  # another name of the same interpreter: the stable name is written
+        alias = tmp_path / "python3-alias"
+        alias.symlink_to("/usr/bin/python3")
+        monkeypatch.setattr(sys, "executable", str(alias))
+        assert real.python() == "/usr/bin/python3"
+        monkeypatch.setattr(sys, "executable", str(tmp_path / "venv-python"))
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    assert PcieState(_Module(), HostFS(str(tree)), "setpci", "o.json", pcie_boot_apply.render_script).python() == str(tmp_path / "venv-python")
+    (tree / "usr/bin").mkdir(parents=True)
+    (tree / "usr/bin/python3").write_text("")
+    assert PcieState(_Module(), HostFS(str(tree)), "setpci", "o.json", pcie_boot_apply.render_script).python() == "/usr/bin/python3"
