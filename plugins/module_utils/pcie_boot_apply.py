@@ -128,7 +128,7 @@ def _write_problem(attempt: dict, what: str) -> str:
 def apply_payload(fs: HostFS, entries: list[dict], setpci: str) -> int:
     """Apply the payload entries hierarchy by hierarchy; the number of failures (one per hierarchy at most)."""
     failed = 0
-    checked: dict[str, list[dict]] = {}
+    planned: list[tuple[dict, list[dict]]] = []  # (entry, its writes), in the file's order (top-down)
     broken: dict[str, str] = {}  # hierarchy -> the entry that cannot be applied
     for entry in entries:
         hierarchy = entry.get("hierarchy")
@@ -140,15 +140,14 @@ def apply_payload(fs: HostFS, entries: list[dict], setpci: str) -> int:
             broken[hierarchy] = entry.get("bdf")
             log(f"error: {entry.get('bdf')} {problem}")
             continue
-        checked.setdefault(hierarchy, []).extend(writes)
+        planned.append((entry, writes))
     for entry in entries:
         hierarchy = entry.get("hierarchy")
         if hierarchy in broken and entry.get("bdf") != broken[hierarchy]:
             log(f"{entry.get('bdf')}: skipped, {broken[hierarchy]} below {hierarchy} cannot be applied")
-    writes = sorted((w for h, ws in checked.items() if h not in broken for w in ws),
-                    key=lambda w: next(i for i, e in enumerate(entries) if e.get("bdf") == w["device"]))
+    writes = [w for entry, mine in planned if entry.get("hierarchy") not in broken for w in mine]
     outcome = apply_writes(fs, writes, run_command, setpci, keep_going=True)
-    tried: set = set()
+    tried, failed_hierarchies = set(), set()
     for attempt in outcome["journal"]:
         w, cmd = attempt["step"], " ".join(attempt["argv"])
         label = REGISTERS[w["register"]]["name"]
@@ -160,10 +159,12 @@ def apply_payload(fs: HostFS, entries: list[dict], setpci: str) -> int:
             log(f"{w['device']}: {label} {w['before']} -> {w['after']} [{cmd}]")
         else:
             failed += 1
+            failed_hierarchies.add(w["hierarchy"])
             log(f"error: {w['device']} {label} {w['after']}: {_write_problem(attempt, attempt['reads'])} [{cmd}]")
-    failed_hierarchies = {f["step"]["hierarchy"] for f in outcome["journal"] if f["phase"] == "apply" and not f["ok"]}
-    for bdf in dict.fromkeys(w["device"] for w in writes if w["hierarchy"] in failed_hierarchies and w["device"] not in tried):
-        log(f"{bdf}: skipped, an earlier write below {next(w['hierarchy'] for w in writes if w['device'] == bdf)} failed")
+    never = dict.fromkeys((w["device"], w["hierarchy"]) for w in writes
+                          if w["hierarchy"] in failed_hierarchies and w["device"] not in tried)
+    for bdf, hierarchy in never:
+        log(f"{bdf}: skipped, an earlier write below {hierarchy} failed")
     return failed
 
 

@@ -293,3 +293,21 @@ def test_multifunction_gpu_functions_get_the_same_mps(tmp_path, capsys):
     assert result["devices"]["0000:03:00.1"]["role"] == "function"
     fs = HostFS(str(tmp_path / "host"))
     assert {pp.read_payload(fs, b)["mps"] for b in ("0000:00:01.0", "0000:03:00.0", "0000:03:00.1", "0000:04:00.0")} == {512}
+
+
+@needs_setpci_systemctl
+def test_boot_unit_checks_a_whole_hierarchy_before_writing_any_of_it(tmp_path, capsys):
+    """A replaced card at the bottom of a hierarchy: nothing of that hierarchy is written (not written, then rolled back)."""
+    root = tmp_path / "host"
+    payload_switch(root)
+    firmware = snapshot(root)
+    assert run_module({"root": str(root), "mps": "max_safe", "mrrs": 4096}, capsys)["changed"] is True
+    restore(root, firmware)
+    (root / "sys/bus/pci/devices/0000:04:00.0/device").write_text("0x2335\n")
+    proc = subprocess.run(unit_command(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    assert proc.returncode == 1, proc.stdout
+    assert "error: 0000:04:00.0 is 0x10de:0x2335, not the recorded 0x10de:0x2330 (card replaced?)" in proc.stdout
+    assert "0000:00:01.0: skipped, 0000:04:00.0 below 0000:00:01.0 cannot be applied" in proc.stdout
+    assert "->" not in proc.stdout and "rolled back" not in proc.stdout
+    assert proc.stdout.rstrip().endswith("6 device(s), 1 failed")
+    assert snapshot(root) == firmware
