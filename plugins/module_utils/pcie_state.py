@@ -37,7 +37,8 @@ class PcieState:
     # What is in place when only the boot persistence fails (for the failure message).
     SET_WHAT = "The register values are set"
 
-    def __init__(self, module, fs, setpci: str, record_file: str, render_script=None):
+    def __init__(self, module, fs, setpci: str, record_file: str, render_script):
+        """``render_script(python) -> str``: the boot applier (pcie_boot_apply's, which this layer cannot import)."""
         self.module = module
         self.render_script = render_script
         self.fs = fs
