@@ -211,13 +211,20 @@ def test_byte_level_cycle_on_a_switch_where_path_and_peer_limits_differ(tmp_path
     assert (again["changed"], again["actions"]) == (False, [])
 
 
-@needs_setpci_systemctl
-def test_boot_unit_rolls_back_a_hierarchy_whose_device_does_not_take(tmp_path, capsys):
-    root = tmp_path / "host"
+def rebooted_after_tuning(root, capsys) -> dict[str, bytes]:
+    """payload_switch tuned by the module (max_safe, MRRS 4096, persisted), then rebooted: the firmware's values
+    are back and the boot unit is to run. Returns the firmware's config space."""
     payload_switch(root)
     firmware = snapshot(root)
     assert run_module({"root": str(root), "mps": "max_safe", "mrrs": 4096}, capsys)["changed"] is True
     restore(root, firmware)
+    return firmware
+
+
+@needs_setpci_systemctl
+def test_boot_unit_rolls_back_a_hierarchy_whose_device_does_not_take(tmp_path, capsys):
+    root = tmp_path / "host"
+    firmware = rebooted_after_tuning(root, capsys)
     # setpci that ignores writes to 0000:02:01.0, as a read-only field would
     wrapper = tmp_path / "setpci-ro"
     wrapper.write_text(f'#!/bin/sh\ncase " $* " in *" 0000:02:01.0 "*) exit 0;; esac\nexec {SETPCI} "$@"\n')
@@ -299,10 +306,7 @@ def test_multifunction_gpu_functions_get_the_same_mps(tmp_path, capsys):
 def test_boot_unit_checks_a_whole_hierarchy_before_writing_any_of_it(tmp_path, capsys):
     """A replaced card at the bottom of a hierarchy: nothing of that hierarchy is written (not written, then rolled back)."""
     root = tmp_path / "host"
-    payload_switch(root)
-    firmware = snapshot(root)
-    assert run_module({"root": str(root), "mps": "max_safe", "mrrs": 4096}, capsys)["changed"] is True
-    restore(root, firmware)
+    firmware = rebooted_after_tuning(root, capsys)
     (root / "sys/bus/pci/devices/0000:04:00.0/device").write_text("0x2335\n")
     proc = subprocess.run(unit_command(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
     assert proc.returncode == 1, proc.stdout
