@@ -4,9 +4,9 @@
 """Pinning a PCI function's MSI/MSI-X vectors to CPUs of its NUMA node, and keeping them there.
 
 Shared by the irq_affinity module and by the re-apply script the irq_affinity role installs on the
-host (``gpufleet-irq-affinity-apply``), which imports a copy of this file and of the module_utils it
-needs (hostfs, pci_config, pci_topology; all stdlib only) so the boot-time and rebind-time pinning is
-the same code as the module's. IRQ numbers change whenever a driver re-requests its vectors, so
+host (``gpufleet-irq-affinity-apply``, irq_reapply), which carries this file and the module_utils it
+imports (reapply_bundle; all stdlib only) so the boot-time and rebind-time pinning is the same code
+as the module's. IRQ numbers change whenever a driver re-requests its vectors, so
 nothing here is keyed by IRQ number: the persistent configuration names PCI functions, and the
 spread is recomputed from the function's current ``msi_irqs``.
 
@@ -22,6 +22,7 @@ import shlex
 import time
 from typing import Any
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.device_apply import IGNORE, STOP, apply_steps
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
     PCI_DEVICES, PciWalker, format_cpulist, parse_cpulist,
@@ -360,49 +361,59 @@ def plan(walker: PciWalker, resolved: dict[str, dict[str, Any]], only: list[str]
 
 
 def apply(fs: HostFS, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Write every ``change`` entry, read it back; EIO marks a kernel-managed vector, left alone.
+    """Write every ``change`` entry, read it back (device_apply); EIO marks a kernel-managed vector, left alone.
 
     On any other failure the entries already written are put back and IrqError says which failed and why.
     Returns the entries, with ``after`` and ``status`` (changed, ok, managed, failed) filled in.
     """
-    done: list[dict[str, Any]] = []
-    for e in entries:
-        if e["status"] != "change":
-            continue
-        path = f"/proc/irq/{e['irq']}/smp_affinity_list"
+    def path(step: dict) -> str:
+        return f"/proc/irq/{step['entry']['irq']}/smp_affinity_list"
+
+    def write(step: dict, cpus: str) -> tuple[int, str, None]:
         try:
-            fs.write_text(path, e["wanted"])
+            fs.write_text(path(step), cpus)
         except HostFSError as err:
-            if err.errno == errno.EIO:
-                e.update(status="managed", managed=True)
-                continue
-            e["status"] = "failed"
-            hint = {errno.ENOSPC: "that CPU has no free interrupt vectors left; widen cpus",
-                    errno.EINVAL: "the CPUs are not usable for this interrupt (offline or not allowed)",
-                    errno.EROFS: "/proc/irq is read-only here: run on the host itself as root, not in a container",
-                    errno.EACCES: "permission denied: run as root (become: true)",
-                    errno.EPERM: "permission denied: run as root (become: true)"}.get(err.errno, "check dmesg")
-            _rollback(fs, done)
-            raise IrqError(f"Failed to pin IRQ {e['irq']} of {e['bdf']} to CPUs {e['wanted']}: writing {path} gave "
-                           f"'{err.strerror}' ({hint}). {_rolled(done)}") from None
-        got = fs.read_optional(path)
-        if got is None or parse_cpulist(got) != parse_cpulist(e["wanted"]):
-            e.update(status="failed", after=got)
-            _rollback(fs, done)
-            raise IrqError(f"IRQ {e['irq']} of {e['bdf']} reads back '{got}' after writing '{e['wanted']}' to {path}: the kernel "
-                           f"did not take the affinity. {_rolled(done)}")
-        e.update(status="changed", after=got, managed=False)
-        done.append(e)
-    return entries
+            return err.errno or -1, err.strerror, None
+        return 0, "", None
 
+    def read(step: dict) -> tuple[str | None, str | None]:
+        got = fs.read_optional(path(step))
+        return got, None if got is not None else f"cannot read {path(step)}"
 
-def _rollback(fs: HostFS, done: list[dict[str, Any]]) -> None:
-    for e in done:
-        try:
-            fs.write_text(f"/proc/irq/{e['irq']}/smp_affinity_list", e["before"])
-            e.update(status="rolled back", after=e["before"])
-        except HostFSError:
-            e["status"] = "rollback failed"
+    steps = [{"entry": e, "before": e["before"], "after": e["wanted"]} for e in entries if e["status"] == "change"]
+    out = apply_steps(steps, write, read, lambda step, got, cpus: parse_cpulist(got) == parse_cpulist(cpus),
+                      on_failure=lambda attempt: IGNORE if attempt["rc"] == errno.EIO else STOP)
+    for attempt in out["ignored"]:
+        attempt["step"]["entry"].update(status="managed", managed=True)
+    for attempt in out["done"]:
+        attempt["step"]["entry"].update(status="changed", after=attempt["reads"], managed=False)
+    if not out["failures"]:
+        return entries
+    failed = out["failures"][0]
+    e = failed["step"]["entry"]
+    done = []  # the entries that had taken, oldest first, as the rollback left them
+    for attempt in reversed([a for a in out["journal"] if a["phase"] == "rollback"]):
+        back = attempt["step"]["entry"]
+        if back is e:
+            continue
+        if attempt["ok"]:
+            back.update(status="rolled back", after=back["before"], managed=False)
+        else:
+            back.update(status="rollback failed", after=attempt["reads"], managed=False)
+        done.append(back)
+    e["status"] = "failed"
+    where = path(failed["step"])
+    if failed["rc"] != 0:
+        hint = {errno.ENOSPC: "that CPU has no free interrupt vectors left; widen cpus",
+                errno.EINVAL: "the CPUs are not usable for this interrupt (offline or not allowed)",
+                errno.EROFS: "/proc/irq is read-only here: run on the host itself as root, not in a container",
+                errno.EACCES: "permission denied: run as root (become: true)",
+                errno.EPERM: "permission denied: run as root (become: true)"}.get(failed["rc"], "check dmesg")
+        raise IrqError(f"Failed to pin IRQ {e['irq']} of {e['bdf']} to CPUs {e['wanted']}: writing {where} gave "
+                       f"'{failed['stderr']}' ({hint}). {_rolled(done)}")
+    e["after"] = failed["reads"]
+    raise IrqError(f"IRQ {e['irq']} of {e['bdf']} reads back '{failed['reads']}' after writing '{e['wanted']}' to {where}: the kernel "
+                   f"did not take the affinity. {_rolled(done)}")
 
 
 def _rolled(done: list[dict[str, Any]]) -> str:

@@ -28,6 +28,7 @@ import struct
 from itertools import combinations
 from typing import Any, Callable
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.device_apply import SKIP_GROUP, STOP, apply_steps
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import read_config
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PCI_DEVICES, topology_level
@@ -241,41 +242,35 @@ def kernel_args(bdfs: list[str], release: str | None) -> dict[str, Any]:
 
 
 # ---- applying -----------------------------------------------------------------------------------
-def apply_writes(fs: HostFS, writes: list[dict], run: Callable, setpci: str) -> dict[str, Any]:
-    """Run ``writes`` with setpci, read each back; on the first failure undo every write done (reverse).
+def apply_writes(fs: HostFS, writes: list[dict], run: Callable, setpci: str, keep_going: bool = False) -> dict[str, Any]:
+    """Run ``writes`` with setpci, read each back (device_apply); on the first failure undo every write done (reverse).
 
     A write whose bits read back unchanged is ``readonly`` (QEMU's pcie-root-port keeps some ACS
-    Control bits read-only), any other outcome ``error``. Returns ``{done, failures, rolled_back,
-    rollback_failed}``.
+    Control bits read-only), any other outcome ``error``. With ``keep_going`` (the boot unit) a
+    failure undoes only its own bridge's write and the others go on. Returns ``{done, failures,
+    rolled_back, rollback_failed, journal}``.
     """
-    done, failures, rolled_back, rollback_failed = [], [], [], []
-
-    def one(bdf: str, value: int, mask: int):
-        argv = setpci_argv(setpci, fs.root, bdf, value, mask)
+    def write(w: dict, value: int) -> tuple[int, str, list[str]]:
+        argv = setpci_argv(setpci, fs.root, w["device"], value, w["mask"])
         rc, _out, err = run(argv)
-        now = read_acs(fs, bdf)
-        return argv, rc, (err or "").strip(), now
+        return rc, err, argv
 
-    for w in writes:
-        argv, rc, err, now = one(w["device"], w["after"], w["mask"])
-        reads = now["ctrl"] if now["readable"] else None
-        if rc == 0 and reads is not None and reads & w["mask"] == w["after"] & w["mask"]:
-            done.append(dict(w, argv=argv))
-            continue
-        kind = "readonly" if rc == 0 and reads is not None and reads & w["mask"] == w["before"] & w["mask"] else "error"
-        failures.append(dict(w, reads=reads, kind=kind, argv=argv, rc=rc, stderr=err or (now["error"] or "")))
-        if reads is not None and reads & w["mask"] != w["before"] & w["mask"]:
-            done.append(dict(w, argv=argv))
-        for d in reversed(done):
-            rargv, rrc, rerr, rnow = one(d["device"], d["before"], d["mask"])
-            entry = dict(d, argv=rargv, rc=rrc, stderr=rerr)
-            if rrc == 0 and rnow["readable"] and rnow["ctrl"] & d["mask"] == d["before"] & d["mask"]:
-                rolled_back.append(entry)
-            else:
-                rollback_failed.append(dict(entry, reads=rnow["ctrl"]))
-        done = []
-        break
-    return {"done": done, "failures": failures, "rolled_back": rolled_back, "rollback_failed": rollback_failed}
+    def read(w: dict) -> tuple[int | None, str | None]:
+        now = read_acs(fs, w["device"])
+        return (now["ctrl"] if now["readable"] else None), now["error"]
+
+    out = apply_steps(writes, write, read, lambda w, reads, value: reads & w["mask"] == value & w["mask"],
+                      group=(lambda w: w["device"]) if keep_going else None,
+                      on_failure=lambda attempt: SKIP_GROUP if keep_going else STOP)
+    return {
+        "done": [dict(a["step"], argv=a["argv"]) for a in out["done"]],
+        "failures": [dict(a["step"], reads=a["reads"], kind=a["kind"], argv=a["argv"], rc=a["rc"], stderr=a["stderr"])
+                     for a in out["failures"]],
+        "rolled_back": [dict(a["step"], argv=a["argv"], rc=a["rc"], stderr=a["stderr"]) for a in out["rolled_back"]],
+        "rollback_failed": [dict(a["step"], argv=a["argv"], rc=a["rc"], stderr=a["stderr"], reads=a["reads"])
+                            for a in out["rollback_failed"]],
+        "journal": out["journal"],
+    }
 
 
 def failure_message(f: dict, outcome: dict) -> str:
@@ -294,9 +289,13 @@ def failure_message(f: dict, outcome: dict) -> str:
         msg += " Rolled back: " + ", ".join(f"{r['device']} ACSCtl 0x{r['before']:04x}" for r in outcome["rolled_back"]) + "."
     if outcome["rollback_failed"]:
         msg += (" ROLLBACK FAILED, these keep the new value: " + ", ".join(
-            f"{r['device']} reads 0x{r['reads']:04x} (was 0x{r['before']:04x})" for r in outcome["rollback_failed"])
+            f"{r['device']} reads {_hex(r['reads'])} (was 0x{r['before']:04x})" for r in outcome["rollback_failed"])
             + ". Reboot the host.")
     return msg
+
+
+def _hex(value: int | None) -> str:
+    return f"0x{value:04x}" if value is not None else "nothing (its config space cannot be read)"
 
 
 def acsctl_of(config: bytes, offset: int) -> int:

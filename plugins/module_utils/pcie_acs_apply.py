@@ -19,6 +19,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_acs import
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import (
     PERSIST_CONFIG, parse_persist, persistence_plan,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot_apply import render_script
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_state import PcieState, shown_actions
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_users import refusal, users
 
@@ -27,13 +28,13 @@ class PcieAcs(PcieState):
     SET_WHAT = "The ACS bits are set"
 
     def __init__(self, module, fs: HostFS, setpci: str):
-        super().__init__(module, fs, setpci, RECORD_FILE)
+        super().__init__(module, fs, setpci, RECORD_FILE, render_script)
 
     def file_actions(self, record_text, record, acs_entries, persist: bool) -> list[dict]:
         payload = list(parse_persist(self.read(PERSIST_CONFIG), "devices").values())
         acs = acs_entries if persist else []
         return self.record_action(record_text, record) + persistence_plan(
-            self.read, self.fs.exists, self.python(), self.systemctl_argv, payload, acs, bool(payload or acs), self.fs.root == "/")
+            self.read, self.fs.exists, self.script(), self.systemctl_argv, payload, acs, bool(payload or acs), self.fs.root == "/")
 
     def guard(self, what: str, bdfs: list[str], force: bool, boot_way: str, result: dict) -> None:
         found = users(PciWalker(self.fs), bdfs)

@@ -22,6 +22,7 @@ import json
 import struct
 from typing import Any, Callable
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.device_apply import SKIP_GROUP, STOP, apply_steps
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import CFG_CONVENTIONAL, read_config
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
@@ -29,8 +30,8 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology im
 )
 # The boot unit and its file are shared with pcie_acs; re-exported here for the module and tests.
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import (  # noqa: F401 pylint: disable=unused-import
-    APPLY_SCRIPT, APPLY_SCRIPT_BODY, PERSIST_CONFIG, PERSIST_FORMAT, UNIT_NAME, UNIT_PATH, UNIT_WANTS, parse_persist,
-    render_json, render_persist, render_script, render_unit, setpci_base,
+    APPLY_SCRIPT, PERSIST_CONFIG, PERSIST_FORMAT, UNIT_NAME, UNIT_PATH, UNIT_WANTS, parse_persist, render_json,
+    render_persist, render_unit, setpci_base,
 )
 
 # PCIe encodings of the Device Control register (PCI Express capability + 0x08): the payload
@@ -476,61 +477,43 @@ def persist_entries(managed: dict[str, dict], existing: dict[str, dict], live: d
 
 
 # ---- applying -----------------------------------------------------------------------------------
-def apply_writes(fs: HostFS, writes: list[dict], run: Callable, setpci: str, stop_on_readonly: bool = True) -> dict[str, Any]:
-    """Run ``writes`` in order with setpci and read each one back from the config file.
+def apply_writes(fs: HostFS, writes: list[dict], run: Callable, setpci: str, stop_on_readonly: bool = True,
+                 keep_going: bool = False) -> dict[str, Any]:
+    """Run ``writes`` in order with setpci and read each one back from the config file (device_apply).
 
     A write that setpci refuses, or whose field reads back unchanged (a read-only field: QEMU
     makes DevCtl payload fields read-only) or with another value, fails. The writes already done
     in that hierarchy are rolled back (reverse order), and so are all others unless
     ``stop_on_readonly`` is false and the failure was a read-only field, in which case the other
-    hierarchies go on. Returns ``{done, failures, rolled_back, rollback_failed}``; each failure is
-    ``{device, register, wanted, reads, kind (readonly|error), argv, rc, stderr}``.
+    hierarchies go on; with ``keep_going`` (the boot unit) every failure only stops its own
+    hierarchy. Returns ``{done, failures, rolled_back, rollback_failed, journal}``; each failure is
+    ``{device, register, wanted, reads, kind (readonly|error), argv, rc, stderr}``; ``journal`` is
+    device_apply's, every attempt in order.
     """
-    done: list[dict] = []
-    failures: list[dict] = []
-    rolled_back: list[dict] = []
-    rollback_failed: list[dict] = []
-    skip: set = set()
-
-    def one(w: dict, size: int) -> tuple[int, str, str, dict]:
+    def write(w: dict, size: int) -> tuple[int, str, list[str]]:
         argv = setpci_argv(setpci, fs.root, w["device"], w["register"], size)
-        rc, out, err = run(argv)
+        rc, _out, err = run(argv)
+        return rc, err, argv
+
+    def read(w: dict) -> tuple[int | None, str | None]:
         now = read_payload(fs, w["device"])
-        return rc, out, err, dict(now, argv=argv)
+        return (now[w["register"]] if now["readable"] else None), now["error"]
 
-    def roll_back(items: list[dict]) -> None:
-        for w in reversed(items):
-            rc, _out, err, now = one(w, w["before"])
-            entry = dict(w, argv=now["argv"], rc=rc, stderr=(err or "").strip())
-            if rc == 0 and now["readable"] and now[w["register"]] == w["before"]:
-                rolled_back.append(entry)
-            else:
-                rollback_failed.append(dict(entry, reads=now[w["register"]]))
-            done.remove(w)
+    def policy(attempt: dict) -> str:
+        return SKIP_GROUP if keep_going or (attempt["kind"] == "readonly" and not stop_on_readonly) else STOP
 
-    for w in writes:
-        if w["hierarchy"] in skip:
-            continue
-        rc, _out, err, now = one(w, w["after"])
-        reads = now[w["register"]] if now["readable"] else None
-        if rc == 0 and reads == w["after"]:
-            done.append(dict(w, argv=now["argv"]))
-            continue
-        kind = "readonly" if rc == 0 and reads == w["before"] else "error"
-        failures.append({"device": w["device"], "register": w["register"], "wanted": w["after"], "before": w["before"],
-                         "reads": reads, "kind": kind, "argv": now["argv"], "rc": rc,
-                         "stderr": (err or "").strip() or (now["error"] or "")})
-        same = [d for d in done if d["hierarchy"] == w["hierarchy"]]
-        if reads is not None and reads != w["before"]:
-            done.append(dict(w, argv=now["argv"]))  # the field changed to something else: undo it too
-            same.append(done[-1])
-        roll_back(same)
-        if kind == "readonly" and not stop_on_readonly:
-            skip.add(w["hierarchy"])
-            continue
-        roll_back(list(done))
-        break
-    return {"done": done, "failures": failures, "rolled_back": rolled_back, "rollback_failed": rollback_failed}
+    out = apply_steps(writes, write, read, lambda w, reads, size: reads == size, group=lambda w: w["hierarchy"],
+                      on_failure=policy)
+    return {
+        "done": [dict(a["step"], argv=a["argv"]) for a in out["done"]],
+        "failures": [{"device": a["step"]["device"], "register": a["step"]["register"], "wanted": a["step"]["after"],
+                      "before": a["step"]["before"], "reads": a["reads"], "kind": a["kind"], "argv": a["argv"], "rc": a["rc"],
+                      "stderr": a["stderr"]} for a in out["failures"]],
+        "rolled_back": [dict(a["step"], argv=a["argv"], rc=a["rc"], stderr=a["stderr"]) for a in out["rolled_back"]],
+        "rollback_failed": [dict(a["step"], argv=a["argv"], rc=a["rc"], stderr=a["stderr"], reads=a["reads"])
+                            for a in out["rollback_failed"]],
+        "journal": out["journal"],
+    }
 
 
 def failure_message(failure: dict, functions: dict, result: dict) -> str:

@@ -16,6 +16,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload im
     restore_scope, setpci_argv,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import persistence_plan
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot_apply import render_script
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_state import PcieState, StepFailed, shown_actions
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_users import refusal, users
 
@@ -24,7 +25,7 @@ class PciePayload(PcieState):
     """The payload registers on top of PcieState (record, persistence files, unit)."""
 
     def __init__(self, module, fs: HostFS, setpci: str):
-        super().__init__(module, fs, setpci, RECORD_FILE)
+        super().__init__(module, fs, setpci, RECORD_FILE, render_script)
 
     def record(self) -> tuple[str | None, dict]:
         text = self.read(self.record_path)
@@ -34,7 +35,7 @@ class PciePayload(PcieState):
         """File and unit steps that make the boot unit match ``entries`` (or remove it); the ACS
         entries pcie_acs keeps in the same file stay as they are, and keep the unit alive."""
         acs = list(parse_persist(self.read(PERSIST_CONFIG), "acs").values())
-        return persistence_plan(self.read, self.fs.exists, self.python(), self.systemctl_argv, entries if persist else [],
+        return persistence_plan(self.read, self.fs.exists, self.script(), self.systemctl_argv, entries if persist else [],
                                 acs, persist or bool(acs), self.fs.root == "/")
 
     # ---- the two states -----------------------------------------------------------------------

@@ -14,6 +14,7 @@ extra result keys), never ``fail_json``-ed here: the module's ``main()`` turns t
 
 from __future__ import annotations
 
+import os
 import sys
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
@@ -36,8 +37,10 @@ class PcieState:
     # What is in place when only the boot persistence fails (for the failure message).
     SET_WHAT = "The register values are set"
 
-    def __init__(self, module, fs, setpci: str, record_file: str):
+    def __init__(self, module, fs, setpci: str, record_file: str, render_script):
+        """``render_script(python) -> str``: the boot applier (pcie_boot_apply's, which this layer cannot import)."""
         self.module = module
+        self.render_script = render_script
         self.fs = fs
         self.setpci = setpci
         self.cmds = HostCmd(module, fs)
@@ -50,8 +53,21 @@ class PcieState:
         return self.fs.read_exact(path)
 
     def python(self) -> str:
-        """The interpreter the boot script names: the host's python3, else the one running this module."""
-        return "/usr/bin/python3" if self.fs.exists("/usr/bin/python3") else sys.executable
+        """The interpreter the boot script names: the one running this module, which runs these module_utils
+        (the script carries them), by its stable name /usr/bin/python3 when that is the same interpreter (on
+        EL 8, /usr/bin/python3 may be a 3.6 beside the 3.11 Ansible uses). On a test tree: the tree's
+        /usr/bin/python3 if it has one, else this one."""
+        running = sys.executable or "/usr/bin/python3"
+        if self.fs.root != "/":
+            return "/usr/bin/python3" if self.fs.exists("/usr/bin/python3") else running
+        try:
+            return "/usr/bin/python3" if os.path.samefile("/usr/bin/python3", running) else running
+        except OSError:
+            return running
+
+    def script(self) -> str:
+        """The boot applier (pcie_boot_apply.render_script) for this host's interpreter."""
+        return self.render_script(self.python())
 
     def systemctl_argv(self, *args: str) -> list[str]:
         """systemctl on the host; ``--root=ROOT`` for a tree other than ``/`` (systemctl edits it offline)."""

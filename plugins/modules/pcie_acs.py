@@ -22,7 +22,7 @@ description:
     them.
   - With O(persist=true) the collection's boot unit C(gpufleet-pcie-payload.service) (shared with
     M(gpufleet.inference.pcie_payload), one file C(/etc/gpufleet/pcie_payload.json)) clears the same bits at every boot,
-    before udev loads the GPU drivers.
+    before udev loads the GPU drivers, with this module's own module_utils, which its script carries.
   - Returns RV(kernel_args), the boot parameters that do the same while the kernel enumerates the bus
     (C(pci=disable_acs_redir=), Linux 5.0+; C(pci=config_acs=), Linux 6.11+), for M(gpufleet.inference.kernel_cmdline)
     and the reboot contract. C(pci=noacs) is not one of them; mainline Linux has no such option.
@@ -37,7 +37,7 @@ author:
   - gpufleet.inference contributors (@gpufleet)
 requirements:
   - pciutils (C(setpci)) on the host; Linux with sysfs; root (C(become)).
-  - systemd for O(persist=true).
+  - systemd for O(persist=true); the boot script needs Python 3.7 or later (the interpreter the module runs under).
 extends_documentation_fragment:
   - gpufleet.inference.common
   - gpufleet.inference.common.attributes

@@ -26,7 +26,9 @@ description:
     what it wrote, so a failed run changes nothing.
   - Records the original values on the host (O(state_dir)) before the first write; O(state=default) restores them.
   - With O(persist=true) installs a systemd oneshot unit, C(gpufleet-pcie-payload.service), that re-applies the values at
-    every boot through C(/usr/local/libexec/gpufleet-pcie-payload-apply /etc/gpufleet/pcie_payload.json).
+    every boot through C(/usr/local/libexec/gpufleet-pcie-payload-apply /etc/gpufleet/pcie_payload.json). That script
+    carries this module's own module_utils (the same capability walk, writes, read-back and per-hierarchy rollback), and
+    names the interpreter the module runs under (C(/usr/bin/python3) when that is the same one).
   - A systemd oneshot unit rather than a udev rule, because the values of one hierarchy must be applied together and in
     order (root port before the switch ports before the GPUs) with a rollback when one does not take; udev runs C(RUN+=)
     programs per device, in parallel, in no fixed order, kills them after a timeout, and runs them again on every
@@ -36,7 +38,7 @@ author:
   - gpufleet.inference contributors (@gpufleet)
 requirements:
   - pciutils (C(setpci)) on the host; Linux with sysfs; root (C(become)).
-  - systemd for O(persist=true).
+  - systemd for O(persist=true); the boot script needs Python 3.7 or later (the interpreter the module runs under).
 extends_documentation_fragment:
   - gpufleet.inference.common
   - gpufleet.inference.common.attributes

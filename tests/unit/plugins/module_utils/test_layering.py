@@ -9,11 +9,11 @@ imports themselves (parsed with ast, nothing is imported):
 - no module_utils imports AnsibleModule or calls fail_json/exit_json, and no module calls them below main();
 - every module documents its ``actions`` as a list of dicts, each naming its verb in ``action``;
 - the layer table in docs/development.md is this one;
-- the module_utils the irq_affinity role copies to the host are exactly the import closure of the
-  module_utils its re-apply script imports;
-- the boot-time applier of pcie_boot (stdlib only, Python 3.6, so it cannot import module_utils)
-  finds the PCI Express and ACS capabilities where pci_config does, on every captured and
-  synthetic config space.
+- the re-apply scripts (the PCIe boot unit's, the irq_affinity role's) carry exactly the import
+  closure of their entry module_utils, in dependency order, as reapply_bundle.import_closure()
+  computes it from the imports (checked here against this file's own walk of the import graph), the
+  sources byte for byte; no role or vars file keeps a list of module_utils by hand; each module that
+  writes a script imports (so ships, in its module run) everything that script carries.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ import functools
 import re
 from pathlib import Path
 
+import pytest
 import yaml
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_boot
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import decode_config
-from tests.unit.fakesysfs import FIXTURES, load_capture, payload_switch, two_gpus_one_switch, two_numa_nodes
+from ansible_collections.gpufleet.inference.plugins.module_utils import irq_reapply, pcie_boot_apply, reapply_bundle
 
 REPO = Path(__file__).resolve().parents[4]
 MODULE_UTILS = REPO / "plugins" / "module_utils"
@@ -35,7 +34,7 @@ PREFIX = "ansible_collections.gpufleet.inference.plugins.module_utils"
 
 # Layer -> module_utils. A file imports module_utils of lower layers only.
 LAYERS = {
-    0: ["gate_stats", "hostfs", "hostcmd", "inference_transport"],
+    0: ["device_apply", "gate_stats", "hostfs", "hostcmd", "inference_transport", "reapply_bundle"],
     1: ["audit_report", "bench_history", "grub", "host_lease", "inference_metrics", "nccl_env", "pci_config",
         "pcie_aspm", "pcie_boot", "pcie_p2p", "reboot_contract", "svg_chart", "throughput_gate", "vllm_args",
         "vllm_preflight", "vllm_ready", "vllm_startlog"],
@@ -44,8 +43,9 @@ LAYERS = {
     3: ["history_report", "hugepages", "inference_client", "irq_affinity", "kernel_upgrade_journal",
         "kernel_upgrade_report", "load_monitor", "nvml", "pcie_acs", "pcie_findings", "pcie_payload", "pcie_users",
         "stage_table", "vfio"],
-    4: ["bench_history_apply", "boot_health", "irq_pinning", "kernel_cmdline_apply", "kernel_rollout_apply",
-        "kernel_upgrade_preflight", "pcie_acs_apply", "pcie_audit", "pcie_payload_apply", "vfio_bind"],
+    4: ["bench_history_apply", "boot_health", "irq_pinning", "irq_reapply", "kernel_cmdline_apply", "kernel_rollout_apply",
+        "kernel_upgrade_preflight", "pcie_audit", "pcie_boot_apply", "vfio_bind"],
+    5: ["pcie_acs_apply", "pcie_payload_apply"],
 }
 LAYER = {name: layer for layer, names in LAYERS.items() for name in names}
 
@@ -164,48 +164,82 @@ def test_the_layer_table_in_the_development_guide_is_this_one():
         {k: sorted(v) for k, v in LAYERS.items()}
 
 
-def test_irq_affinity_ships_the_import_closure_of_its_script():
-    script = REPO / "roles" / "irq_affinity" / "files" / "gpufleet-irq-affinity-apply.py"
-    direct = imports_of(script)[0]
-    want = closure(direct, graph())
-    shipped = yaml.safe_load((REPO / "roles" / "irq_affinity" / "vars" / "main.yml").read_text())["__irq_affinity_module_utils"]
-    assert sorted(Path(n).stem for n in shipped) == sorted(want)
-    # copied in dependency order, so that a partial copy never leaves a file whose imports are missing
-    seen: set[str] = set()
-    for name in (Path(n).stem for n in shipped):
-        assert graph()[name] <= seen, f"{name} is copied before {sorted(graph()[name] - seen)}"
+# The re-apply scripts: entry module_utils -> (its script, the modules that write it or the role that copies it).
+SCRIPTS = {
+    "pcie_boot_apply": (pcie_boot_apply.render_script, ["pcie_payload", "pcie_acs"]),
+    "irq_reapply": (irq_reapply.render_script, []),
+}
+
+
+def dependency_ordered(names: list[str]) -> list[str]:
+    """Where a name comes before a module_utils it imports (empty when ``names`` is in dependency order)."""
+    wrong, seen = [], set()
+    for name in names:
+        if graph()[name] - seen:
+            wrong.append(f"{name} before {sorted(graph()[name] - seen)}")
         seen.add(name)
+    return wrong
 
 
-def applier():
-    namespace: dict = {"__name__": "gpufleet_pcie_payload_apply"}
-    exec(compile(pcie_boot.APPLY_SCRIPT_BODY, "gpufleet-pcie-payload-apply", "exec"), namespace)  # pylint: disable=exec-used
-    return namespace
+def test_the_closure_is_computed_from_the_imports():
+    sources = {name: (MODULE_UTILS / f"{name}.py").read_text(encoding="utf-8") for name in graph()}
+    for entry in SCRIPTS:
+        computed = reapply_bundle.import_closure(sources, [entry])
+        assert sorted(computed) == sorted(closure([entry], graph())), entry
+        assert dependency_ordered(computed) == [], entry
+        assert reapply_bundle.loaded_sources([entry]) == {name: sources[name] for name in computed}
+    # a closure can only be computed, never assumed: a missing file and a cycle are errors that say so
+    with pytest.raises(reapply_bundle.BundleError, match="irq_affinity imports module_utils pci_topology, whose source is not given"):
+        reapply_bundle.import_closure({k: v for k, v in sources.items() if k != "pci_topology"}, ["irq_reapply"])
+    cycle = {"a": f"from {PREFIX} import b\n", "b": f"from {PREFIX}.a import x\n"}
+    with pytest.raises(reapply_bundle.BundleError, match="a -> b -> a"):
+        reapply_bundle.import_closure(cycle, ["a"])
 
 
-def config_files(tmp_path: Path) -> list[Path]:
-    roots = []
-    for capture in sorted(p.name for p in FIXTURES.iterdir() if (p / "capture.json").exists()):
-        roots.append(load_capture(capture, tmp_path / capture))
-    payload_switch(tmp_path / "switch", nic=True)
-    two_gpus_one_switch(tmp_path / "acs", acs=True)
-    two_numa_nodes(tmp_path / "numa")
-    roots += [tmp_path / "switch", tmp_path / "acs", tmp_path / "numa"]
-    return sorted({p.resolve() for root in roots for p in Path(root).glob("sys/bus/pci/devices/*/config")})
+@pytest.mark.parametrize("entry", sorted(SCRIPTS))
+def test_each_script_carries_exactly_the_closure_of_its_entry(entry):
+    render, _writers = SCRIPTS[entry]
+    carried = reapply_bundle.bundled_sources(render("/usr/bin/python3"))
+    assert sorted(carried) == sorted(closure([entry], graph()))
+    assert dependency_ordered(list(carried)) == []
+    for name, source in carried.items():  # the collection's own files, byte for byte: one capability walk, one apply loop
+        assert source == (MODULE_UTILS / f"{name}.py").read_text(encoding="utf-8"), name
+    assert {"pci_config", "device_apply", "hostfs"} <= set(carried)
 
 
-def test_the_boot_applier_finds_the_capabilities_where_pci_config_does(tmp_path):
-    ns = applier()
-    files = config_files(tmp_path)
-    assert len(files) > 20
-    seen_acs = 0
-    for path in files:
-        data = path.read_bytes()
-        cfg = decode_config(data)
-        pcie = cfg["pcie"]["offset"] if cfg["pcie"] else None
-        acs = cfg["acs"]["offset"] if cfg["acs"] else None
-        assert ns["pcie_offset"](data[:256]) == pcie, path
-        if len(data) > 256:
-            assert ns["acs_offset"](data) == acs, path
-            seen_acs += acs is not None
-    assert seen_acs > 0
+@pytest.mark.parametrize("entry", sorted(SCRIPTS))
+def test_the_modules_that_write_a_script_ship_what_it_carries(entry):
+    """A module run holds only the module_utils its module imports (AnsiballZ), and the module renders the
+    script from those: each writer's closure holds the script's."""
+    _render, writers = SCRIPTS[entry]
+    for module in writers:
+        ours = imports_of(REPO / "plugins" / "modules" / f"{module}.py")[0]
+        assert closure([entry], graph()) <= closure(ours, graph()), module
+
+
+def test_no_list_of_module_utils_is_kept_by_hand():
+    """The roles ship module_utils through the reapply_script lookup only: no vars file or task names a module_utils file."""
+    names = set(graph())
+    wrong = []
+    for path in sorted((REPO / "roles").glob("*/**/*.yml")):
+        text = path.read_text(encoding="utf-8")
+        data = yaml.safe_load(text)
+        strings = []
+
+        def walk(node):
+            if isinstance(node, dict):
+                for value in node.values():
+                    walk(value)
+            elif isinstance(node, list):
+                for value in node:
+                    walk(value)
+            elif isinstance(node, str):
+                strings.append(node)
+        walk(data)
+        found = sorted({s for s in strings if Path(s).stem in names and s.endswith(".py")} |
+                       set(re.findall(r"plugins/module_utils/(\w+)", text)))
+        if found:
+            wrong.append(f"{path.relative_to(REPO)}: {found}")
+    assert wrong == []
+    irq_tasks = (REPO / "roles" / "irq_affinity" / "tasks" / "main.yml").read_text(encoding="utf-8")
+    assert irq_tasks.count("gpufleet.inference.reapply_script") == 1

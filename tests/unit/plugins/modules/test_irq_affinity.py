@@ -2,28 +2,27 @@
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """irq_affinity: execute() on a simulated kernel (EIO for managed vectors, new IRQ numbers on rebind), main()
-through AnsibleModule, and the role's re-apply script run as a real subprocess against the same trees."""
+through AnsibleModule, and the role's re-apply script (as the role installs it: irq_reapply with the module_utils
+it carries) run as a real subprocess against the same trees."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import irq_affinity as ia
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq_reapply import render_script
 from ansible_collections.gpufleet.inference.plugins.modules import irq_affinity
 from tests.unit.fakesysfs import DEBIAN_IRQBALANCE, SimKernel, irqbalance_installed
 from tests.unit.plugins.module_utils.test_irq_affinity import G0, G1, numa_host
 from tests.unit.plugins.modules.uthelper import run_module
 
-REPO = Path(__file__).resolve().parents[4]
-SCRIPT = REPO / "roles" / "irq_affinity" / "files" / "gpufleet-irq-affinity-apply.py"
-LIB = REPO / ".collections"
 NVME = "0000:18:00.0"
 
 
@@ -51,10 +50,20 @@ def with_nvme(host):
     return irqs[0], irqs[1:]
 
 
-def run_script(host, *args):
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--root", str(host.root), "--lib", str(LIB), "--settle", "0.1",
-                           "--wait", "2", *args], capture_output=True, text=True, check=False, timeout=60)
-    return proc
+@pytest.fixture
+def script(tmp_path):
+    """The re-apply script as the role installs it, alone in a directory of its own."""
+    path = tmp_path / "libexec" / "gpufleet-irq-affinity-apply"
+    path.parent.mkdir()
+    path.write_text(render_script(sys.executable))
+    path.chmod(0o755)
+    return path
+
+
+def run_script(script, host, *args):
+    """The script in isolated mode (no PYTHONPATH, no user site, not the checkout): it runs only what it carries."""
+    return subprocess.run([sys.executable, "-I", str(script), "--root", str(host.root), "--settle", "0.1", "--wait", "2", *args],
+                          capture_output=True, text=True, check=False, timeout=60, cwd=str(script.parent))
 
 
 # ---- pinning -----------------------------------------------------------------------------------------------------
@@ -202,7 +211,7 @@ def test_main_error_is_clean(tmp_path, capsys):
 
 
 # ---- the re-apply script (the role's files/), as a real process ------------------------------------------------------
-def test_script_re_pins_after_a_rebind_with_new_irq_numbers(tmp_path):
+def test_script_re_pins_after_a_rebind_with_new_irq_numbers(tmp_path, script):
     host = numa_host(tmp_path)
     irqbalance_installed(host)
     sim = SimKernel(host)
@@ -211,33 +220,44 @@ def test_script_re_pins_after_a_rebind_with_new_irq_numbers(tmp_path):
     sim.rebind(G1)  # the driver re-requests its vectors: new numbers, default affinity
     new = irqs_of(host, G1)
     assert new[0] >= 108 and [affinity(host, n) for n in new] == ["0-15"] * 4
-    proc = run_script(host, "--device", G1)
+    proc = run_script(script, host, "--device", G1)
     assert proc.returncode == 0, proc.stderr
     assert [affinity(host, n) for n in new] == pinned_before == ["9", "10", "11", "12"]
     assert json.loads(proc.stdout.splitlines()[-1]) == {"devices": [G1], "changed": 4, "ok": 0, "managed": 0}
     assert f"{G1} IRQ {new[0]}: 0-15 -> 9" in proc.stdout
-    again = run_script(host, "--device", G1)  # idempotent: the unit may run twice for one bind
+    again = run_script(script, host, "--device", G1)  # idempotent: the unit may run twice for one bind
     assert json.loads(again.stdout.splitlines()[-1]) == {"devices": [G1], "changed": 0, "ok": 4, "managed": 0}
 
 
-def test_script_without_configuration_or_with_unknown_device_is_quiet(tmp_path):
+def test_script_without_configuration_or_with_unknown_device_is_quiet(tmp_path, script):
     host = numa_host(tmp_path)
-    proc = run_script(host)
+    proc = run_script(script, host)
     assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
     SimKernel(host).fs().write_atomic(ia.CONFIG_FILE, json.dumps(ia.merge_config({}, {G0: {}}, "present", False)))
-    proc = run_script(host, "--device", G1)
+    proc = run_script(script, host, "--device", G1)
     assert proc.returncode == 0 and f"{G1}: not in {ia.CONFIG_FILE}; nothing to do." in proc.stdout
     assert affinity(host, 100) == "0-7"
-    assert run_script(host, "--device", "gpu").returncode == 2
+    assert run_script(script, host, "--device", "gpu").returncode == 2
 
 
-def test_script_reports_a_missing_library(tmp_path):
+def test_script_reports_a_missing_library(tmp_path, script):
+    """A script whose copy of the module_utils is incomplete (pci_topology cut out of it) says so, and how to fix it."""
     host = numa_host(tmp_path)
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--root", str(host.root), "--lib", str(tmp_path / "nowhere")],
-                          capture_output=True, text=True, check=False,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, cwd=str(tmp_path))
+    text = script.read_text()
+    cut = re.sub(r"\nSOURCES\['pci_topology'\] = '''.*?(?<!\\)'''\n", "\n", text, count=1, flags=re.S)
+    assert cut != text and "SOURCES['pci_topology']" not in cut and "SOURCES['irq_affinity']" in cut
+    script.write_text(cut)
+    proc = subprocess.run([sys.executable, "-I", str(script), "--root", str(host.root)], capture_output=True, text=True,
+                          check=False, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, cwd=str(tmp_path))
     assert proc.returncode == 2
     assert "cannot import the collection's module_utils" in proc.stderr and "irq_affinity role" in proc.stderr
+
+
+def test_script_accepts_the_lib_option_of_earlier_units(tmp_path, script):
+    """Units written by an earlier version pass --lib; the script ignores it rather than failing until the role runs again."""
+    host = numa_host(tmp_path)
+    proc = run_script(script, host, "--lib", str(tmp_path / "nowhere"))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "", "")
 
 
 def test_debian_default_file_is_parsed(tmp_path):

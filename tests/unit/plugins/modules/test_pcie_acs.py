@@ -197,3 +197,23 @@ def test_a_single_gpu_is_refused(tmp_path, capsys):
     two_gpus_one_switch(root)
     out = run_acs({"root": str(root), "devices": ["03:00.0"]}, capsys)
     assert out.get("failed") is True and "two or more" in out["msg"]
+
+
+def test_boot_unit_clears_the_bridges_that_take_it_and_reports_the_one_that_does_not(tmp_path, capsys):
+    root = tmp_path / "host"
+    two_gpus_one_switch(root)
+    firmware = snapshot(root)
+    assert run_acs({"root": str(root)}, capsys)["changed"] is True
+    cleared = snapshot(root)
+    restore(root, firmware)
+    wrapper = tmp_path / "setpci-ro"
+    wrapper.write_text(f'#!/bin/sh\ncase " $* " in *" 0000:02:01.0 "*) exit 0;; esac\nexec {SETPCI} "$@"\n')
+    wrapper.chmod(0o755)
+    argv = unit_command(root)
+    proc = subprocess.run(argv[:2] + ["--setpci", str(wrapper)] + argv[2:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, check=False)
+    assert proc.returncode == 1, proc.stdout
+    assert "error: 0000:02:01.0 ACS ACS Control still reads 0x001d after setpci (read-only bits?)" in proc.stdout
+    assert "0000:02:00.0: ACS Control 0x001d -> 0x0011" in proc.stdout and "ACS on 2 bridge(s), 1 failed" in proc.stdout
+    after = snapshot(root)
+    assert after["0000:02:00.0"] == cleared["0000:02:00.0"] and after["0000:02:01.0"] == firmware["0000:02:01.0"]

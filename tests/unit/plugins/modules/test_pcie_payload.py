@@ -21,6 +21,7 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_payload as pp
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot_apply import render_script
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_payload
 from tests.unit.fakesysfs import load_capture, payload_switch, two_gpus_one_switch, two_numa_nodes
@@ -59,7 +60,7 @@ def tuned_switch(root, persist: bool = True, **kw):
     if persist:
         live = {b: {"mps": d["mps_after"], "mrrs": d["mrrs_after"]} for b, d in plan["devices"].items()}
         fs.write_atomic(pp.PERSIST_CONFIG, pp.render_persist(pp.persist_entries(plan["managed"], {}, live)))
-        fs.write_atomic(pp.APPLY_SCRIPT, pp.render_script(sys.executable), 0o755)
+        fs.write_atomic(pp.APPLY_SCRIPT, render_script(sys.executable), 0o755)
         fs.write_atomic(pp.UNIT_PATH, pp.render_unit())
         wants = Path(fs.path(pp.UNIT_WANTS))
         wants.parent.mkdir(parents=True, exist_ok=True)
@@ -74,7 +75,7 @@ def persisted_only(root):
     assert plan["writes"] == []
     live = {b: {"mps": d["mps_after"], "mrrs": d["mrrs_after"]} for b, d in plan["devices"].items()}
     fs.write_atomic(pp.PERSIST_CONFIG, pp.render_persist(pp.persist_entries(plan["managed"], {}, live)))
-    fs.write_atomic(pp.APPLY_SCRIPT, pp.render_script(sys.executable), 0o755)
+    fs.write_atomic(pp.APPLY_SCRIPT, render_script(sys.executable), 0o755)
     fs.write_atomic(pp.UNIT_PATH, pp.render_unit())
     wants = Path(fs.path(pp.UNIT_WANTS))
     wants.parent.mkdir(parents=True, exist_ok=True)
@@ -210,13 +211,20 @@ def test_byte_level_cycle_on_a_switch_where_path_and_peer_limits_differ(tmp_path
     assert (again["changed"], again["actions"]) == (False, [])
 
 
-@needs_setpci_systemctl
-def test_boot_unit_rolls_back_a_hierarchy_whose_device_does_not_take(tmp_path, capsys):
-    root = tmp_path / "host"
+def rebooted_after_tuning(root, capsys) -> dict[str, bytes]:
+    """payload_switch tuned by the module (max_safe, MRRS 4096, persisted), then rebooted: the firmware's values
+    are back and the boot unit is to run. Returns the firmware's config space."""
     payload_switch(root)
     firmware = snapshot(root)
     assert run_module({"root": str(root), "mps": "max_safe", "mrrs": 4096}, capsys)["changed"] is True
     restore(root, firmware)
+    return firmware
+
+
+@needs_setpci_systemctl
+def test_boot_unit_rolls_back_a_hierarchy_whose_device_does_not_take(tmp_path, capsys):
+    root = tmp_path / "host"
+    firmware = rebooted_after_tuning(root, capsys)
     # setpci that ignores writes to 0000:02:01.0, as a read-only field would
     wrapper = tmp_path / "setpci-ro"
     wrapper.write_text(f'#!/bin/sh\ncase " $* " in *" 0000:02:01.0 "*) exit 0;; esac\nexec {SETPCI} "$@"\n')
@@ -252,7 +260,7 @@ def test_boot_unit_skips_a_replaced_card_and_applies_the_rest(tmp_path, capsys):
 
 def test_apply_script_rejects_a_foreign_file(tmp_path):
     script = tmp_path / "apply"
-    script.write_text(pp.render_script(sys.executable))
+    script.write_text(render_script(sys.executable))
     bad = tmp_path / "x.json"
     bad.write_text('{"format": "other"}')
     proc = subprocess.run([sys.executable, str(script), str(bad)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -292,3 +300,18 @@ def test_multifunction_gpu_functions_get_the_same_mps(tmp_path, capsys):
     assert result["devices"]["0000:03:00.1"]["role"] == "function"
     fs = HostFS(str(tmp_path / "host"))
     assert {pp.read_payload(fs, b)["mps"] for b in ("0000:00:01.0", "0000:03:00.0", "0000:03:00.1", "0000:04:00.0")} == {512}
+
+
+@needs_setpci_systemctl
+def test_boot_unit_checks_a_whole_hierarchy_before_writing_any_of_it(tmp_path, capsys):
+    """A replaced card at the bottom of a hierarchy: nothing of that hierarchy is written (not written, then rolled back)."""
+    root = tmp_path / "host"
+    firmware = rebooted_after_tuning(root, capsys)
+    (root / "sys/bus/pci/devices/0000:04:00.0/device").write_text("0x2335\n")
+    proc = subprocess.run(unit_command(root), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=False)
+    assert proc.returncode == 1, proc.stdout
+    assert "error: 0000:04:00.0 is 0x10de:0x2335, not the recorded 0x10de:0x2330 (card replaced?)" in proc.stdout
+    assert "0000:00:01.0: skipped, 0000:04:00.0 below 0000:00:01.0 cannot be applied" in proc.stdout
+    assert "->" not in proc.stdout and "rolled back" not in proc.stdout
+    assert proc.stdout.rstrip().endswith("6 device(s), 1 failed")
+    assert snapshot(root) == firmware
