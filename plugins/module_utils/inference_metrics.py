@@ -126,6 +126,7 @@ def check_protocol(rec: RequestRecord, max_tokens: int | None) -> None:
         rec.error = (f"protocol error: the chunks streamed {seen[-1]} tokens but the final usage.completion_tokens "
                      f"says {rec.usage_completion}")
 
+
 def error_key(error: str) -> str:
     return error if len(error) <= 160 else error[:157] + "..."
 

@@ -238,6 +238,7 @@ def _body(cfg: BenchmarkConfig, model: str, key: str, max_tokens: int | None = N
     payload = completion_payload(model, prompt, max_tokens or cfg.output_tokens, cfg.ignore_eos, cfg.per_chunk_usage)
     return json.dumps(payload, separators=(",", ":")).encode("utf-8")
 
+
 def preflight_hint(status: int | None, error: str) -> str:
     """What to change when the server rejects the benchmark's request format."""
     text = error.lower()

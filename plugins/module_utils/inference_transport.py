@@ -196,6 +196,7 @@ class SSEParser:
         events = self.feed(b"\n\n") if (self._line or self._data) else []
         return events
 
+
 # ---- the OpenAI completions request and its stream ----------------------------------------------
 def completion_payload(model: str, prompt: list[int] | str, max_tokens: int, ignore_eos: bool = True,
                        per_chunk_usage: bool = True) -> dict[str, Any]:
@@ -209,6 +210,7 @@ def completion_payload(model: str, prompt: list[int] | str, max_tokens: int, ign
     if ignore_eos:
         payload["ignore_eos"] = True
     return payload
+
 
 # ---- records and the per-event fold ---------------------------------------------------------------
 @dataclass
@@ -268,6 +270,7 @@ def process_event(rec: RequestRecord, data: str, now: float) -> bool:
 
 def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
 
 # ---- HTTP/1.1 over asyncio streams ----------------------------------------------------------------
 def connect_error_text(err: BaseException) -> str:
