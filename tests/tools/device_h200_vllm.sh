@@ -59,6 +59,12 @@ run|tune)
   T=(taskset -c "${CLIENT_CPUS:-12-15}")       # the clients' CPUs; the server's are the unit's CPUAffinity
   left() { echo $((DL - $(date +%s))); }
   read -r -a TL <<< "${TABLE_LEVELS:-16 64 256}"
+  # the measured-tuning stages, each gated at c=64 (4 requests per slot) against the kept configuration
+  tune_stages() {
+    timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" tune --out "$W/tune.json" "${R[@]}" "${P[@]}" \
+      --profiles tests/tools/h200/profiles.yml --host-vars tests/tools/h200/host_vars.yml --logdir "$W" --concurrency 64 \
+      --requests-per-slot 4 --table-levels "${TL[@]}" --deadline "$DL"
+  }
   if [ ! -d /tmp/site/vllm ]; then
     [ -f /tmp/acc/C.so ] || { echo "chunk 01 missing: the machine was not kept warm; run stage1 again"; exit 2; }
     cp "$CHUNKS"/02/* /tmp/acc/ && python3 "$CHUNKS/scripts/install.py" || exit 2
@@ -92,9 +98,7 @@ state.pop("pending", None); state.pop("deadline_hit", None)
 json.dump(state, open(sys.argv[2], "w"), indent=1)
 PY
     fi
-    timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" tune --out "$W/tune.json" "${R[@]}" "${P[@]}" \
-      --profiles tests/tools/h200/profiles.yml --host-vars tests/tools/h200/host_vars.yml --logdir "$W" --concurrency 64 \
-      --requests-per-slot 4 --table-levels "${TL[@]}" --deadline "$DL"
+    tune_stages
     echo "tune rc=$? at t=$(( $(date +%s) - S ))"
     exit 0
   fi
@@ -125,9 +129,7 @@ PY
     --rendered-dir "$W/rendered" --logdir "$W" --concurrency 64 --requests-per-slot 4 --candidates hog seqs32 --candidate-s 100 \
     --deadline $((DL - 20))
   # 4. the measured-tuning stages, each gated at c=64 (4 requests per slot) against the kept configuration
-  [ "$(left)" -gt 150 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" tune --out "$W/tune.json" "${R[@]}" "${P[@]}" \
-    --profiles tests/tools/h200/profiles.yml --host-vars tests/tools/h200/host_vars.yml --logdir "$W" --concurrency 64 \
-    --requests-per-slot 4 --deadline "$DL"
+  [ "$(left)" -gt 150 ] && tune_stages
   echo "tune rc=$? at t=$(( $(date +%s) - S ))"
   [ "$(left)" -gt 130 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" noise --out "$W/noise.json" "${R[@]}" "${P[@]}" \
       --concurrency 16 --lengths 32 --runs 8 --deadline $((DL - 120))
