@@ -65,16 +65,23 @@ def link_degraded(link: dict[str, Any] | None) -> bool:
     return bool(slow or narrow)
 
 
-def stored_audit(audit_dir: str, host: str) -> dict[str, Any] | None:
-    """The audit the audit role last copied to the controller (<audit_dir>/<host>.json), or None when there is
-    none or it does not parse as one (a report is no place to fail on an old file)."""
-    path = os.path.join(audit_dir, f"{host}.json")
+def read_json_dict(path: str) -> dict[str, Any] | None:
+    """A controller file of the reports (stored audit, benchmark result, tuning changes) as a dict, or None when
+    it is missing, unreadable or not a JSON object (a report is no place to fail on an old file)."""
     try:
         with open(path, encoding="utf-8") as fh:
             doc = json.load(fh)
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("pcie"), dict):
+    return doc if isinstance(doc, dict) else None
+
+
+def stored_audit(audit_dir: str, host: str) -> dict[str, Any] | None:
+    """The audit the audit role last copied to the controller (<audit_dir>/<host>.json), or None when there is
+    none or it does not parse as one."""
+    path = os.path.join(audit_dir, f"{host}.json")
+    doc = read_json_dict(path)
+    if doc is None or not isinstance(doc.get("pcie"), dict):
         return None
     return {"host": host, "kernel": str(doc.get("kernel") or ""), "pcie": doc["pcie"], "stored": os.path.basename(path)}
 
@@ -126,22 +133,15 @@ def controller_extras(host: str, benchmark_dir: str | None, tuning_dir: str | No
     if benchmark_dir:
         best: tuple[str, dict[str, Any]] | None = None
         for path in glob.glob(os.path.join(benchmark_dir, host, "*.json")):
-            try:
-                with open(path, encoding="utf-8") as fh:
-                    doc = json.load(fh)
-            except (OSError, ValueError):
+            doc = read_json_dict(path)
+            if doc is None:
                 continue
-            finished = str(doc.get("finished_at", "")) if isinstance(doc, dict) else ""
-            if isinstance(doc, dict) and doc.get("levels") and (best is None or finished > best[0]):
+            finished = str(doc.get("finished_at", ""))
+            if doc.get("levels") and (best is None or finished > best[0]):
                 best = (finished, benchmark_summary(doc, path))
         extras["benchmark"] = best[1] if best else None
     if tuning_dir:
-        try:
-            with open(os.path.join(tuning_dir, f"{host}.json"), encoding="utf-8") as fh:
-                tuning = json.load(fh)
-            extras["tuning"] = tuning if isinstance(tuning, dict) else None
-        except (OSError, ValueError):
-            pass
+        extras["tuning"] = read_json_dict(os.path.join(tuning_dir, f"{host}.json"))
     return extras
 
 
