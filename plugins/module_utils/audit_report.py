@@ -96,7 +96,7 @@ def fleet_audits(hostvars: Any, hosts: list[str], key: str = "__audit_result", b
     ``stored`` (the file's name), so that a run over part of the fleet does not drop the rest from its report."""
     fleet = []
     for host in hosts:
-        hv = hostvars[host] if host in hostvars else {}
+        hv = hostvars[host]  # a name outside the inventory is bad input: KeyError, made clear by the filter
         result = hv.get(key) if hasattr(hv, "get") else None
         if not result or "pcie" not in result:
             entry = stored_audit(audit_dir, host) if audit_dir else None

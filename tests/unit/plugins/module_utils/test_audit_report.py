@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ansible_collections.gpufleet.inference.plugins.module_utils import audit_report as ar
 
 
@@ -137,7 +139,7 @@ def test_hosts_not_audited_in_this_run_come_from_the_stored_audits(tmp_path):
     (tmp_path / "gpu4.json").write_text(json.dumps({"host": "gpu4", "something": "else"}))
     (tmp_path / "gpu1.json").write_text(json.dumps(_entry("gpu1", findings=[])))
     hostvars = {"gpu1": {"__audit_result": {"pcie": _entry("gpu1")["pcie"]}, "ansible_facts": {"kernel": "6.1.0-56"}},
-                "gpu2": {}, "gpu3": {}}
+                "gpu2": {}, "gpu3": {}, "gpu4": {}, "gpu5": {}}
     hosts = ["gpu1", "gpu2", "gpu3", "gpu4", "gpu5"]
     assert [e["host"] for e in ar.fleet_audits(hostvars, hosts)] == ["gpu1"]
     fleet = ar.fleet_audits(hostvars, hosts, audit_dir=str(tmp_path))
@@ -148,3 +150,6 @@ def test_hosts_not_audited_in_this_run_come_from_the_stored_audits(tmp_path):
     assert "## gpu2\n\nNot audited in this run: the audit last stored on the controller (gpu2.json).\n" in md
     assert md.count("Not audited in this run") == 1
     assert "Not audited in this run" in ar.render_html(fleet, now="2026-12-02T00:00:00Z")
+    # a name that is not an inventory host is still bad input, stored file or not
+    with pytest.raises(KeyError):
+        ar.fleet_audits(hostvars, ["gpu1", "gpu9"], audit_dir=str(tmp_path))
