@@ -295,6 +295,23 @@ def bootstrap_ratio_ci(baseline: Sequence[float], candidate: Sequence[float], le
     return [percentile(ratios, tail), percentile(ratios, 100.0 - tail)]
 
 
+def median_ci(values: Sequence[float], level: float = 0.95) -> list[float] | None:
+    """Distribution-free interval of the median: the order statistics x(k) and x(n+1-k) whose binomial
+    coverage is at least ``level`` (the sign test's interval); None with too few values for that level."""
+    ordered = sorted(values)
+    n = len(ordered)
+    tail = (1.0 - level) / 2.0
+    below, k = 0.0, 0  # below = P(Binomial(n, 1/2) < k + 1), accumulated term by term
+    while k < n:
+        below += math.factorial(n) // (math.factorial(k) * math.factorial(n - k)) / 2.0 ** n  # comb: Python 3.7 hosts
+        if below > tail:
+            break
+        k += 1
+    if k == 0:
+        return None
+    return [ordered[k - 1], ordered[n - k]]
+
+
 # ---- Student's t ----------------------------------------------------------------------------------
 def _betacf(a: float, b: float, x: float) -> float:
     """Continued fraction of the incomplete beta function (modified Lentz; Numerical Recipes 6.4)."""

@@ -61,7 +61,7 @@ from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.gate_stats import (
     EXACT_MAX_PER_SIDE, EXACT_TIES_MAX_TOTAL, EXACT_TREND_MAX, GateError, betainc, bootstrap_ratio_ci, drift_warning,
-    inversion_distribution, median, min_p_value, mwu_less, percentile, sample_stats, screen_one, slope_test,
+    inversion_distribution, median, median_ci, min_p_value, mwu_less, percentile, sample_stats, screen_one, slope_test,
     spent_alpha, t_quantile, t_sf, theil_sen_slope, trend, u_distribution, u_statistic,
 )
 
@@ -69,7 +69,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.gate_stats impo
 __all__ = [
     "CANDIDATE_MIN_RUNS", "DECISIONS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX",
     "GateError", "betainc", "bootstrap_ratio_ci", "check_runs", "check_settings", "common_trend", "decide",
-    "detectable_drop", "drift_check", "drift_warning", "inversion_distribution", "look_level", "median", "min_p_value",
+    "detectable_drop", "drift_check", "drift_warning", "inversion_distribution", "look_level", "median", "median_ci", "min_p_value",
     "mwu_less", "percentile", "replay", "sample_stats", "schedule", "screen_one", "slope_test", "spent_alpha",
     "t_quantile", "t_sf", "theil_sen_slope", "trend", "u_distribution", "u_statistic",
 ]

@@ -39,11 +39,31 @@ def compare_summary(ours: Sequence[dict], theirs: Sequence[dict], target: float 
             out.update(ratio_ci=[round(ci[0], 4), round(ci[1], 4)],
                        within_target_resolved=1.0 - target <= ci[0] and ci[1] <= 1.0 + target,
                        ours_lower_resolved=ci[1] < 1.0)
+    paired = paired_ratio(ours, theirs, target)
+    if paired:
+        out["paired"] = paired
     cpu = [r["client_cpu_s_per_request"] for r in ours if r.get("client_cpu_s_per_request") is not None]
     out["ours_cpu_s_per_request_median"] = tg.median(cpu) if cpu else None
     pcpu = [r["process_cpu_s_per_request"] for r in theirs if r.get("process_cpu_s_per_request") is not None]
     out["vllm_process_cpu_s_per_request_median"] = tg.median(pcpu) if pcpu else None
     return out
+
+
+def paired_ratio(ours: Sequence[dict], theirs: Sequence[dict], target: float = 0.03) -> dict[str, Any] | None:
+    """Our run over theirs of the same ``round`` (back to back, same seed): the median of those ratios and its
+    distribution-free 95% interval (gate_stats.median_ci). A slow stretch of the server that spans both runs
+    of a round cancels out of its ratio, which the unpaired medians cannot do. None without 6 such pairs."""
+    by_round = {r["round"]: float(r["output_throughput"]) for r in theirs
+                if r.get("round") is not None and r.get("output_throughput")}
+    ratios = [float(r["output_throughput"]) / by_round[r["round"]] for r in ours
+              if r.get("round") in by_round and r.get("output_throughput")]
+    ci = tg.median_ci(ratios)
+    if not ci:
+        return None
+    return {"pairs": len(ratios), "ratio": round(tg.median(ratios), 4), "ratio_ci": [round(ci[0], 4), round(ci[1], 4)],
+            "within_target_resolved": 1.0 - target <= ci[0] and ci[1] <= 1.0 + target,
+            "ours_lower_resolved": ci[1] < 1.0, "ours_higher_resolved": ci[0] > 1.0,
+            "ours_higher_share": round(sum(1 for x in ratios if x > 1.0) / len(ratios), 4)}
 
 
 def noise_cell(values: Sequence[float], durations: Sequence[float]) -> dict[str, Any]:

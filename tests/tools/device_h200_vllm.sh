@@ -14,6 +14,10 @@
 #           our client (with and without per-chunk usage) beside vllm bench serve, CPU contention (hog),
 #           pcie_facts with the bandwidth probe during a run, noise, max_num_seqs 32 at c=64, the tuning stages
 #           (call it again, back to back, until it has nothing left: carry .vllmchunks/02 the first time)
+#   verify  install and start the baseline as `run` does, then the gate's A/A, CPU contention and --enforce-eager at
+#           short runs (GATE_LEVEL x GATE_SLOTS requests, the cell quiet enough to decide), then our client against
+#           vllm bench serve in ROUNDS paired rounds per level (the fourth session; resumable like `run`; GATE=0 skips
+#           the gate, COMPARE_CLIENTS/LEVELS/REQUESTS/OUT choose the comparison)
 #   tune    install and start the baseline as `run` does, then only the measured-tuning stages, resumed from
 #           a stored tune.json (SEED, e.g. docs/examples/h200-vllm/run2/tune.json: its records are kept and the
 #           stages after them run, gated against SEED_CURRENT, default the baseline server at :8000)
@@ -23,7 +27,7 @@
 # PCU (our client's per-chunk usage in noise/gate/tune, default --no-per-chunk-usage), CLIENT_CPUS (12-15).
 #   usage (device tool, from the checkout root): cd .h200tree && OUT=$OUT bash tests/tools/device_h200_vllm.sh PHASE
 set -u
-PHASE=${1:?phase: stage1, run or tune}
+PHASE=${1:?phase: stage1, run, verify or tune}
 OUT=${OUT:?set OUT to the output directory}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)          # .h200tree
 CHUNKS=${CHUNKS:-$ROOT/../.vllmchunks}
@@ -51,7 +55,7 @@ stage1)
   ls -la /opt/torch/.venv/bin/python* "$(dirname "$(dirname "$(command -v python3)")")"/pyvenv.cfg 2>&1
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
   ;;
-run|tune)
+run|verify|tune)
   # One work list, resumable: every step skips what an earlier call of this machine finished (results in
   # /tmp/h200) and starts nothing it cannot finish before BUDGET. The same command for every call after
   # stage1; the first of them carries chunk 02 (the install), the later ones only .h200tree and the scripts.
@@ -102,6 +106,24 @@ PY
     echo "tune rc=$? at t=$(( $(date +%s) - S ))"
     exit 0
   fi
+  if [ "$PHASE" = verify ]; then
+    # the gate at 0.95 where the server is quiet enough to decide (short runs), A/A first: pass; then two
+    # regressions of known size: one busy loop on each of the server's CPUs, and CUDA graphs off
+    GL=${GATE_LEVEL:-16}
+    [ "${GATE:-1}" = 1 ] && [ "$(left)" -gt 100 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" gate --out "$W/gate-short.json" "${R[@]}" "${P[@]}" \
+      --rendered-dir "$W/rendered" --logdir "$W" --concurrency "$GL" --requests-per-slot "${GATE_SLOTS:-2}" \
+      --candidates hog eager --candidate-s 100 --deadline $((DL - 30))
+    echo "gate rc=$? at t=$(( $(date +%s) - S ))"
+    # our client and vllm bench serve in paired rounds (the same seed, back to back, order alternating)
+    read -r -a CL <<< "${COMPARE_LEVELS:-16 64 256}"
+    read -r -a CR <<< "${COMPARE_REQUESTS:-64 256 1024}"
+    read -r -a CC <<< "${COMPARE_CLIENTS:-ours vllm}"
+    [ "$(left)" -gt 30 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" compare --out "$W/${COMPARE_OUT:-compare-paired}.json" "${R[@]}" \
+      --tokenizer /tmp/model --clients "${CC[@]}" --concurrency "${CL[@]}" --requests "${CR[@]}" \
+      --rounds "${ROUNDS:-40}" --deadline $((DL - 15))
+    echo "compare rc=$? at t=$(( $(date +%s) - S ))"
+    exit 0
+  fi
   # 1. our client with and without per-chunk usage beside vllm bench serve (one long-lived worker process)
   timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" compare --out "$W/compare.json" "${R[@]}" --tokenizer /tmp/model \
     --concurrency 16 64 256 --requests 128 512 1024 --rounds "${ROUNDS:-3}" --deadline $((DL - 20))
@@ -134,5 +156,5 @@ PY
   [ "$(left)" -gt 130 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" noise --out "$W/noise.json" "${R[@]}" "${P[@]}" \
       --concurrency 16 --lengths 32 --runs 8 --deadline $((DL - 120))
   ;;
-*) echo "unknown phase $PHASE: stage1, run or tune"; exit 2 ;;
+*) echo "unknown phase $PHASE: stage1, run, verify or tune"; exit 2 ;;
 esac

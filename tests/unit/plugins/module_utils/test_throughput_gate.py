@@ -133,6 +133,22 @@ def test_bootstrap_is_seeded_and_brackets_the_ratio():
     assert tg.bootstrap_ratio_ci(base, cand, resamples=0) is None
 
 
+def test_median_ci_is_the_sign_test_interval():
+    """n=10 at 95%: P(Binomial(10, 1/2) <= 1) = 11/1024 <= 2.5% < 56/1024, so x(2)..x(9) (coverage 97.9%);
+    the interval's true coverage, simulated, is at least its level; under 6 values there is none at 95%."""
+    assert tg.median_ci([float(v) for v in range(10, 0, -1)]) == [2.0, 9.0]
+    assert tg.median_ci([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    assert tg.median_ci([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == [1.0, 6.0]
+    assert tg.median_ci([1.0, 2.0, 3.0, 4.0, 5.0], level=0.9) == [1.0, 5.0]
+    rng = random.Random(7)
+    for n in (6, 10, 31, 100):
+        hits = 0
+        for _ in range(2000):
+            lo, hi = tg.median_ci([rng.lognormvariate(0.0, 0.3) for _ in range(n)])
+            hits += lo <= 1.0 <= hi  # the lognormal's median is exp(0) = 1
+        assert hits / 2000 >= 0.93, (n, hits)
+
+
 # ---- decide: the YAML cases ------------------------------------------------------------------------
 BASE = [1000.0, 1012.0, 991.0, 1005.0, 997.0]
 CASES = yaml.safe_load(open(os.path.join(os.path.dirname(__file__), "test_throughput_gate.yaml"), encoding="utf-8"))
