@@ -143,8 +143,8 @@ def test_median_ci_is_the_sign_test_interval():
     rng = random.Random(7)
     for n in (6, 10, 31, 100):
         hits = 0
-        for _ in range(2000):
-            lo, hi = tg.median_ci([rng.lognormvariate(0.0, 0.3) for _ in range(n)])
+        for _trial in range(2000):
+            lo, hi = tg.median_ci([rng.lognormvariate(0.0, 0.3) for _i in range(n)])
             hits += lo <= 1.0 <= hi  # the lognormal's median is exp(0) = 1
         assert hits / 2000 >= 0.93, (n, hits)
 
