@@ -193,8 +193,13 @@ def test_stored_results_carry_the_kernel_the_case_and_every_run(host):
         runs[result["label"]] += len(run_list)
         # every request made its 64 tokens (ignore_eos honoured)
         assert result["short_outputs"] == 0
-        # warmed up before measuring: 32 requests, then 2 or 3 settle runs (two in a row within 5% stop them)
         settle = result["levels"][0]["settle"]
+        assert result["levels"][0]["trend"]["n"] == len(run_list)
+        if result["config"]["measured_only"]:
+            # the gate's extra rounds on a noisy host: more runs of a server that was just benchmarked, no warm-up
+            assert settle["max_runs"] == 0 and settle["runs"] == [] and result["label"] != "baseline"
+            continue
+        # warmed up before measuring: 32 requests, then 2 or 3 settle runs (two in a row within 5% stop them)
         assert result["config"]["warmup"] == 32 and settle["max_runs"] == 3 and 2 <= len(settle["runs"]) <= 3
-        assert settle["errors"] == 0 and result["levels"][0]["trend"]["n"] == len(run_list)
+        assert settle["errors"] == 0
     assert runs["baseline"] == 5 and runs["unchanged"] >= 5 and runs["slowed"] >= 5
