@@ -51,6 +51,11 @@ class HostCmd:
                               + (f": {hint}" if hint else "") + ".")
         return found
 
+    def find_live(self, name: str, required: bool = False) -> str | None:
+        """The path of tool ``name`` on the machine the module runs on, whatever the root: for tools that are pointed
+        at the tree by an option of their own (``setpci -O sysfs.path=ROOT/sys/bus/pci``), never chrooted."""
+        return self.module.get_bin_path(name, required=required)
+
     def argv(self, argv: list[str]) -> list[str]:
         """``argv`` as it runs on the host: as is on ``/``, through ``chroot ROOT`` otherwise."""
         if not self.chrooted:

@@ -188,7 +188,7 @@ def finish(module, name: str, does: str, run, known_error) -> None:
     ``known_error`` becomes the message as it is (nothing changed), a HostFSError says which
     module failed under which root and how to run it (``does``: what it reads and writes). The
     diff is returned in diff mode only."""
-    root = module.params["root"]
+    root = module.params.get("root", "/")
     try:
         result = run()
     except known_error as err:

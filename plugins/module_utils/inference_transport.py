@@ -516,6 +516,34 @@ async def http_json(pool: ConnectionPool, method: str, path: str, headers: dict[
     raise ProtocolError("unreachable")  # pragma: no cover
 
 
+async def _one_request(method: str, url: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, str, str | None]:
+    parts = urlsplit(url)
+    endpoint = parse_endpoint(f"{parts.scheme}://{parts.netloc}")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    conn = HttpConnection(endpoint, ssl.create_default_context() if endpoint.scheme == "https" else None)
+    try:
+        await conn.open()
+        await conn.send(method, path, headers, body)
+        status, reason, rh = await conn.read_head()
+        raw = await conn.read_body(rh, limit=16 * 1024 * 1024)
+    finally:
+        conn.close()
+    text = raw.decode("utf-8", "replace")
+    return status, text, None if 200 <= status < 300 else f"HTTP {status} {reason}".strip()
+
+
+def request_text(method: str, url: str, body: str | bytes | None, headers: dict[str, str],
+                 timeout: float) -> tuple[int, str, str | None]:
+    """One request on a connection of its own, for the readiness probes: (status, body text, error). A request that
+    does not get an answer (refused, timed out, TLS, a broken response) is status -1 with the reason; an HTTP error
+    status comes with its body. https verifies the server's certificate against the system's CAs."""
+    data = body.encode("utf-8") if isinstance(body, str) else body
+    try:
+        return asyncio.run(asyncio.wait_for(_one_request(method, url, data, dict(headers)), timeout))
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ProtocolError, ValueError) as err:
+        return -1, "", connect_error_text(err)
+
+
 async def stream_completion(pool: ConnectionPool, body: bytes, headers: dict[str, str]) -> RequestRecord:
     """Send one streamed completion and fold its events into a RequestRecord (errors recorded, not raised)."""
     rec = RequestRecord()

@@ -72,7 +72,7 @@ class PcieState:
     def systemctl_argv(self, *args: str) -> list[str]:
         """systemctl on the host; ``--root=ROOT`` for a tree other than ``/`` (systemctl edits it offline)."""
         if self._systemctl is None:
-            self._systemctl = self.module.get_bin_path("systemctl", required=True)
+            self._systemctl = self.cmds.find_live("systemctl", required=True)
         root = [] if self.fs.root == "/" else [f"--root={self.fs.root}"]
         return [self._systemctl] + root + list(args)
 

@@ -27,7 +27,7 @@ import hashlib
 import json
 from typing import Any, Sequence
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS, HostFSError
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide
 
@@ -545,3 +545,61 @@ def prepare(fs: HostFS, state: dict, act: dict, check: bool, actions: list) -> N
                     fs.remove(path)
                 else:
                     fs.write_atomic(path, content, mode=0o644)
+
+
+def _start(p: dict, state: dict | None, path: str) -> dict:
+    """op=start: the state made from the plan, or the stored one when it was made from the same plan."""
+    fresh = new_state(p["host"], plan_stages(p["stages"], p["skip"]), resolve_profiles(p["profiles"], p["max_model_len"]),
+                      p["gate"], p["inconclusive"], p["more_rounds"], p["vllm_defaults"], p["now"])
+    fresh["plan_key"] = plan_key(fresh)
+    if state is not None and state.get("plan_key") != fresh["plan_key"]:
+        finished = all(s["status"] in ("kept", "reverted", "baseline") for s in state["stages"])
+        if not (p["restart"] or finished):
+            raise TuneError(
+                f"{path} holds an unfinished measured-tuning run made from another stage list, profiles or "
+                "gate settings; resume it with the same settings, or set restart: true to discard it (what "
+                "it applied stays applied until the roles undo it)")
+        state = None
+    return state or fresh
+
+
+def execute(p: dict, fs: HostFS, check_mode: bool) -> dict:
+    """One call of the tune_measured module (``op`` start, next, complete or reset) over the state file: the
+    result with ``next``, ``stages``, ``state`` and ``actions``. Raises Failed with the result so far."""
+    path = p["state_file"]
+    result: dict[str, Any] = dict(changed=False, actions=[], state_file=path)
+    try:
+        state = load(fs, path)
+        if p["op"] == "reset":
+            if state is not None:
+                result["actions"].append({"action": "remove", "path": path})
+                if not check_mode:
+                    fs.remove(path)
+            result.update(changed=bool(result["actions"]), next={"action": "done"}, stages=[], state={}, diff={})
+            return result
+        before = json.dumps(state, sort_keys=True) if state is not None else None
+        if p["op"] == "start":
+            state = _start(p, state, path)
+        elif state is None:
+            raise TuneError(f"no measured-tuning state at {path}: run op=start first")
+        if p["op"] == "complete":
+            complete(state, p["action_id"], p["results"])
+        act = next_action(state)
+        prepare(fs, state, act, check_mode, result["actions"])
+        if act["action"] == "done" and not state.get("finished_at"):
+            state["finished_at"] = p["now"] or "unknown"
+        after = json.dumps(state, sort_keys=True)
+        if after != before:
+            result["actions"].append({"action": "write", "path": path})
+            if not check_mode:
+                # temp file, fsync, rename, fsync of the directory: the state survives a crash or a reboot
+                fs.write_atomic(path, json.dumps(state, indent=1, sort_keys=True) + "\n", mode=0o600)
+        result.update(next=act, stages=summary(state), state=state)
+    except TuneError as err:
+        raise Failed(f"Measured tuning: {err}", **result) from None
+    except HostFSError as err:
+        raise Failed(f"Measured tuning could not keep its state: {err}. The state file must be on a writable "
+                     "local file system (become: true).", **result) from None
+    result["changed"] = bool(result["actions"])
+    result["diff"] = {}
+    return result

@@ -125,6 +125,22 @@ def _rollback(fs: HostFS, applier: Applier, before: dict, touched: list[str]) ->
     return notes
 
 
+def modprobe_with(cmds):
+    """The ``modprobe(name)`` execute() takes, over the module's runner: loads a kernel module on the live host only."""
+
+    def modprobe(name: str) -> None:
+        if cmds.chrooted:
+            raise VfioError(f"The {name} driver is not loaded in the tree under root {cmds.fs.root}: the module loads "
+                            "kernel modules only on the live host (root: /).")
+        argv = [cmds.find("modprobe", required=True), name]
+        rc, out, err = cmds.run(argv)
+        if rc != 0:
+            raise VfioError(f"'{' '.join(argv)}' failed with rc {rc}: {(err or out).strip()}. Install the module for the "
+                            f"running kernel (uname -r), or build {name} into it.")
+
+    return modprobe
+
+
 def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindWatcher | None = None,
             warn=None) -> dict:
     """The whole run: select, read, check, plan, apply, read back. Raises VfioError with the reason."""

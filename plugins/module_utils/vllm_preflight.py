@@ -16,7 +16,7 @@ import pwd
 import socket
 import stat
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS
 
 
 LISTEN = "0A"
@@ -261,9 +261,35 @@ def check_model(fs: HostFS, model: str, user: str | None, protect_home: bool) ->
     return facts, None
 
 
-def unit_active(module, unit: str) -> bool:
-    systemctl = module.get_bin_path("systemctl")
+def unit_active(cmds, unit: str) -> bool:
+    """Is ``unit`` active (or on its way) in the live systemd, through the module's runner (C locale)."""
+    systemctl = cmds.find_live("systemctl")
     if not systemctl:
         return False
-    rc, out, _err = module.run_command([systemctl, "show", "--property=ActiveState", "--value", unit])
+    rc, out, _err = cmds.run([systemctl, "show", "--property=ActiveState", "--value", unit])
     return rc == 0 and out.strip() in ("active", "reloading", "activating")
+
+
+def execute(p: dict, fs: HostFS, cmds) -> dict:
+    """The module's run: the model readable by the service user, the port free or the unit's own. Changes nothing;
+    Failed with the model's and the port's facts when a check fails."""
+    if not 1 <= p["port"] <= 65535:
+        raise Failed(f"port {p['port']} is outside 1..65535", actions=[])
+    model = {"path": p["model"], "kind": "hub id", "config": None, "readable_by": None}
+    if p["model_is_path"]:
+        model, err = check_model(fs, p["model"], p["user"], p["protect_home"])
+        if err:
+            raise Failed(err, model=model, actions=[])
+    host = p["host"]
+    if fs.root == "/":
+        try:
+            host = socket.getaddrinfo(host, p["port"], type=socket.SOCK_STREAM)[0][4][0]
+        except socket.gaierror as exc:
+            raise Failed(f"Cannot resolve vllm_service_host {host!r} on this host: {exc}", model=model,
+                         actions=[]) from None
+    probe = bind_probe if fs.root == "/" else None
+    port, err = check_port(fs, host, p["port"], p["unit"], p["user"], unit_active(cmds, p["unit"]),
+                           expect_ours=p["expect_ours"], probe=probe)
+    if err:
+        raise Failed(err, model=model, port=port, actions=[])
+    return {"changed": False, "actions": [], "model": model, "port": port, "diff": {}}

@@ -3,14 +3,23 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Does the vLLM service prove itself, for gpufleet.inference.vllm_ready: ``/health`` answers 200,
 ``/v1/models`` lists the served model, a completion comes back, ``/metrics`` has the vLLM counters,
-and the unit does not restart meanwhile. Pure: the module passes in its HTTP ``request`` and the
-unit watcher (``systemctl show`` through its runner).
+and the unit does not restart meanwhile.
+
+The checks (Prober, prove) are pure: they get the HTTP ``request`` and the unit watcher passed in.
+execute() is the module's run: the requests through the benchmark client's transport
+(``inference_transport.request_text``), ``systemctl show`` and ``journalctl`` through HostCmd (C
+locale), the start log through HostFS, and the path vLLM took from ``vllm_startlog``.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from typing import Any, Callable
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.inference_transport import request_text
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_startlog import parse as parse_start_log
 
 
 class NotReady(Exception):
@@ -130,3 +139,70 @@ def prove(prober: Prober, params: dict, watch, sleep=time.sleep, clock=time.mono
     if "metrics" in checks:
         out["metrics"] = prober.metrics()
     return out
+
+
+class _Host:
+    """The unit's state, its journal and its start log, through the module's runner and file seam."""
+
+    def __init__(self, p: dict[str, Any], cmds, warn: Callable[[str], None]):
+        self.p = p
+        self.cmds = cmds
+        self.warn = warn
+        self.systemctl = cmds.find("systemctl")
+        self.journalctl = cmds.find("journalctl")
+
+    def unit(self) -> dict:
+        return unit_state(self.cmds.run, self.systemctl, self.p["unit"])
+
+    def journal(self) -> str:
+        if not self.journalctl or not self.p["unit"]:
+            return ""
+        rc, out, err = self.cmds.run([self.journalctl, "-u", self.p["unit"], "-n", str(self.p["journal_lines"]),
+                                      "--no-pager", "-o", "short-iso"])
+        return out if rc == 0 else f"(journalctl failed: {err.strip()})"
+
+    def start_log(self) -> str | None:
+        p = self.p
+        if p["start_log"]:
+            try:
+                return self.cmds.fs.read_text(p["start_log"])
+            except HostFSError as err:
+                self.warn(f"start_log {p['start_log']} could not be read ({err.strerror}); kernel_path is null")
+                return None
+        if not p["start_log_journal"]:
+            return None
+        if not self.journalctl or not p["unit"]:
+            self.warn("start_log_journal needs journalctl and unit; kernel_path is null")
+            return None
+        rc, out, err = self.cmds.run([self.journalctl, "-u", p["unit"], "-n", str(p["start_log_lines"]), "--no-pager",
+                                      "-o", "cat"])
+        if rc != 0:
+            self.warn(f"journalctl -u {p['unit']} failed ({err.strip()}); kernel_path is null")
+            return None
+        return out
+
+    def kernel_path(self) -> dict | None:
+        text = self.start_log()
+        if text is None:
+            return None
+        path = parse_start_log(text)
+        for f in path["findings"]:
+            if f["severity"] in ("warning", "error"):
+                self.warn(f"vLLM start log: {f['message']}. Fix: {f['fix']}")
+        return path
+
+
+def execute(p: dict[str, Any], cmds, warn: Callable[[str], None] | None = None, request=request_text) -> dict[str, Any]:
+    """The module's run: prove() the service while watching its unit; the result, or Failed with the unit's
+    state, its last journal lines and the kernel path vLLM took. Changes nothing."""
+    host = _Host(p, cmds, warn or (lambda msg: None))
+    first = host.unit()
+    prober = Prober(request, p["url"], p["api_key"], p["request_timeout"])
+    try:
+        result = prove(prober, p, lambda: unit_broken(first, host.unit()))
+    except NotReady as err:
+        lines = host.journal()
+        tail = f"\nLast {p['journal_lines']} journal lines of {p['unit']}:\n{lines}" if lines else ""
+        raise Failed(f"{p['unit'] or p['url']} is not ready: {err}{tail}", changed=False, actions=[], unit=host.unit(),
+                     kernel_path=host.kernel_path()) from None
+    return dict(changed=False, actions=[], unit=host.unit(), kernel_path=host.kernel_path(), diff={}, **result)

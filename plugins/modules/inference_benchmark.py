@@ -370,18 +370,10 @@ benchmark:
       type: float
 """
 
-import json
-import os
-import platform
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.inference_sweep import (
-    BenchmarkError, benchmark, check_label, compact_summary, config_from_params, error_failure, plan, probe,
-    result_warnings, results_document, results_filename, run,
-)
-from ansible_collections.gpufleet.inference.plugins.module_utils.load_monitor import contaminated_runs, for_pool
+from ansible_collections.gpufleet.inference.plugins.module_utils.benchmark_run import BenchmarkError, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
 
 ARGUMENT_SPEC = dict(
     url=dict(type="str", default="http://127.0.0.1:8000"),
@@ -415,56 +407,8 @@ ARGUMENT_SPEC = dict(
 
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    params = module.params
-    try:
-        cfg = config_from_params(params)
-        label = check_label(params["label"])
-        if not 0.0 <= params["max_error_rate"] <= 1.0:
-            raise ValueError(f"max_error_rate must be between 0 and 1, got {params['max_error_rate']}")
-        if params["results_dir"] and not os.path.isabs(params["results_dir"]):
-            raise ValueError(f"results_dir must be an absolute path, got {params['results_dir']!r}")
-    except ValueError as err:
-        module.fail_json(msg=f"Invalid benchmark settings: {err}")
-
-    kernel = platform.release()
-    result = dict(changed=False, actions=[], benchmarked=False, kernel=kernel, plan=plan(cfg), results_file=None)
-    results_dir = params["results_dir"]
-
-    if module.check_mode:
-        try:
-            result["server"] = run(probe(cfg))
-        except BenchmarkError as err:
-            module.fail_json(msg=str(err), **result)
-        if results_dir:
-            result["actions"] = [{"action": "write", "path": f"{results_dir}/{label}-{kernel}-<UTC time>.json"}]
-        result["changed"] = bool(result["actions"])
-        module.exit_json(**result)
-
-    try:
-        outcome = run(benchmark(cfg, monitor=for_pool if params["monitor_load"] else None))
-    except BenchmarkError as err:
-        module.fail_json(msg=str(err), **result)
-    doc = results_document(outcome, label=label, host=platform.node(), kernel=kernel, tuning=params["tuning"])
-    result.update(benchmarked=True, server=outcome["server"], samples=outcome["samples"], summary=compact_summary(outcome),
-                  contaminated=contaminated_runs(outcome["levels"]),
-                  benchmark=doc)
-
-    if results_dir:
-        path = os.path.join(results_dir, results_filename(label, kernel, outcome["finished_at"]))
-        try:
-            HostFS("/").write_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n", mode=0o644)
-        except HostFSError as err:
-            module.fail_json(msg=f"The benchmark ran, but its results could not be stored: {err}. Check that results_dir "
-                                 "is on a writable file system and that the task runs as a user who may write there "
-                                 "(become: true).", **result)
-        result.update(results_file=path, actions=[{"action": "write", "path": path}], changed=True)
-
-    for warning in result_warnings(outcome, cfg):
-        module.warn(warning)
-    failure = error_failure(outcome, params["max_error_rate"])
-    if failure:
-        module.fail_json(msg=failure, **result)
-    module.exit_json(**result)
+    finish(module, "inference_benchmark", "writes its results under results_dir",
+           lambda: execute(module.params, HostFS("/"), module.check_mode, warn=module.warn), BenchmarkError)
 
 
 if __name__ == "__main__":

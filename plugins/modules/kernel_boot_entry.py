@@ -89,19 +89,10 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.grub import GRUB_CFG, GRUBENV, parse_grub_cfg, read_grubenv
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd, ToolMissing
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import KernelUpgradeError, boot_plan, validate_version
-
-TOOLS = {"set_default": "grub-set-default", "set_once": "grub-reboot", "clear_once": "grub-editenv"}
-
-
-def action_argv(cmds: HostCmd, action: dict) -> list[str]:
-    """The command of one boot_plan action, as it runs on the host (through chroot under another root)."""
-    tool = cmds.find(TOOLS[action["action"]], required=True, hint="install grub2-common")
-    argv = [tool, GRUBENV, "unset", "next_entry"] if action["action"] == "clear_once" else [tool, action["entry"]]
-    return cmds.argv(argv)
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_boot_entry import execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import KernelUpgradeError
 
 
 def main():
@@ -114,63 +105,8 @@ def main():
         supports_check_mode=True,
     )
     fs = HostFS(module.params["root"])
-    cmds = HostCmd(module, fs)
-    try:
-        version = validate_version(module.params["version"], "version")
-        cfg = fs.read_optional(GRUB_CFG)
-        if cfg is None:
-            module.fail_json(msg=f"{GRUB_CFG} does not exist under root {fs.root}: this host does not boot through GRUB 2, "
-                                 "so there is no entry to select.")
-        entries = parse_grub_cfg(cfg)
-        env = read_grubenv(fs)
-        if not env["valid"]:
-            module.fail_json(msg=f"{GRUBENV} is not usable ({env['problem']}): recreate it with grub-editenv {GRUBENV} create, "
-                                 "then run again.")
-        plan = boot_plan(entries, env["vars"], version, module.params["boot"])
-    except KernelUpgradeError as err:
-        module.fail_json(msg=str(err))
-    except HostFSError as err:
-        module.fail_json(msg=f"Reading the GRUB files under root {fs.root} failed: {err}. Run as root (become: true).")
-
-    try:
-        actions = [dict(action, argv=action_argv(cmds, action)) for action in plan["actions"]]
-    except ToolMissing as err:
-        module.fail_json(msg=str(err))
-
-    before = {"saved_entry": plan["saved"], "next_entry": plan["next"]}
-    if actions and not module.check_mode:
-        for action in actions:
-            rc, out, err = cmds.run(action["argv"])
-            if rc != 0:
-                module.fail_json(msg=f"'{' '.join(action['argv'])}' exited {rc}: {(err or out).strip()[-600:]}. The boot entry was "
-                                     f"not changed as asked ({GRUBENV} may be read-only or damaged); check grub-editenv "
-                                     f"{GRUBENV} list.", rc=rc, stderr=err, actions=actions)
-        env = read_grubenv(fs)
-        got = env["vars"]
-        want = plan["entry"]["path"]
-        key = "saved_entry" if module.params["boot"] == "default" else "next_entry"
-        if got.get(key) != want or (module.params["boot"] == "default" and got.get("next_entry")):
-            module.fail_json(msg=f"{GRUBENV} reads back {key}={got.get(key)!r} and next_entry={got.get('next_entry')!r} after "
-                                 f"the change, not {want!r}: another tool rewrites it, or the file system drops the write.",
-                             actions=actions)
-        after = {"saved_entry": got.get("saved_entry"), "next_entry": got.get("next_entry")}
-    else:
-        after = dict(before)
-        for action in actions:
-            if action["action"] == "set_default":
-                after["saved_entry"] = action["entry"]
-            elif action["action"] == "set_once":
-                after["next_entry"] = action["entry"]
-            else:
-                after["next_entry"] = None
-    result = dict(changed=bool(actions), actions=actions, entry=plan["entry"]["path"], title=plan["entry"]["title"],
-                  saved_entry=after["saved_entry"] if not module.check_mode else before["saved_entry"],
-                  next_entry=(after["next_entry"] if not module.check_mode else before["next_entry"]) or None)
-    if module._diff:
-        result["diff"] = {"before": "".join(f"{k}={v or ''}\n" for k, v in sorted(before.items())),
-                          "after": "".join(f"{k}={v or ''}\n" for k, v in sorted(after.items())),
-                          "before_header": GRUBENV, "after_header": GRUBENV}
-    module.exit_json(**result)
+    finish(module, "kernel_boot_entry", "reads grub.cfg and writes grubenv through the GRUB tools",
+           lambda: execute(module.params, fs, HostCmd(module, fs), module.check_mode), KernelUpgradeError)
 
 
 if __name__ == "__main__":

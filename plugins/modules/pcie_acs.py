@@ -165,6 +165,7 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import TopologyError, normalize_bdfs
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_acs import AcsError
@@ -194,7 +195,8 @@ def main():
         devices = normalize_bdfs(p["devices"])
     except TopologyError as err:
         module.fail_json(msg=str(err))
-    acs = PcieAcs(module, HostFS(p["root"]), module.get_bin_path("setpci", required=True))
+    fs = HostFS(p["root"])
+    acs = PcieAcs(module, fs, HostCmd(module, fs).find_live("setpci", required=True))
     try:
         if p["state"] == "present":
             result = acs.present(devices, p["persist"], p["defer_to_boot"], p["force"], p["force_on_vfio_host"])

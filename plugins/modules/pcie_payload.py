@@ -221,6 +221,7 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import TopologyError, normalize_bdfs
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload import (
@@ -263,8 +264,8 @@ def main():
         devices = normalize_bdfs(p["devices"])
     except TopologyError as err:
         module.fail_json(msg=str(err))
-    setpci = module.get_bin_path("setpci", required=True)
-    payload = PciePayload(module, HostFS(p["root"]), setpci)
+    fs = HostFS(p["root"])
+    payload = PciePayload(module, fs, HostCmd(module, fs).find_live("setpci", required=True))
     try:
         if p["state"] == "present":
             result = payload.present(devices, mps, mrrs, mrrs_cap, p["include_path"], p["persist"], p["on_readonly"],

@@ -187,13 +187,10 @@ state_file:
   type: str
 """
 
-import json
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import tune_measured as tm
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.tune_measured import load, plan_key, prepare
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.tune_measured import TuneError, execute
 
 ARGUMENT_SPEC = dict(
     op=dict(type="str", choices=["start", "next", "complete", "reset"], default="next"),
@@ -218,56 +215,8 @@ ARGUMENT_SPEC = dict(
 def main():
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
                            required_if=[("op", "complete", ["action_id"])])
-    p = module.params
-    fs = HostFS(p["root"])
-    path = p["state_file"]
-    result = dict(changed=False, actions=[], state_file=path)
-    try:
-        state = load(fs, path)
-        if p["op"] == "reset":
-            if state is not None:
-                result["actions"].append({"action": "remove", "path": path})
-                if not module.check_mode:
-                    fs.remove(path)
-            result.update(changed=bool(result["actions"]), next={"action": "done"}, stages=[], state={})
-            module.exit_json(**result)
-        before = json.dumps(state, sort_keys=True) if state is not None else None
-        if p["op"] == "start":
-            fresh = tm.new_state(p["host"], tm.plan_stages(p["stages"], p["skip"]),
-                                 tm.resolve_profiles(p["profiles"], p["max_model_len"]), p["gate"], p["inconclusive"],
-                                 p["more_rounds"], p["vllm_defaults"], p["now"])
-            fresh["plan_key"] = plan_key(fresh)
-            if state is not None and state.get("plan_key") != fresh["plan_key"]:
-                finished = all(s["status"] in ("kept", "reverted", "baseline") for s in state["stages"])
-                if not (p["restart"] or finished):
-                    raise tm.TuneError(
-                        f"{path} holds an unfinished measured-tuning run made from another stage list, profiles or "
-                        "gate settings; resume it with the same settings, or set restart: true to discard it (what "
-                        "it applied stays applied until the roles undo it)")
-                state = None
-            state = state or fresh
-        elif state is None:
-            raise tm.TuneError(f"no measured-tuning state at {path}: run op=start first")
-        if p["op"] == "complete":
-            tm.complete(state, p["action_id"], p["results"])
-        act = tm.next_action(state)
-        prepare(fs, state, act, module.check_mode, result["actions"])
-        if act["action"] == "done" and not state.get("finished_at"):
-            state["finished_at"] = p["now"] or "unknown"
-        after = json.dumps(state, sort_keys=True)
-        if after != before:
-            result["actions"].append({"action": "write", "path": path})
-            if not module.check_mode:
-                # temp file, fsync, rename, fsync of the directory: the state survives a crash or a reboot
-                fs.write_atomic(path, json.dumps(state, indent=1, sort_keys=True) + "\n", mode=0o600)
-        result.update(next=act, stages=tm.summary(state), state=state)
-    except tm.TuneError as err:
-        module.fail_json(msg=f"Measured tuning: {err}", **result)
-    except HostFSError as err:
-        module.fail_json(msg=f"Measured tuning could not keep its state: {err}. The state file must be on a writable "
-                             "local file system (become: true).", **result)
-    result["changed"] = bool(result["actions"])
-    module.exit_json(**result)
+    finish(module, "tune_measured", "keeps its state file under state_file",
+           lambda: execute(module.params, HostFS(module.params["root"]), module.check_mode), TuneError)
 
 
 if __name__ == "__main__":

@@ -244,10 +244,10 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import C_LOCALE
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
 from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import VfioError
-from ansible_collections.gpufleet.inference.plugins.module_utils.vfio_bind import execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.vfio_bind import execute, modprobe_with
 
 
 def main():
@@ -270,20 +270,9 @@ def main():
     params = module.params
     if params["timeout"] <= 0:
         module.fail_json(msg=f"timeout must be a positive number of seconds, got {params['timeout']}")
-    root = params["root"]
-
-    def modprobe(name: str) -> None:
-        if HostFS(root).root != "/":
-            raise VfioError(f"The {name} driver is not loaded in the tree under root {root}: the module loads kernel "
-                            "modules only on the live host (root: /).")
-        argv = [module.get_bin_path("modprobe", required=True), name]
-        rc, out, err = module.run_command(argv, environ_update=dict(C_LOCALE))
-        if rc != 0:
-            raise VfioError(f"'{' '.join(argv)}' failed with rc {rc}: {(err or out).strip()}. Install the module for the running "
-                            f"kernel (uname -r), or build {name} into it.")
-
+    fs = HostFS(params["root"])
     finish(module, "vfio_bind", "reads and writes sysfs",
-           lambda: execute(params, HostFS(root), module.check_mode, modprobe, warn=module.warn), VfioError)
+           lambda: execute(params, fs, module.check_mode, modprobe_with(HostCmd(module, fs)), warn=module.warn), VfioError)
 
 
 if __name__ == "__main__":

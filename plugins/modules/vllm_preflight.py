@@ -107,15 +107,13 @@ port:
                  unit: vllm.service}]
 """
 
-import socket
-
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import C_LOCALE
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
 # The checks live in module_utils/vllm_preflight.py; their names stay importable from here (tests).
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_preflight import (  # noqa: F401 pylint: disable=unused-import
-    bind_probe, check_model, check_port, listeners, overlaps, parse_proc_net, unit_active, unit_of,
+    bind_probe, check_model, check_port, execute, listeners, overlaps, parse_proc_net, unit_active, unit_of,
 )
 
 
@@ -134,30 +132,9 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = dict(C_LOCALE)
-    p = module.params
-    fs = HostFS(p["root"])
-    if not 1 <= p["port"] <= 65535:
-        module.fail_json(msg=f"port {p['port']} is outside 1..65535", actions=[])
-
-    model = {"path": p["model"], "kind": "hub id", "config": None, "readable_by": None}
-    if p["model_is_path"]:
-        model, err = check_model(fs, p["model"], p["user"], p["protect_home"])
-        if err:
-            module.fail_json(msg=err, model=model, actions=[])
-
-    host = p["host"]
-    if fs.root == "/":
-        try:
-            host = socket.getaddrinfo(host, p["port"], type=socket.SOCK_STREAM)[0][4][0]
-        except socket.gaierror as exc:
-            module.fail_json(msg=f"Cannot resolve vllm_service_host {host!r} on this host: {exc}", model=model, actions=[])
-    probe = bind_probe if fs.root == "/" else None
-    port, err = check_port(fs, host, p["port"], p["unit"], p["user"], unit_active(module, p["unit"]),
-                           expect_ours=p["expect_ours"], probe=probe)
-    if err:
-        module.fail_json(msg=err, model=model, port=port, actions=[])
-    module.exit_json(changed=False, actions=[], model=model, port=port)
+    fs = HostFS(module.params["root"])
+    finish(module, "vllm_preflight", "reads the model's files and /proc",
+           lambda: execute(module.params, fs, HostCmd(module, fs)), ValueError)
 
 
 if __name__ == "__main__":

@@ -222,11 +222,10 @@ unit:
 """
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.urls import fetch_url
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import C_LOCALE
-from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_ready import NotReady, Prober, prove, unit_broken, unit_state
-from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_startlog import parse as parse_start_log
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_ready import NotReady, execute
 
 
 def main():
@@ -250,71 +249,8 @@ def main():
         ),
         supports_check_mode=True,
     )
-    module.run_command_environ_update = dict(C_LOCALE)
-    p = module.params
-    systemctl = module.get_bin_path("systemctl")
-    journalctl = module.get_bin_path("journalctl")
-
-    def request(method, url, body, headers, timeout):
-        resp, info = fetch_url(module, url, data=body, headers=headers, method=method, timeout=timeout,
-                               use_proxy=False, force=True)
-        status = info.get("status", -1)
-        try:
-            # an HTTP error's body was read into info['body'] already
-            raw = info["body"] if "body" in info else (resp.read() if resp else b"")
-        except (AttributeError, OSError):
-            raw = b""
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw or "")
-        return status, text, info.get("msg")
-
-    def journal() -> str:
-        if not journalctl or not p["unit"]:
-            return ""
-        rc, out, err = module.run_command([journalctl, "-u", p["unit"], "-n", str(p["journal_lines"]), "--no-pager",
-                                           "-o", "short-iso"])
-        return out if rc == 0 else f"(journalctl failed: {err.strip()})"
-
-    def kernel_path():
-        text = None
-        if p["start_log"]:
-            try:
-                with open(p["start_log"], encoding="utf-8", errors="replace") as fh:
-                    text = fh.read()
-            except OSError as err:
-                module.warn(f"start_log {p['start_log']} could not be read ({err.strerror}); kernel_path is null")
-        elif p["start_log_journal"]:
-            if not journalctl or not p["unit"]:
-                module.warn("start_log_journal needs journalctl and unit; kernel_path is null")
-            else:
-                rc, out, err = module.run_command([journalctl, "-u", p["unit"], "-n", str(p["start_log_lines"]),
-                                                   "--no-pager", "-o", "cat"])
-                if rc == 0:
-                    text = out
-                else:
-                    module.warn(f"journalctl -u {p['unit']} failed ({err.strip()}); kernel_path is null")
-        if text is None:
-            return None
-        path = parse_start_log(text)
-        for f in path["findings"]:
-            if f["severity"] in ("warning", "error"):
-                module.warn(f"vLLM start log: {f['message']}. Fix: {f['fix']}")
-        return path
-
-    first = unit_state(module.run_command, systemctl, p["unit"])
-
-    def watch():
-        return unit_broken(first, unit_state(module.run_command, systemctl, p["unit"]))
-
-    prober = Prober(request, p["url"], p["api_key"], p["request_timeout"])
-    try:
-        result = prove(prober, p, watch)
-    except NotReady as err:
-        lines = journal()
-        tail = f"\nLast {p['journal_lines']} journal lines of {p['unit']}:\n{lines}" if lines else ""
-        module.fail_json(msg=f"{p['unit'] or p['url']} is not ready: {err}{tail}", actions=[],
-                         unit=unit_state(module.run_command, systemctl, p["unit"]), kernel_path=kernel_path())
-    module.exit_json(changed=False, actions=[], unit=unit_state(module.run_command, systemctl, p["unit"]),
-                     kernel_path=kernel_path(), **result)
+    finish(module, "vllm_ready", "reads the unit's state and journal and the start log",
+           lambda: execute(module.params, HostCmd(module, HostFS("/")), warn=module.warn), NotReady)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ import threading
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.modules import vllm_ready as vr
+from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_ready as vr
+from ansible_collections.gpufleet.inference.plugins.modules import vllm_ready
 from tests.unit.plugins.modules.uthelper import run_module
 
 KEY = "k" * 16 + "-unit-test"
@@ -119,8 +120,8 @@ def test_unit_broken(now, reason):
 # ---- the checks through main() ------------------------------------------------------------------------------
 def test_ready_service_passes_every_check(server, tools, capsys):
     server.cfg.update(key=KEY, unhealthy=2)
-    result = run_module(vr, {"url": url(server), "served_model_name": "tiny", "api_key": KEY, "unit": "vllm.service",
-                             "interval": 0.05, "timeout": 10}, capsys)
+    result = run_module(vllm_ready, {"url": url(server), "served_model_name": "tiny", "api_key": KEY,
+                                     "unit": "vllm.service", "interval": 0.05, "timeout": 10}, capsys)
     assert result["changed"] is False and result["actions"] == []
     assert result["models"] == ["tiny"] and result["metrics"] == 2
     assert result["completion"]["completion_tokens"] == 4 and result["completion"]["text"] == " Paris" * 4
@@ -131,7 +132,7 @@ def test_ready_service_passes_every_check(server, tools, capsys):
 
 def test_wrong_served_name(server, tools, capsys):
     server.cfg.update(models=["other"])
-    result = run_module(vr, {"url": url(server), "served_model_name": "tiny", "unit": "vllm.service"}, capsys)
+    result = run_module(vllm_ready, {"url": url(server), "served_model_name": "tiny", "unit": "vllm.service"}, capsys)
     assert result["failed"]
     assert result["msg"].startswith(f"vllm.service is not ready: {url(server)}/v1/models lists ['other'], not the served "
                                     "model name 'tiny'")
@@ -140,42 +141,42 @@ def test_wrong_served_name(server, tools, capsys):
 
 def test_refused_key(server, tools, capsys):
     server.cfg.update(key=KEY)
-    result = run_module(vr, {"url": url(server), "served_model_name": "tiny", "api_key": "x" * 20, "unit": "vllm.service"}, capsys)
+    result = run_module(vllm_ready, {"url": url(server), "served_model_name": "tiny", "api_key": "x" * 20, "unit": "vllm.service"}, capsys)
     assert "answered 401: the API key was refused" in result["msg"]
     assert "x" * 20 not in json.dumps(result)
 
 
 def test_completion_error(server, tools, capsys):
     server.cfg.update(completion_status=500)
-    result = run_module(vr, {"url": url(server), "served_model_name": "tiny", "unit": "vllm.service"}, capsys)
+    result = run_module(vllm_ready, {"url": url(server), "served_model_name": "tiny", "unit": "vllm.service"}, capsys)
     assert "the completion on" in result["msg"] and "answered 500" in result["msg"] and "EngineDeadError" in result["msg"]
 
 
 def test_completion_without_tokens(server, tools, capsys):
     server.cfg.update(tokens=0)
-    result = run_module(vr, {"url": url(server), "served_model_name": "tiny", "unit": "vllm.service"}, capsys)
+    result = run_module(vllm_ready, {"url": url(server), "served_model_name": "tiny", "unit": "vllm.service"}, capsys)
     assert "the completion returned no tokens" in result["msg"]
 
 
 def test_metrics_without_vllm_names(server, tools, capsys):
     server.cfg.update(metrics="# nothing\nprocess_cpu_seconds_total 1.0\n")
-    result = run_module(vr, {"url": url(server), "served_model_name": "tiny", "unit": "vllm.service"}, capsys)
+    result = run_module(vllm_ready, {"url": url(server), "served_model_name": "tiny", "unit": "vllm.service"}, capsys)
     assert result["msg"].endswith("/metrics exports no vllm: metrics" + result["msg"].split("/metrics exports no vllm: metrics", 1)[1])
-    ok = run_module(vr, {"url": url(server), "served_model_name": "tiny", "checks": ["health", "models", "completion"]}, capsys)
+    ok = run_module(vllm_ready, {"url": url(server), "served_model_name": "tiny", "checks": ["health", "models", "completion"]}, capsys)
     assert not ok.get("failed") and ok["metrics"] is None
 
 
 def test_crash_loop_fails_fast_with_the_journal(server, tools, capsys):
     server.cfg.update(unhealthy=10 ** 6)
     tools.write_text("ActiveState=activating\nSubState=auto-restart\nMainPID=0\nNRestarts=3\nResult=exit-code\n")
-    result = run_module(vr, {"url": url(server), "served_model_name": "tiny", "unit": "vllm.service", "timeout": 600,
-                             "interval": 0.05}, capsys)
+    result = run_module(vllm_ready, {"url": url(server), "served_model_name": "tiny", "unit": "vllm.service",
+                                     "timeout": 600, "interval": 0.05}, capsys)
     assert "never answered 200 (HTTP 503): the unit's process exited and systemd is restarting it" in result["msg"]
     assert "libnuma.so.1" in result["msg"]
 
 
 def test_nothing_listening_times_out(tools, capsys):
-    result = run_module(vr, {"url": "http://127.0.0.1:9", "served_model_name": "tiny", "timeout": 1, "interval": 0.2}, capsys)
+    result = run_module(vllm_ready, {"url": "http://127.0.0.1:9", "served_model_name": "tiny", "timeout": 1, "interval": 0.2}, capsys)
     assert result["failed"] and "/health did not answer 200 within the timeout" in result["msg"]
     assert result["msg"].startswith("http://127.0.0.1:9 is not ready")
 
@@ -200,5 +201,5 @@ def test_prove_timing_and_order():
 
 def test_module_docs_parse():
     import yaml  # pylint: disable=import-outside-toplevel
-    for doc in (vr.DOCUMENTATION, vr.EXAMPLES, vr.RETURN):
+    for doc in (vllm_ready.DOCUMENTATION, vllm_ready.EXAMPLES, vllm_ready.RETURN):
         assert yaml.safe_load(textwrap.dedent(doc))

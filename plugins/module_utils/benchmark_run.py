@@ -1,0 +1,86 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One run of the inference_benchmark module: validate, probe (check mode) or benchmark, store, judge.
+
+execute() takes the module's parameters and returns its result; every failure is a hostfs.Failed
+carrying the result so far (the module's main() ends the run through hostfs.finish()). Check mode
+asks the server for its models and sends no load; a stored result is one atomic, durable write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from typing import Any, Callable
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.inference_sweep import (
+    BenchmarkError, benchmark, check_label, compact_summary, config_from_params, error_failure, plan, probe,
+    result_warnings, results_document, results_filename, run,
+)
+from ansible_collections.gpufleet.inference.plugins.module_utils.load_monitor import contaminated_runs, for_pool
+
+
+def check_params(params: dict[str, Any]):
+    """The benchmark's config and label from the module's parameters; Failed naming the bad setting."""
+    try:
+        cfg = config_from_params(params)
+        label = check_label(params["label"])
+        if not 0.0 <= params["max_error_rate"] <= 1.0:
+            raise ValueError(f"max_error_rate must be between 0 and 1, got {params['max_error_rate']}")
+        if params["results_dir"] and not os.path.isabs(params["results_dir"]):
+            raise ValueError(f"results_dir must be an absolute path, got {params['results_dir']!r}")
+    except ValueError as err:
+        raise Failed(f"Invalid benchmark settings: {err}", changed=False) from None
+    return cfg, label
+
+
+def execute(params: dict[str, Any], fs: HostFS, check_mode: bool,
+            warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The module's result (``diff`` empty: a benchmark changes no setting). Raises Failed with the result so far."""
+    warn = warn or (lambda msg: None)
+    cfg, label = check_params(params)
+    kernel = platform.release()
+    result: dict[str, Any] = dict(changed=False, actions=[], benchmarked=False, kernel=kernel, plan=plan(cfg),
+                                  results_file=None, diff={})
+    results_dir = params["results_dir"]
+
+    def failed(msg: str) -> Failed:
+        return Failed(msg, **{k: v for k, v in result.items() if k != "diff"})
+
+    if check_mode:
+        try:
+            result["server"] = run(probe(cfg))
+        except BenchmarkError as err:
+            raise failed(str(err)) from None
+        if results_dir:
+            result["actions"] = [{"action": "write", "path": f"{results_dir}/{label}-{kernel}-<UTC time>.json"}]
+        result["changed"] = bool(result["actions"])
+        return result
+
+    try:
+        outcome = run(benchmark(cfg, monitor=for_pool if params["monitor_load"] else None))
+    except BenchmarkError as err:
+        raise failed(str(err)) from None
+    doc = results_document(outcome, label=label, host=platform.node(), kernel=kernel, tuning=params["tuning"])
+    result.update(benchmarked=True, server=outcome["server"], samples=outcome["samples"], summary=compact_summary(outcome),
+                  contaminated=contaminated_runs(outcome["levels"]), benchmark=doc)
+
+    if results_dir:
+        path = os.path.join(results_dir, results_filename(label, kernel, outcome["finished_at"]))
+        try:
+            fs.write_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n", mode=0o644)
+        except HostFSError as err:
+            raise failed(f"The benchmark ran, but its results could not be stored: {err}. Check that results_dir "
+                         "is on a writable file system and that the task runs as a user who may write there "
+                         "(become: true).") from None
+        result.update(results_file=path, actions=[{"action": "write", "path": path}], changed=True)
+
+    for warning in result_warnings(outcome, cfg):
+        warn(warning)
+    failure = error_failure(outcome, params["max_error_rate"])
+    if failure:
+        raise failed(failure)
+    return result
