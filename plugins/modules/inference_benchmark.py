@@ -20,7 +20,9 @@ description:
   - Reports per run output tokens/s, requests/s, TTFT, TPOT, inter-token latency (ITL) and end-to-end latency as mean,
     p50, p90 and p99, and the errors by reason; per level the spread of the runs' output tokens/s (the samples the
     M(gpufleet.inference.throughput_gate) module and filter judge).
-  - ITL is counted per token, not per chunk, when one streamed chunk carries several tokens (see the notes).
+  - The request is the one C(vllm bench serve) and real clients send (usage in the final chunk only), so the server does
+    no extra work for the benchmark; O(per_chunk_usage) asks for per-chunk counts, for exact ITL when one streamed chunk
+    carries several tokens (see the notes).
   - With O(results_dir) it stores the results as JSON on the host, with the kernel release (C(uname -r)) and the O(tuning)
     the caller says the host was in.
   - Fails with a clear message before sending load when the server cannot be reached, refuses the API key, does not serve
@@ -134,9 +136,13 @@ options:
   per_chunk_usage:
     description:
       - Ask for C(stream_options.continuous_usage_stats) (cumulative token counts in every chunk, supported by vLLM), so
-        ITL is exact when chunks carry several tokens. Set false for servers that reject it.
+        ITL is exact when chunks carry several tokens (each run's C(itl_exact) says whether it was).
+      - Off by default, because it costs the server. On an H200, where vLLM's API process was the bottleneck at
+        concurrency 256, it cost 19% of the output tokens/s (0.808 [0.773-0.950] in 9 of 9 paired rounds,
+        docs/gpu_h200.md). At c=16 and c=64 it cost nothing that could be measured. Output tokens/s, TTFT and TPOT
+        are exact either way, as they come from the final usage.
     type: bool
-    default: true
+    default: false
   timeout:
     description: Seconds one request may take, from connect to the end of its stream, before it counts as an error.
     type: float
@@ -392,7 +398,7 @@ ARGUMENT_SPEC = dict(
     ignore_eos=dict(type="bool", default=True),
     prompt_mode=dict(type="str", choices=["token_ids", "text"], default="token_ids"),
     token_id_range=dict(type="list", elements="int", default=[1000, 4000], no_log=False),
-    per_chunk_usage=dict(type="bool", default=True),
+    per_chunk_usage=dict(type="bool", default=False),
     timeout=dict(type="float", default=300.0),
     validate_certs=dict(type="bool", default=True),
     ca_path=dict(type="path"),

@@ -365,7 +365,7 @@ def test_results_document_summary_warnings_failure():
         "concurrency": 8, "output_throughput": 100.0, "output_throughput_cv": 0.01, "request_throughput": 1.0,
         "ttft_p50_ms": 5.0, "ttft_p99_ms": 9.0, "tpot_p50_ms": 2.0, "itl_p50_ms": 2.0, "itl_p99_ms": 4.0, "errors": 0,
         "settle_runs": 2, "settled": True, "drift": -0.01}]
-    cfg = ic.BenchmarkConfig(url="http://h:1", output_tokens=64)
+    cfg = ic.BenchmarkConfig(url="http://h:1", output_tokens=64, per_chunk_usage=True)
     assert ic.result_warnings(fake_result(), cfg) == []
     warnings = ic.result_warnings(fake_result(cv=0.08, short=3, cpu=97.0, per_chunk=False), cfg)
     assert len(warnings) == 4

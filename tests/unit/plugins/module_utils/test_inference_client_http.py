@@ -381,7 +381,7 @@ def model_dir(tmp_path):
 def test_sweep_against_the_lab_server_matches_its_token_counters(model_dir):
     with LabServer(model_dir, "--work", "8", "--step-work", "32", "--max-model-len", "256") as lab:
         cfg = ic.BenchmarkConfig(url=lab.url, prompt_tokens=16, output_tokens=8, concurrency=[1, 3], requests=6,
-                                 warmup=2, repetitions=2, seed=7, timeout=30)
+                                 warmup=2, repetitions=2, seed=7, timeout=30, per_chunk_usage=True)
         progress = []
         result = run(ic.benchmark(cfg, progress=progress.append))
         generated = lab.metric("vllm:generation_tokens_total")
@@ -407,7 +407,7 @@ def test_sweep_against_the_lab_server_matches_its_token_counters(model_dir):
 def test_multi_token_chunks_from_the_lab_server(model_dir):
     with LabServer(model_dir, "--stream-interval", "4", "--work", "8", "--step-work", "8") as lab:
         cfg = ic.BenchmarkConfig(url=lab.url, prompt_tokens=8, output_tokens=16, concurrency=[2], requests=4, warmup=0,
-                                 repetitions=1)
+                                 repetitions=1, per_chunk_usage=True)
         result = run(ic.benchmark(cfg))
     r = result["levels"][0]["runs"][0]
     # chunks of 1, 4, 4, 4, 3 tokens (the first token goes out at once, as with vLLM's --stream-interval)
