@@ -15,7 +15,7 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import vllm_preflight as vp
-from tests.unit.plugins.modules.uthelper import run_module
+from tests.unit.plugins.modules.uthelper import UTHelper, run_module
 
 # /proc/net/tcp and tcp6 as a Debian 12 container showed them (a python3 -m http.server on
 # 127.0.0.1:8123 owned by uid 997, sshd on 0.0.0.0:22 and [::]:22, an established connection).
@@ -284,3 +284,12 @@ def test_main_hub_id_is_not_checked(tmp_path, capsys):
 def test_main_bad_port(tmp_path, capsys):
     result = run_module(vp, {"model": "/m", "port": 0, "unit": "vllm.service", "root": str(tmp_path)}, capsys)
     assert result["failed"] and result["msg"] == "port 0 is outside 1..65535"
+
+
+# ---- main() through the YAML command cases (test_vllm_preflight.yaml): systemctl show and its C locale ----
+def build_proc(root, hidden_pid: int) -> None:
+    fake_proc(root, {hidden_pid: {"hidden": True, "cmdline": ["/opt/gpufleet/vllm/current/bin/python", "-m", "vllm"]}})
+
+
+test_vllm_preflight_case = UTHelper(vp, os.path.join(os.path.dirname(__file__), "test_vllm_preflight.py"),
+                                    builders={"proc": build_proc}).test_function()
