@@ -11,8 +11,10 @@ config-only part of site.yml on every host (the audit with pcie_facts, of the NI
 machine has no GPU, and its fleet report; the nccl_env files; the final verify), which is the controller-side cost that grows with the fleet.
 For each size it reports the wall time of the first run (converge) and of the second run
 (idempotent: every host must report changed=0), and the time per host; per-host overhead is the
-slope between sizes. Prints a Markdown table for docs/performance.md; exit status 0 unless a run
-fails (figures are recorded, not asserted).
+slope between sizes; and the controller's CPU seconds of each run (user + system of the
+``ansible-playbook`` process tree: the workers and the podman exec clients it waited for, not the
+hosts' processes, which podman's conmon runs outside the tree), per host. Prints a Markdown table for
+docs/performance.md; exit status 0 unless a run fails (figures are recorded, not asserted).
 
     . scripts/lib.sh; gpufleet_env; python tests/benchmarks/bench_site_scale.py [--sizes 1 5 10 20] [--forks 20]
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -68,16 +71,25 @@ def inventory(path: str, names: list[str]) -> None:
         json.dump(doc, fh)
 
 
-def site(inv: str, forks: int, report_dir: str) -> tuple[float, dict]:
+def children_cpu() -> float:
+    """User + system CPU seconds of every finished child process tree of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def site(inv: str, forks: int, report_dir: str) -> tuple[float, float, dict]:
+    """One site.yml run: wall seconds, controller CPU seconds (the ansible-playbook tree) and the recap."""
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"))
+    cpu0 = children_cpu()
     start_t = time.monotonic()
     r = sh(["ansible-playbook", "-i", inv, "site.yml", "--forks", str(forks), "-e", f"gpufleet_report_dir={report_dir}"],
            cwd=REPO, env=env)
     took = time.monotonic() - start_t
+    cpu = children_cpu() - cpu0
     if r.returncode != 0:
         sys.stderr.write(r.stdout[-6000:] + r.stderr[-2000:])
         raise SystemExit(f"site.yml failed (rc {r.returncode})")
-    return took, recap(r.stdout)
+    return took, cpu, recap(r.stdout)
 
 
 def main() -> int:
@@ -96,21 +108,24 @@ def main() -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 inv = os.path.join(tmp, "hosts.json")
                 inventory(inv, names)
-                first, rec1 = site(inv, args.forks, os.path.join(tmp, "reports"))
-                second, rec2 = site(inv, args.forks, os.path.join(tmp, "reports"))
+                first, cpu1, rec1 = site(inv, args.forks, os.path.join(tmp, "reports"))
+                second, cpu2, rec2 = site(inv, args.forks, os.path.join(tmp, "reports"))
             changed2 = {h: v.get("changed", 0) for h, v in rec2.items() if h in names}
             rows.append({"hosts": n, "forks": args.forks, "converge_s": round(first, 1), "rerun_s": round(second, 1),
                          "per_host_s": round(first / n, 2), "rerun_changed_max": max(changed2.values()),
-                         "tasks_ok_per_host": max(v.get("ok", 0) for h, v in rec1.items() if h in names)})
-            print(f"{n:3d} hosts: converge {first:6.1f} s, re-run {second:6.1f} s (changed max {max(changed2.values())})",
-                  flush=True)
+                         "tasks_ok_per_host": max(v.get("ok", 0) for h, v in rec1.items() if h in names),
+                         "converge_cpu_s": round(cpu1, 1), "rerun_cpu_s": round(cpu2, 1),
+                         "rerun_cpu_per_host_s": round(cpu2 / n, 2)})
+            print(f"{n:3d} hosts: converge {first:6.1f} s ({cpu1:.1f} CPU-s), re-run {second:6.1f} s ({cpu2:.1f} CPU-s, "
+                  f"changed max {max(changed2.values())})", flush=True)
     finally:
         stop_all()
-    print("\n| hosts | forks | converge (s) | per host (s) | idempotent re-run (s) | re-run changed (max per host) |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("\n| hosts | forks | converge (s) | per host (s) | idempotent re-run (s) | re-run changed (max per host) | "
+          "controller CPU-s: converge | re-run | re-run per host |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(f"| {row['hosts']} | {row['forks']} | {row['converge_s']} | {row['per_host_s']} | {row['rerun_s']} | "
-              f"{row['rerun_changed_max']} |")
+              f"{row['rerun_changed_max']} | {row['converge_cpu_s']} | {row['rerun_cpu_s']} | {row['rerun_cpu_per_host_s']} |")
     if len(rows) > 1:
         a, b = rows[0], rows[-1]
         slope = (b["converge_s"] - a["converge_s"]) / (b["hosts"] - a["hosts"])
