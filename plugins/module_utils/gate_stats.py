@@ -303,7 +303,7 @@ def median_ci(values: Sequence[float], level: float = 0.95) -> list[float] | Non
     tail = (1.0 - level) / 2.0
     below, k = 0.0, 0  # below = P(Binomial(n, 1/2) < k + 1), accumulated term by term
     while k < n:
-        below += math.factorial(n) // (math.factorial(k) * math.factorial(n - k)) / 2.0 ** n  # comb: Python 3.7 hosts
+        below += math.comb(n, k) / 2.0 ** n
         if below > tail:
             break
         k += 1
