@@ -21,6 +21,7 @@ Marker e2e: an hour or more under TCG on 2 cores, so it is not part of the defau
 from __future__ import annotations
 
 import re
+import resource
 import time
 
 import pytest
@@ -47,10 +48,17 @@ ls /etc/systemd/system /etc/udev/rules.d /etc/nccl.conf /etc/gpufleet 2>&1
 """
 
 
-def playbook(*args, timeout=3600) -> tuple[int, str, float]:
-    start = time.monotonic()
+def playbook(*args, timeout=3600) -> tuple[int, str, float, float]:
+    """rc, output, wall seconds and the controller's CPU seconds of one site.yml run.
+
+    CPU: user + system of the ansible-playbook process tree (its workers and the ssh clients it
+    waited for), RUSAGE_CHILDREN around the run, as tests/benchmarks/bench_site_scale.py counts it.
+    """
+    start, usage = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     r = run(["ansible-playbook", "-i", "inventories/lab", "site.yml", *args], timeout=timeout, env=ansible_env())
-    return r.returncode, r.stdout + r.stderr, time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - usage.ru_utime) + (after.ru_stime - usage.ru_stime)
+    return r.returncode, r.stdout + r.stderr, time.monotonic() - start, cpu
 
 
 def snapshot() -> dict[str, str]:
@@ -74,12 +82,16 @@ def converged(lab, container_host):
     """The lab before, the check-mode run, the converge and the second run, done once."""
     before = snapshot()
     boots_before = {n: boots(n) for n in NAMES}
-    rc_check, out_check, t_check = playbook("--check", "--diff")
+    rc_check, out_check, t_check, cpu_check = playbook("--check", "--diff")
     after_check = snapshot()
-    rc1, out1, t1 = playbook()
-    rc2, out2, t2 = playbook()
-    print(f"site.yml on {len(NAMES)} VMs and {container_host}: check {t_check:.0f} s, converge {t1:.0f} s, "
-          f"second run {t2:.0f} s")
+    rc1, out1, t1, cpu1 = playbook()
+    rc2, out2, t2, cpu2 = playbook()
+    hosts = len(NAMES) + 1
+    print(f"site.yml on {len(NAMES)} VMs and {container_host}: check {t_check:.0f} s ({cpu_check:.1f} controller "
+          f"CPU-s), converge {t1:.0f} s ({cpu1:.1f} CPU-s), second run {t2:.0f} s ({cpu2:.1f} CPU-s, "
+          f"{cpu2 / hosts:.1f} per host over {hosts} hosts)")
+    for what, out in (("converge", out1), ("second run", out2)):
+        print(f"PLAY RECAP of the {what}: {recap(out)}")
     return {"before": before, "after_check": after_check, "check": (rc_check, out_check), "first": (rc1, out1),
             "second": (rc2, out2), "boots_before": boots_before}
 
