@@ -17,7 +17,8 @@
 #   verify  install and start the baseline as `run` does, then the gate's A/A, CPU contention and --enforce-eager at
 #           short runs (GATE_LEVEL x GATE_SLOTS requests, the cell quiet enough to decide), then our client against
 #           vllm bench serve in ROUNDS paired rounds per level (the fourth session; resumable like `run`; GATE=0 skips
-#           the gate, COMPARE_CLIENTS/LEVELS/REQUESTS/OUT choose the comparison)
+#           the gate, GATE_CELLS/GATE_CANDIDATES choose its cells and cases, COMPARE_CLIENTS/LEVELS/REQUESTS/OUT
+#           choose the comparison)
 #   tune    install and start the baseline as `run` does, then only the measured-tuning stages, resumed from
 #           a stored tune.json (SEED, e.g. docs/examples/h200-vllm/run2/tune.json: its records are kept and the
 #           stages after them run, gated against SEED_CURRENT, default the baseline server at :8000)
@@ -109,11 +110,18 @@ PY
   if [ "$PHASE" = verify ]; then
     # the gate at 0.95 where the server is quiet enough to decide (short runs), A/A first: pass; then two
     # regressions of known size: one busy loop on each of the server's CPUs, and CUDA graphs off
-    GL=${GATE_LEVEL:-16}
-    [ "${GATE:-1}" = 1 ] && [ "$(left)" -gt 100 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" gate --out "$W/gate-short.json" "${R[@]}" "${P[@]}" \
-      --rendered-dir "$W/rendered" --logdir "$W" --concurrency "$GL" --requests-per-slot "${GATE_SLOTS:-2}" \
-      --candidates hog eager --candidate-s 100 --deadline $((DL - 30))
-    echo "gate rc=$? at t=$(( $(date +%s) - S ))"
+    # GATE_CELLS: "LEVELxSLOTS ..." (default one cell, GATE_LEVEL x GATE_SLOTS, into gate-short.json; several cells
+    # go to gate-cLEVEL-sSLOTS.json each); GATE_CANDIDATES: the regressions after each cell's A/A (empty: A/A only)
+    read -r -a GC <<< "${GATE_CELLS:-${GATE_LEVEL:-16}x${GATE_SLOTS:-2}}"
+    read -r -a GK <<< "${GATE_CANDIDATES-hog eager}"
+    for cell in "${GC[@]}"; do
+      GL=${cell%x*}; GS=${cell#*x}; gout=$W/gate-short.json
+      [ ${#GC[@]} -gt 1 ] && gout=$W/gate-c$GL-s$GS.json
+      [ "${GATE:-1}" = 1 ] && [ "$(left)" -gt 100 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" gate --out "$gout" "${R[@]}" "${P[@]}" \
+        --rendered-dir "$W/rendered" --logdir "$W" --concurrency "$GL" --requests-per-slot "$GS" \
+        --candidates "${GK[@]}" --candidate-s 100 --deadline $((DL - 30))
+      echo "gate $cell rc=$? at t=$(( $(date +%s) - S ))"
+    done
     # our client and vllm bench serve in paired rounds (the same seed, back to back, order alternating)
     read -r -a CL <<< "${COMPARE_LEVELS:-16 64 256}"
     read -r -a CR <<< "${COMPARE_REQUESTS:-64 256 1024}"

@@ -268,3 +268,50 @@ def test_fourth_session_per_chunk_usage_costs_an_api_bound_server():
     assert usage["ours_lower_resolved"] and usage["ours_higher_share"] == 0.0
     plain = vfs.paired_ratio(rec["ours_no_usage"], rec["vllm"])
     assert plain["ratio_ci"][0] < 1.0 < plain["ratio_ci"][1]
+
+
+RUN5 = os.path.join(BASE, "run5")
+
+
+def _run5(name):
+    with open(os.path.join(RUN5, name), encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+@pytest.mark.parametrize("name,level,requests,ratio,sdd", [
+    ("gate-c16-s2.json", 16, 32, 0.9789, 0.1235),
+    ("gate-c64-s4.json", 64, 256, 1.0158, 0.1194),
+    ("gate-c16-s8.json", 16, 128, 1.0010, 0.1085),
+])
+def test_fifth_session_aa_is_inconclusive_at_the_cap_in_every_cell(name, level, requests, ratio, sdd):
+    """Three A/A cells of 0.8-3.1 s runs at the default 0.95, CV 9-11%: each inconclusive at the cap of 15 + 15
+    (smallest detectable drop 11-12%), never a regression (docs/gpu_h200.md, the fifth session)."""
+    (g,) = _run5(name)["gates"]
+    assert g["label"] == "A/A" and g["concurrency"] == level and g["requests"] == requests
+    d = tg.decide([r["output_throughput"] for r in g["baseline_runs"]],
+                  [r["output_throughput"] for r in g["candidate_runs"]], min_runs=5, max_runs=15)
+    assert d["decision"] == g["decision"]["decision"] == "inconclusive" and d["decided_by"] == "cap"
+    assert d["ratio"] == pytest.approx(ratio, abs=5e-4) and d["smallest_detectable_drop"] == pytest.approx(sdd, abs=5e-4)
+    assert d["smallest_detectable_drop"] > 0.05 and len(g["baseline_runs"]) == len(g["candidate_runs"]) == 15
+
+
+def test_fifth_session_default_request_is_not_below_vllm_bench_at_c256():
+    """c=256, our client as it now asks by default (no per-chunk usage) against vllm bench serve in 31 paired
+    rounds: 1.060 [0.978-1.095], ours the higher in 21 of 31; the fourth session's 0.857 with per-chunk usage is
+    gone. Ours used less CPU per request than vllm bench serve, and so did the server for our requests."""
+    rec = _run5("compare-default.json")["levels"]["256"]
+    ours, theirs = rec["ours_no_usage"], rec["vllm"]
+    assert all(not r["per_chunk_usage"] and not r["itl_exact"] and r["errors"] == 0 for r in ours)
+    p = vfs.paired_ratio(ours, theirs)
+    assert p["pairs"] == 31 and p["ratio"] == pytest.approx(1.0598, abs=5e-4)
+    assert p["ratio_ci"] == pytest.approx([0.9775, 1.0953], abs=5e-4)
+    assert not p["ours_lower_resolved"] and not p["within_target_resolved"]
+    assert p["ours_higher_share"] == pytest.approx(21 / 31, abs=1e-3)
+    assert _median(ours, "process_cpu_s_per_request") < _median(theirs, "process_cpu_s_per_request")
+    assert _median(ours, "server_cpu_s_per_request") < _median(theirs, "server_cpu_s_per_request")
+
+
+def _median(runs, key):
+    """The middle run's value of ``key`` (a run's own, or its call_load's)."""
+    values = sorted(r[key] if key in r else r["call_load"][key] for r in runs)
+    return values[len(values) // 2]
