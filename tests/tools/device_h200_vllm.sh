@@ -17,7 +17,7 @@
 #   verify  install and start the baseline as `run` does, then the gate's A/A, CPU contention and --enforce-eager at
 #           short runs (GATE_LEVEL x GATE_SLOTS requests, the cell quiet enough to decide), then our client against
 #           vllm bench serve in ROUNDS paired rounds per level (the fourth session; resumable like `run`; GATE=0 skips
-#           the gate, GATE_CELLS/GATE_CANDIDATES choose its cells and cases, COMPARE_CLIENTS/LEVELS/REQUESTS/OUT
+#           the gate, GATE_CELLS/GATE_CANDIDATES/GATE_MAX_RUNS choose its cells, cases and cap, COMPARE_CLIENTS/LEVELS/REQUESTS/OUT
 #           choose the comparison)
 #   tune    install and start the baseline as `run` does, then only the measured-tuning stages, resumed from
 #           a stored tune.json (SEED, e.g. docs/examples/h200-vllm/run2/tune.json: its records are kept and the
@@ -119,7 +119,7 @@ PY
       [ ${#GC[@]} -gt 1 ] && gout=$W/gate-c$GL-s$GS.json
       [ "${GATE:-1}" = 1 ] && [ "$(left)" -gt 100 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" gate --out "$gout" "${R[@]}" "${P[@]}" \
         --rendered-dir "$W/rendered" --logdir "$W" --concurrency "$GL" --requests-per-slot "$GS" \
-        --candidates "${GK[@]}" --candidate-s 100 --deadline $((DL - 30))
+        --candidates "${GK[@]}" --candidate-s 100 --max-runs "${GATE_MAX_RUNS:-15}" --deadline $((DL - 30))
       echo "gate $cell rc=$? at t=$(( $(date +%s) - S ))"
     done
     # our client and vllm bench serve in paired rounds (the same seed, back to back, order alternating)

@@ -315,3 +315,16 @@ def _median(runs, key):
     """The middle run's value of ``key`` (a run's own, or its call_load's)."""
     values = sorted(r[key] if key in r else r["call_load"][key] for r in runs)
     return values[len(values) // 2]
+
+
+def test_fifth_session_aa_with_60_runs_a_side_is_withheld_for_drift():
+    """c=16 x 32 requests, the cap raised to 60 runs a side (GATE_MAX_RUNS=60): the pass test holds (p 0.00095) but
+    both sides rise steadily (+0.25% a run), and with the trend taken out the pass does not hold: inconclusive,
+    decided by drift, never a pass the gate cannot stand behind."""
+    (g,) = _run5("gate-c16-s2-max60.json")["gates"]
+    assert g["settings"]["max_runs"] == 60 and len(g["baseline_runs"]) == len(g["candidate_runs"]) == 60
+    d = tg.decide([r["output_throughput"] for r in g["baseline_runs"]],
+                  [r["output_throughput"] for r in g["candidate_runs"]], min_runs=5, max_runs=60)
+    assert d["decision"] == g["decision"]["decision"] == "inconclusive" and d["decided_by"] == "drift"
+    assert d["ratio"] == pytest.approx(0.9953, abs=5e-4) and d["p_value_pass"] < 0.001
+    assert d["smallest_detectable_drop"] == pytest.approx(0.0763, abs=5e-4)
