@@ -22,7 +22,8 @@ def pytest_configure(config):
                                        "before the teardown")
 
 
-MODULE_ORDER = ("test_container_host", "test_lab", "test_audit_vm", "test_tuning_vm", "test_site_vm", "test_kernel_upgrade_vm")
+# test_measured_vm boots its own single VM and powers it off before the session's lab starts.
+MODULE_ORDER = ("test_measured_vm", "test_container_host", "test_lab", "test_audit_vm", "test_tuning_vm", "test_site_vm", "test_kernel_upgrade_vm")
 
 
 def _order(item) -> tuple:
