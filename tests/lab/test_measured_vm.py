@@ -30,7 +30,6 @@ import os
 import re
 import shutil
 import time
-from pathlib import Path
 
 import pytest
 
@@ -93,7 +92,9 @@ while :; do
   for i in $(ls /sys/bus/pci/devices/0000:07:00.0/msi_irqs 2>/dev/null); do
     irqs="$irqs$i=$(cat /proc/irq/$i/smp_affinity_list 2>/dev/null),"
   done
-  echo "$(date +%s)|$(cat /proc/sys/kernel/random/boot_id)|$(cat /sys/module/pcie_aspm/parameters/policy)|$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages)|$([ -e /etc/nccl.conf ] && echo 1 || echo 0)|$irqs"
+  nccl=0; [ -e /etc/nccl.conf ] && nccl=1
+  echo "$(date +%s)|$(cat /proc/sys/kernel/random/boot_id)|$(cat /sys/module/pcie_aspm/parameters/policy)|\
+$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages)|$nccl|$irqs"
   sleep 2
 done >> /var/log/gpufleet-sampler.log
 """
