@@ -193,7 +193,10 @@ def vm():
 @pytest.fixture(scope="module")
 def server(vm):
     """The stand-in under the vllm_service unit (serve.yml's stand-in tasks and role, the lab's group_vars),
-    a persistent journal, and the boot recorder."""
+    a persistent journal, and the boot recorder. irqbalance is stopped for this boot: the IRQ revert must bring
+    back the affinities found before the run, and irqbalance would move them on its own meanwhile (the role
+    restarts irqbalance only where it runs; a reboot starts it again)."""
+    lab_ssh(VM, "systemctl stop irqbalance.service")
     lab_ssh(VM, "mkdir -p /var/log/journal && systemd-tmpfiles --create --prefix /var/log/journal && "
                 "systemctl restart systemd-journald && journalctl --flush")
     lab_ssh(VM, "cat > /etc/systemd/system/gpufleet-boot-record.service && systemctl daemon-reload && "
