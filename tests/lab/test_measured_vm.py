@@ -85,7 +85,8 @@ HEALTH_BENCH = {"health_benchmark_prompt_tokens": 16, "health_benchmark_output_t
                 "health_benchmark_concurrency": [4], "health_benchmark_requests": 32, "health_benchmark_repetitions": 3}
 
 # Runs on the VM as a transient unit: the live state every 2 s, one line each:
-# epoch|boot_id|aspm policy|2 MiB pages|nccl.conf present|irq=cpus,... of nic1 (shell only: cheap under TCG)
+# epoch|boot_id|aspm policy|2 MiB pages|nccl.conf present|irq=cpus,... of nic1|irq_affinity's udev rule present
+# (shell only: cheap under TCG)
 SAMPLER = r"""
 while :; do
   irqs=""
@@ -93,8 +94,9 @@ while :; do
     irqs="$irqs$i=$(cat /proc/irq/$i/smp_affinity_list 2>/dev/null),"
   done
   nccl=0; [ -e /etc/nccl.conf ] && nccl=1
+  rule=0; [ -e /etc/udev/rules.d/90-gpufleet-irq-affinity.rules ] && rule=1
   echo "$(date +%s)|$(cat /proc/sys/kernel/random/boot_id)|$(cat /sys/module/pcie_aspm/parameters/policy)|\
-$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages)|$nccl|$irqs"
+$(cat /sys/kernel/mm/hugepages/hugepages-2048kB/nr_hugepages)|$nccl|$irqs|$rule"
   sleep 2
 done >> /var/log/gpufleet-sampler.log
 """
@@ -131,6 +133,8 @@ def live(name: str = VM) -> dict:
         echo "boots=$(journalctl --list-boots --no-pager -q | wc -l)"
         echo "recorded_boots=$(cat /var/log/gpufleet-boots.log 2>/dev/null | wc -l)"
         echo "cmdline=$(cat /proc/cmdline)"
+        echo "irq_persist=$(ls /etc/udev/rules.d/90-gpufleet-irq-affinity.rules \\
+            /etc/systemd/system/gpufleet-irq-affinity.timer 2>/dev/null | tr '\\n' ' ')"
         echo "sysctl_pages=$(grep -rhs nr_hugepages /etc/sysctl.d/ | tr '\\n' ' ')"
         echo "irq=$(for i in $(ls /sys/bus/pci/devices/{NIC1}/msi_irqs); do printf '%s=%s,' $i $(cat /proc/irq/$i/smp_affinity_list); done)"
         echo "devctl=$(lspci -vv -s 01:00.0 | grep -o 'MaxPayload [0-9]* bytes, MaxReadReq [0-9]* bytes')"
@@ -152,9 +156,9 @@ def samples() -> list[dict]:
     rows = []
     for line in out.splitlines():
         f = line.split("|")
-        if len(f) == 6 and f[0].isdigit():
+        if len(f) == 7 and f[0].isdigit():
             rows.append({"t": int(f[0]), "boot_id": f[1], "policy": policy(f[2]), "pages": f[3], "nccl": f[4],
-                         "irq": irq_map(f[5])})
+                         "irq": irq_map(f[5]), "irq_rule": f[6]})
     return rows
 
 
@@ -251,10 +255,13 @@ def test_measured_tuning_applies_measures_reverts_and_reboots_once(server):
     # spread: one vector per CPU of the node (CPUs 0-1), each vector on a single CPU, both CPUs used
     assert any(set(s["irq"]) == set(orig_irq) and set(s["irq"].values()) == {"0", "1"} for s in first), \
         (orig_irq, {json.dumps(s["irq"], sort_keys=True) for s in first})
+    assert any(s["irq_rule"] == "1" for s in first), "irq_affinity's udev rule (the pinning kept across rebinds) never seen"
     # ... and reverted for real: the last reading before the reboot is the state found before the run
     last = first[-1]
     assert last["policy"] == policy(before["policy"]), last
     assert last["pages"] == before["pages"] and last["nccl"] == "0" and last["irq"] == orig_irq, (last, before)
+    assert last["irq_rule"] == "0" and before["irq_persist"].strip() == "" and after["irq_persist"].strip() == "", \
+        (last, before["irq_persist"], after["irq_persist"])
 
     # the payload stage in QEMU: MPS/MRRS are read-only, the writes read back unchanged and are rolled back
     assert after["devctl"] == before["devctl"], (before["devctl"], after["devctl"])
