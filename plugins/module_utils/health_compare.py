@@ -10,6 +10,10 @@ the kernel log lines since the previous run. Each finding has the audit's shape 
 * ``gpu_missing`` (critical): a GPU of the previous audit is not on the bus any more;
 * ``link_degraded`` (critical) / ``link_changed`` (info): a device's current link speed or width
   is below (above) what the previous audit read;
+* ``link_cap_reduced`` (critical) / ``link_cap_changed`` (info): what a device's link can do (LnkCap:
+  its maximum speed or width) is below (above) the previous audit's: a BIOS bifurcation or speed
+  setting, another slot, riser or retimer. The current link cannot train above it, and where the
+  current link reads the same (a port whose link status is fixed, as in QEMU) this is the only sign;
 * ``aer_new`` (warning; critical for fatal): AER counters that grew, or status bits newly set;
 * ``irq_off_numa`` (warning): a GPU interrupt whose effective CPUs left the GPU's NUMA-local CPUs;
 * ``cmdline_changed`` (warning) and ``kernel_changed`` (info);
@@ -21,7 +25,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.audit_report import _link, link_text
+from ansible_collections.gpufleet.inference.plugins.module_utils.audit_report import _fmt_gts, _link, link_text
 
 # Xids that mean the GPU or its link is gone or corrupt (NVIDIA's Xid catalogue).
 XID_CRITICAL = {48: "double-bit ECC error", 62: "internal micro-controller halt", 63: "ECC page retirement failure",
@@ -98,6 +102,28 @@ def _speed(link: dict[str, Any] | None) -> tuple[float, int]:
     return (float((link or {}).get("cur_gts") or 0), int((link or {}).get("cur_width") or 0))
 
 
+def _cap(link: dict[str, Any] | None) -> tuple[float, int]:
+    return (float((link or {}).get("max_gts") or 0), int((link or {}).get("max_width") or 0))
+
+
+def _cap_text(cap: tuple[float, int]) -> str:
+    return f"{_fmt_gts(cap[0])} x{cap[1] or '?'}"
+
+
+def _cap_finding(bdf: str, role: str, old: tuple[float, int], new: tuple[float, int]) -> dict[str, Any]:
+    lower = new[0] < old[0] or new[1] < old[1]
+    return _finding(
+        "link_cap_reduced" if lower else "link_cap_changed", "critical" if lower else "info", bdf,
+        f"{role} {bdf} link capability is {_cap_text(new)} now, was {_cap_text(old)} at the previous audit"
+        + (": nothing below it can train faster or wider" if lower else ""),
+        "A port or card that offers less than before: the BIOS's PCIe bifurcation or link-speed setting changed, "
+        "the card moved to another slot, or a riser, cable or retimer was swapped. Compare lspci -vv LnkCap of the "
+        "port with the previous audit (reports/health), restore the BIOS slot setting (x16, the slot's Gen) or move "
+        "the card back, and run health.yml again." if lower else
+        "The link can do more than before (a BIOS change, another slot or riser): check that the current link "
+        "follows (the audit's link_below_capability) and re-benchmark to refresh the baseline.")
+
+
 def compare(previous: dict[str, Any] | None, current: dict[str, Any], kernel_log: Sequence[str] | str = (),
             previous_kernel: str | None = None, current_kernel: str | None = None) -> list[dict[str, Any]]:
     """Findings of ``current`` against ``previous`` (pcie_facts ``pcie`` documents) and the log since then."""
@@ -143,6 +169,8 @@ def compare(previous: dict[str, Any] | None, current: dict[str, Any], kernel_log
                 "link_below_capability finding says how far below capability it is." if worse else
                 "The link trained faster or wider than before (a reseat or BIOS change); re-benchmark to refresh the "
                 "baseline."))
+        if lo and ln and all(_cap(lo)) and all(_cap(ln)) and _cap(lo) != _cap(ln):
+            findings.append(_cap_finding(bdf, "GPU" if bdf in cur_gpus else "device", _cap(lo), _cap(ln)))
         grown = {k: v - _aer_total(old).get(k, 0) for k, v in _aer_total(new).items() if v > _aer_total(old).get(k, 0)}
         bits = sorted(_aer_bits(new) - _aer_bits(old))
         if grown or bits:

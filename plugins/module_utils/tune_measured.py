@@ -14,7 +14,9 @@ with ``complete(state, action_id, ...)``; every decision is made here:
   runs are judged by the throughput gate (``throughput_gate.decide``) per profile and concurrency
   level against the *state before it* (the last kept measurement). Any regression: revert. All
   pass: keep. Otherwise inconclusive: with rounds left, measure more candidate runs (the gate says
-  how many); then the user's ``inconclusive`` choice (default ``revert``).
+  how many); then the user's ``inconclusive`` choice (default ``revert``). Stages named in
+  ``force_revert`` are measured and judged like the others, then reverted whatever the gate said (to see
+  what a change does without keeping it; the table keeps the verdict).
 * A revert runs the stage's ``revert`` tasks (each role's ``state: absent`` or the readings recorded
   before the stage, written ``@name``), then the kept stages of the same roles again, so a revert of
   one pcie_link stage does not undo another kept one. vLLM flag stages revert to the kept flags.
@@ -135,8 +137,9 @@ def vllm_stages(profiles: Sequence[Any], role: str = "gpufleet.inference.vllm_se
     return out
 
 
-def plan_stages(stages: Sequence[Any], skip: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """Checked stages in the user's order, skipped ones dropped, reboot stages grouped into one."""
+def plan_stages(stages: Sequence[Any], skip: Sequence[str] = (), force_revert: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Checked stages in the user's order, skipped ones dropped, reboot stages grouped into one; stages named in
+    ``force_revert`` (or members of the reboot group, which reverts as one) marked to be reverted whatever the gate says."""
     checked = [check_stage(s, i) for i, s in enumerate(stages)]
     names = [s["name"] for s in checked]
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -163,6 +166,16 @@ def plan_stages(stages: Sequence[Any], skip: Sequence[str] = ()) -> list[dict[st
         group["members"].append(s["name"])
     if group:
         group["description"] = "one reboot for " + ", ".join(group["members"])
+    unknown = sorted(set(force_revert) - set(names) - {"reboot"})
+    if unknown:
+        raise TuneError(f"force_revert names {', '.join(unknown)}, which are not stages ({', '.join(names)}, or reboot "
+                        "for the reboot group)")
+    gone = sorted(set(force_revert) & set(skip))
+    if gone:
+        raise TuneError(f"force_revert names {', '.join(gone)}, which skip leaves out: a stage not run cannot be reverted")
+    for s in out:
+        if s["name"] in force_revert or set(s["members"]) & set(force_revert):
+            s["force_revert"] = True
     return out
 
 
@@ -411,6 +424,10 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
     else:
         e["verdict"] = "inconclusive"
     worst = min(flat, key=lambda v: v["ratio"] if v["ratio"] is not None else 1.0)
+    if e.get("force_revert"):
+        e["decision"], e["status"] = "revert", "reverting"
+        e["reason"] = f"reverted as told (force_revert), whatever the gate said: {e['verdict']}, {worst['reason']}"
+        return
     if e["verdict"] == "inconclusive" and e["rounds"] < state["more_rounds"] and any(v["runs_needed"] for v in flat):
         e["status"] = "more"
         e["rounds"] += 1
@@ -501,6 +518,9 @@ def plan_key(state: dict) -> str:
     keep = {k: state[k] for k in ("profiles", "gate", "inconclusive", "more_rounds")}
     keep["stages"] = [{k: s[k] for k in ("name", "kind", "apply", "revert", "reboot", "record", "files")}
                       for s in state["stages"]]
+    for kept, s in zip(keep["stages"], state["stages"]):
+        if s.get("force_revert"):  # only when set: a state made before force_revert keeps its plan key
+            kept["force_revert"] = True
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -549,7 +569,7 @@ def prepare(fs: HostFS, state: dict, act: dict, check: bool, actions: list) -> N
 
 def _start(p: dict, state: dict | None, path: str) -> dict:
     """op=start: the state made from the plan, or the stored one when it was made from the same plan."""
-    fresh = new_state(p["host"], plan_stages(p["stages"], p["skip"]), resolve_profiles(p["profiles"], p["max_model_len"]),
+    fresh = new_state(p["host"], plan_stages(p["stages"], p["skip"], p.get("force_revert") or ()), resolve_profiles(p["profiles"], p["max_model_len"]),
                       p["gate"], p["inconclusive"], p["more_rounds"], p["vllm_defaults"], p["now"])
     fresh["plan_key"] = plan_key(fresh)
     if state is not None and state.get("plan_key") != fresh["plan_key"]:

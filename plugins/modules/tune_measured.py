@@ -67,6 +67,13 @@ options:
     type: list
     elements: str
     default: []
+  force_revert:
+    description:
+      - Stage names (or V(reboot) for the reboot group) to measure, judge and then revert whatever the gate says, to
+        see what a change does without keeping it. The table keeps the gate's verdict; the reason says it was told.
+    type: list
+    elements: str
+    default: []
   profiles:
     description: Benchmark profiles, names (V(serving), V(latency), V(long_context)) or dicts with C(name) and overrides.
     type: list
@@ -198,6 +205,7 @@ ARGUMENT_SPEC = dict(
     root=dict(type="path", default="/"),
     stages=dict(type="list", elements="dict", default=[]),
     skip=dict(type="list", elements="str", default=[]),
+    force_revert=dict(type="list", elements="str", default=[]),
     profiles=dict(type="list", elements="raw", default=["serving"]),
     max_model_len=dict(type="int"),
     gate=dict(type="dict", default={}),

@@ -1,7 +1,8 @@
 """The VM lab is booted once per test session (3 VMs) and shared by every vmlab test module;
 the teardown test (marker lab_teardown) runs last and checks that no QEMU process is left.
 
-Modules run in MODULE_ORDER: the read-only checks first, on the lab as it booted; then the module
+Modules run in MODULE_ORDER: test_measured_vm first, on a single VM of its own that it powers off before
+the session's lab boots; then the read-only checks, on the lab as it booted; then the module
 level tuning proofs; then the site.yml scenario (with a reboot); then the tests that change the VMs'
 kernels (marker lab_kernel, test_kernel_upgrade_vm) after all others, before the teardown."""
 
@@ -22,8 +23,9 @@ def pytest_configure(config):
                                        "before the teardown")
 
 
-MODULE_ORDER = ("test_container_host", "test_lab", "test_audit_vm", "test_tuning_vm", "test_kernel_lock_vm", "test_site_vm",
-                "test_kernel_upgrade_vm")
+# test_measured_vm boots its own single VM and powers it off before the session's lab starts.
+MODULE_ORDER = ("test_measured_vm", "test_container_host", "test_lab", "test_audit_vm", "test_tuning_vm", "test_kernel_lock_vm",
+                "test_site_vm", "test_kernel_upgrade_vm")
 
 
 def _order(item) -> tuple:

@@ -8,6 +8,12 @@
     tests/lab/lab down               power every lab VM off (QMP, then SSH, then kill)
     tests/lab/lab status             what runs, on which port, and whether SSH answers
     tests/lab/lab ssh NAME [CMD...]  SSH into a VM (lab1, lab2, ...)
+    tests/lab/lab restart NAME [--root-port RP=SPEEDxWIDTH ...] [--without DEV ...]
+                                     power one VM off and start it again on its own disk (what it
+                                     wrote stays), with its root ports' link capability changed
+                                     (e.g. rp1=16x8) and devices left out (e.g. gpu2), as a host
+                                     whose BIOS slot setting changed and whose GPU fell off the bus;
+                                     without options it comes back with the normal topology
 
 Environment:
     GPUFLEET_LAB_ACCEL      tcg (default) or kvm (a machine with real KVM)
@@ -91,6 +97,50 @@ TOPOLOGY = [
     "-netdev", "user,id=aux0,restrict=on,net=10.0.3.0/24",
     "-device", "virtio-net-pci,id=nic1,netdev=aux0,bus=rp4,mac={mac1}",
 ]
+
+
+# What `restart --root-port` may set (QEMU's pcie-root-port x-speed / x-width values) and which devices
+# `--without` may leave out: endpoints only (a port or switch left out would orphan what is below it).
+ROOT_PORT_SPEEDS = ("2.5", "5", "8", "16", "32", "64")
+ROOT_PORT_WIDTHS = ("1", "2", "4", "8", "12", "16", "32")
+ENDPOINT_DRIVERS = ("virtio-gpu-pci", "nvme", "virtio-net-pci")
+
+
+def _device_id(spec: str) -> str | None:
+    m = re.search(r"(?:^|,)id=([^,]+)", spec)
+    return m.group(1) if m else None
+
+
+def topology(root_ports: dict[str, str] | None = None, without: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """TOPOLOGY with some root ports' link capability changed ({"rp1": "16x8"}: x-speed=16, x-width=8) and
+    some endpoint devices left out (["gpu2"]). Raises LabError naming what cannot be changed and why."""
+    root_ports = dict(root_ports or {})
+    ports = {_device_id(spec) for kind, spec in zip(TOPOLOGY[::2], TOPOLOGY[1::2])
+             if kind == "-device" and spec.startswith("pcie-root-port,")}
+    endpoints = {_device_id(spec) for kind, spec in zip(TOPOLOGY[::2], TOPOLOGY[1::2])
+                 if kind == "-device" and spec.split(",", 1)[0] in ENDPOINT_DRIVERS}
+    for rp, link in root_ports.items():
+        if rp not in ports:
+            raise LabError(f"--root-port {rp}={link}: no root port {rp}; the lab's are {', '.join(sorted(ports))}")
+        m = re.fullmatch(r"([0-9.]+)x(\d+)", link)
+        if not m or m.group(1) not in ROOT_PORT_SPEEDS or m.group(2) not in ROOT_PORT_WIDTHS:
+            raise LabError(f"--root-port {rp}={link}: give SPEEDxWIDTH, speed in GT/s one of "
+                           f"{', '.join(ROOT_PORT_SPEEDS)} and width one of {', '.join(ROOT_PORT_WIDTHS)} (e.g. {rp}=16x8)")
+    for dev in without:
+        if dev not in endpoints:
+            raise LabError(f"--without {dev}: only an endpoint can be left out ({', '.join(sorted(endpoints))}); "
+                           "a port or switch would orphan the devices below it")
+    out: list[str] = []
+    for kind, spec in zip(TOPOLOGY[::2], TOPOLOGY[1::2]):
+        dev = _device_id(spec) if kind == "-device" else None
+        if dev in without:
+            continue
+        if dev in root_ports:
+            speed, width = root_ports[dev].split("x")
+            spec = re.sub(r"x-speed=[^,]+", f"x-speed={speed}", spec)
+            spec = re.sub(r"x-width=[^,]+", f"x-width={width}", spec)
+        out += [kind, spec]
+    return out
 
 
 def log(msg: str) -> None:
@@ -584,7 +634,7 @@ def mac(name: str, nic: int) -> str:
     return f"52:54:00:6c:{n % 256:02x}:{nic:02x}"
 
 
-def qemu_argv(name: str, port: int, mem: int) -> list[str]:
+def qemu_argv(name: str, port: int, mem: int, topo: list[str] | None = None) -> list[str]:
     p = paths(name)
     cpus = os.environ.get("GPUFLEET_LAB_CPUS", "2")
     if accel() == "kvm":
@@ -598,7 +648,7 @@ def qemu_argv(name: str, port: int, mem: int) -> list[str]:
         *machine, "-smp", cpus, "-m", f"{mem}M",
         "-nodefaults", "-no-user-config", "-display", "none", "-vga", "none",
         "-rtc", "base=utc",
-        *(a.format(mac1=mac(name, 1), n=int(re.sub(r"\D", "", name) or 0)) for a in TOPOLOGY),
+        *(a.format(mac1=mac(name, 1), n=int(re.sub(r"\D", "", name) or 0)) for a in (topo or TOPOLOGY)),
         "-netdev", f"user,id=ssh0,restrict=on,hostfwd=tcp:127.0.0.1:{port}-:22",
         "-device", f"virtio-net-pci,id=nic0,netdev=ssh0,bus=pcie.0,addr=0x2,mac={mac(name, 0)}",
         "-drive", f"if=none,id=disk0,file={p['disk']},format=qcow2,cache=unsafe,discard=unmap",
@@ -609,26 +659,35 @@ def qemu_argv(name: str, port: int, mem: int) -> list[str]:
     ]
 
 
-def start_vm(name: str, image: Path, used_ports: set[int]) -> dict:
+def start_vm(name: str, image: Path, used_ports: set[int], changes: dict | None = None,
+             fresh_disk: bool = True, port: int | None = None) -> dict:
+    """Start VM `name` on a fresh overlay (or, fresh_disk=False, on the overlay it has), with the topology
+    `changes` ({"root_ports": {...}, "without": [...]}, see topology()) and the first free port from `port`."""
     p = paths(name)
-    for f in ("disk", "pid", "qmp", "state"):
+    changes = {k: v for k, v in (changes or {}).items() if v}
+    topo = topology(changes.get("root_ports"), changes.get("without", ())) if changes else None
+    for f in (("disk",) if fresh_disk else ()) + ("pid", "qmp", "state"):
         p[f].unlink(missing_ok=True)
-    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image),
-                    str(p["disk"])], check=True)
+    if fresh_disk:
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image),
+                        str(p["disk"])], check=True)
+    elif not p["disk"].is_file():
+        raise LabError(f"{name}: no overlay disk {p['disk']} to restart on; `tests/lab/lab up` starts it afresh")
     mem = memory_mb(name)
-    port = int(os.environ.get("GPUFLEET_LAB_BASE_PORT", "2221"))
+    port = port or int(os.environ.get("GPUFLEET_LAB_BASE_PORT", "2221"))
     last_err = ""
     for _attempt in range(20):
         while port in used_ports or not port_free(port):
             port += 1
-        argv = qemu_argv(name, port, mem)
+        argv = qemu_argv(name, port, mem, topo)
         r = subprocess.run(argv, capture_output=True, text=True, check=False)
         if r.returncode == 0:
             used_ports.add(port)
             st = {"name": name, "port": port, "memory_mb": mem, "image": str(image),
-                  "accel": accel(), "started": time.time(), "argv": argv}
+                  "accel": accel(), "started": time.time(), "argv": argv, "topology_changes": changes}
             p["state"].write_text(json.dumps(st, indent=1))
-            log(f"{name}: started (pid {read_pid(name)}, ssh 127.0.0.1:{port}, {mem} MiB, {accel()})")
+            shown = f", topology changed: {json.dumps(changes, sort_keys=True)}" if changes else ""
+            log(f"{name}: started (pid {read_pid(name)}, ssh 127.0.0.1:{port}, {mem} MiB, {accel()}{shown})")
             return st
         last_err = r.stderr.strip()
         if "hostfwd" not in last_err and "host forwarding" not in last_err:
@@ -824,6 +883,44 @@ def cmd_down(args) -> int:
     return 0
 
 
+def parse_root_ports(items: list[str]) -> dict[str, str]:
+    """["rp1=16x8", ...] -> {"rp1": "16x8"} (checked by topology())."""
+    out = {}
+    for item in items or []:
+        rp, sep, link = item.partition("=")
+        if not sep or not rp or not link:
+            raise LabError(f"--root-port {item!r}: give RP=SPEEDxWIDTH, e.g. rp1=16x8")
+        out[rp] = link
+    return out
+
+
+def cmd_restart(args) -> int:
+    """Power one VM off and start it again on its own overlay (what it wrote stays), same SSH port, with the
+    topology changes given (none: the normal topology)."""
+    t0 = time.time()
+    name = args.name
+    changes = {"root_ports": parse_root_ports(args.root_port), "without": list(args.without or [])}
+    changes = {k: v for k, v in changes.items() if v}
+    if changes:
+        topology(changes.get("root_ports"), changes.get("without", ()))  # refuse a bad change before the poweroff
+    vms = running_vms()
+    if name not in vms:
+        raise LabError(f"{name} is not running: `tests/lab/lab up` starts the lab (restart keeps a running VM's disk)")
+    st = vms[name]
+    log(f"{name}: stopped ({stop_vm(name, st['pid'], float(os.environ.get('GPUFLEET_LAB_DOWN_TIMEOUT', '60')))})")
+    image = Path(st.get("image") or base_image())
+    new = start_vm(name, image, set(), changes, fresh_disk=False, port=st["port"])
+    new["pid"] = read_pid(name)
+    vms[name] = new
+    write_inventory(vms)
+    timeout = int(os.environ.get("GPUFLEET_LAB_BOOT_TIMEOUT", "600"))
+    took = wait_ssh(name, time.time() + timeout, new["started"])
+    log(f"{name}: SSH answers ({took:.0f} s after its QEMU started); restart done in {time.time() - t0:.0f} s")
+    if new["port"] != st["port"]:
+        log(f"{name}: SSH moved from port {st['port']} to {new['port']} (the old one was taken); inventory rewritten")
+    return 0
+
+
 def cmd_status(_args) -> int:
     try:
         image = base_image()
@@ -842,8 +939,10 @@ def cmd_status(_args) -> int:
         except subprocess.TimeoutExpired:
             sshs = "ssh timed out"
         up = time.time() - st.get("started", time.time())
+        changed = f", topology changed: {json.dumps(st['topology_changes'], sort_keys=True)}" \
+            if st.get("topology_changes") else ""
         print(f"{name}: pid {st['pid']}, 127.0.0.1:{st.get('port')}, {st.get('memory_mb')} MiB, "
-              f"up {up:.0f} s, {sshs}")
+              f"up {up:.0f} s, {sshs}{changed}")
     for name, st in running_containers().items():
         ready = ""
         if st["state"] == "running":
@@ -879,6 +978,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--force", action="store_true", help="no graceful poweroff: QMP quit, kill")
     p.set_defaults(func=cmd_down)
     sub.add_parser("status", help="show the lab").set_defaults(func=cmd_status)
+    p = sub.add_parser("restart", help="restart one VM on its disk, its topology changed or back to normal")
+    p.add_argument("name")
+    p.add_argument("--root-port", action="append", default=[], metavar="RP=SPEEDxWIDTH",
+                   help="a root port's link capability, e.g. rp1=16x8 (repeatable)")
+    p.add_argument("--without", action="append", default=[], metavar="DEV",
+                   help="leave a device out, e.g. gpu2 (repeatable; endpoints only)")
+    p.set_defaults(func=cmd_restart)
     p = sub.add_parser("ssh", help="ssh NAME [CMD...]")
     p.add_argument("name")
     p.add_argument("cmd", nargs=argparse.REMAINDER)

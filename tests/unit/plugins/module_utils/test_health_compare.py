@@ -81,3 +81,40 @@ def test_xid_parser():
     xids = hc.parse_xids(XID_LOG)
     assert [(x["bdf"], x["xid"]) for x in xids] == [("0000:97:00.0", 79), ("0000:17:00.0", 13)]
     assert xids[0]["text"].startswith("pid=1234")
+
+
+def _qemu_like(root, port_cap) -> None:
+    """A root port above a GPU whose link status is fixed at 2.5GT/s x1 whatever the port offers (QEMU's
+    emulated PCIe): only the port's capability tells a narrower port from the previous one."""
+    from tests.unit.fakesysfs import FakeHost
+    host = FakeHost(root)
+    hb = host.host_bridge(0, 0)
+    host.add("0000:00:04.0", hb, kind="root_port", link_cap=port_cap, link_sta=(2.5, 1))
+    host.gpu("0000:01:00.0", "0000:00:04.0", link_cap=(2.5, 1), link_sta=(2.5, 1))
+
+
+def test_a_narrower_root_port_is_flagged_though_the_link_reads_the_same(tmp_path):
+    _qemu_like(tmp_path / "a", (16.0, 16))
+    _qemu_like(tmp_path / "b", (16.0, 8))
+    findings = hc.compare(audit(tmp_path / "a"), audit(tmp_path / "b"))
+    assert [(f["code"], f["severity"], f["device"]) for f in findings] == [("link_cap_reduced", "critical", "0000:00:04.0")]
+    assert "is Gen4 (16GT/s) x8 now, was Gen4 (16GT/s) x16" in findings[0]["message"]
+    assert "bifurcation" in findings[0]["fix"]
+    # and back: wider again is information, not an alarm
+    back = hc.compare(audit(tmp_path / "b"), audit(tmp_path / "a"))
+    assert [(f["code"], f["severity"]) for f in back] == [("link_cap_changed", "info")]
+
+
+def test_a_link_degraded_with_its_port_reports_both(tmp_path):
+    from tests.unit.fakesysfs import FakeHost
+    degraded_a = FakeHost(tmp_path / "a")
+    hb = degraded_a.host_bridge(0, 0)
+    degraded_a.add("0000:00:01.0", hb, kind="root_port", link_cap=(32.0, 16))
+    degraded_a.gpu("0000:01:00.0", "0000:00:01.0")
+    degraded_b = FakeHost(tmp_path / "b")
+    hb = degraded_b.host_bridge(0, 0)
+    degraded_b.add("0000:00:01.0", hb, kind="root_port", link_cap=(16.0, 16))
+    degraded_b.gpu("0000:01:00.0", "0000:00:01.0", link_sta=(16.0, 16))
+    got = {(f["code"], f["device"]) for f in hc.compare(audit(tmp_path / "a"), audit(tmp_path / "b"))}
+    assert got == {("link_degraded", "0000:00:01.0"), ("link_cap_reduced", "0000:00:01.0"),
+                   ("link_degraded", "0000:01:00.0")}

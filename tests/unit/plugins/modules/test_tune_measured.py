@@ -141,3 +141,26 @@ def test_missing_recorded_reading_says_which(tmp_path):
     stage["recorded"] = {}
     with pytest.raises(tm.TuneError, match="add 'aspm_policy' to the stage's record list"):
         tm.resolve_revert(stage)
+
+
+def test_force_revert_names_stages_or_the_reboot_group():
+    stages = [{"name": "a", "role": "r", "revert": [{"role": "r"}]},
+              {"name": "b", "role": "r", "reboot": True, "revert": [{"role": "r"}]},
+              {"name": "c", "role": "r", "reboot": True, "revert": [{"role": "r"}]}]
+    plan = {s["name"]: s.get("force_revert", False) for s in tm.plan_stages(stages, force_revert=["c"])}
+    assert plan == {"a": False, "reboot": True}  # a member named: the group reverts as one
+    assert tm.plan_stages(stages, force_revert=["reboot"])[1]["force_revert"] is True
+    with pytest.raises(tm.TuneError, match="force_revert names z, which are not stages"):
+        tm.plan_stages(stages, force_revert=["z"])
+    with pytest.raises(tm.TuneError, match="which skip leaves out"):
+        tm.plan_stages(stages, skip=["a"], force_revert=["a"])
+
+
+def test_force_revert_is_part_of_the_plan_only_when_set(tmp_path):
+    stages = tm.plan_stages([{"name": "a", "role": "r", "revert": [{"role": "r"}]}])
+    plain = tm.new_state("h", stages, tm.resolve_profiles(["latency"]), {})
+    forced = tm.new_state("h", tm.plan_stages([{"name": "a", "role": "r", "revert": [{"role": "r"}]}], force_revert=["a"]),
+                          tm.resolve_profiles(["latency"]), {})
+    assert tm.plan_key(plain) != tm.plan_key(forced)
+    # a state made before force_revert existed has no such key: its plan key is unchanged
+    assert "force_revert" not in plain["stages"][1]
