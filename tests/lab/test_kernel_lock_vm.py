@@ -116,13 +116,13 @@ def test_kernel_upgrade_locks_and_unattended_upgrades_leaves_the_kernel(lab1, tm
 
     # each half alone: the blacklist without the holds must still keep the kernel
     lab_ssh(VM, f"apt-mark unhold {shlex.join(holds)} >/dev/null")
-    only_blacklist, out_bl, _ = dry_run()
+    only_blacklist, out_bl, _wall = dry_run()
     assert kernels_in(only_blacklist) == [], out_bl[-3000:]
     assert re.search(rf"(skipping blacklisted package|pkg) {re.escape(META)}", out_bl), out_bl[-3000:]
 
     # the holds without the blacklist: recorded (what this unattended-upgrades version does with a hold)
     lab_ssh(VM, f"apt-mark hold {shlex.join(holds)} >/dev/null; mv {LOCK_DROPIN} {ASIDE}")
-    only_holds, out_holds, _ = dry_run()
+    only_holds, _out_holds, _wall = dry_run()
     lab_ssh(VM, f"mv {ASIDE} {LOCK_DROPIN}")
     version = lab_ssh(VM, "dpkg-query -W -f='${Version}' unattended-upgrades").strip()
 
