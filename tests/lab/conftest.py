@@ -22,7 +22,8 @@ def pytest_configure(config):
                                        "before the teardown")
 
 
-MODULE_ORDER = ("test_container_host", "test_lab", "test_audit_vm", "test_tuning_vm", "test_site_vm", "test_kernel_upgrade_vm")
+MODULE_ORDER = ("test_container_host", "test_lab", "test_audit_vm", "test_tuning_vm", "test_pcie_safety_vm", "test_site_vm",
+                "test_kernel_upgrade_vm")
 
 
 def _order(item) -> tuple:
