@@ -352,7 +352,7 @@ def test_the_boot_unit_ran_before_udev_cleared_acs_and_reports_the_readonly_payl
     udev = int(lab_ssh("lab1", "systemctl show -p ExecMainStartTimestampMonotonic --value systemd-udev-trigger.service"))
     assert 0 < unit_done < udev, (unit_done, udev)
     # MaxReadReq still 128 (read-only: nothing took, so nothing needed a rollback); ACS cleared on rp1 only
-    assert "MaxPayload 128 bytes, MaxReadReq 128 bytes" in lab_ssh("lab1", f"lspci -vv -s {GPU0} | grep -A1 'DevCtl:'")
+    assert "MaxPayload 128 bytes, MaxReadReq 128 bytes" in lab_ssh("lab1", f"lspci -vv -s {GPU0} | grep -A2 'DevCtl:'")
     assert ports("lab1") == {RP1: CLEARED, **{b: KERNEL_ACSCTL for b in OTHER_PORTS}}
     figure("deferred_boot", reboot_s=one_reboot["lab1_reboot"]["wall_s"], unit_exit_us=unit_done,
            udev_trigger_start_us=udev, journal=journal.strip().splitlines())
