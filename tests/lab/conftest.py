@@ -25,7 +25,7 @@ def pytest_configure(config):
 
 # test_measured_vm boots its own single VM and powers it off before the session's lab starts.
 MODULE_ORDER = ("test_measured_vm", "test_container_host", "test_lab", "test_audit_vm", "test_tuning_vm", "test_kernel_lock_vm",
-                "test_site_vm", "test_kernel_upgrade_vm")
+                "test_pcie_safety_vm", "test_site_vm", "test_kernel_upgrade_vm")
 
 
 def _order(item) -> tuple:
