@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import time
 from typing import Any, Iterable
 
 FORMAT = "gpufleet.bench_history/1"
@@ -124,6 +125,28 @@ def migrate(conn: sqlite3.Connection) -> list[int]:
     return applied
 
 
+BUSY_TIMEOUT_S = 30.0
+
+
+def wal_mode(conn: sqlite3.Connection, timeout: float = BUSY_TIMEOUT_S) -> None:
+    """Put the file in WAL mode (it stays so), waiting for the other processes that open it at the same moment.
+
+    The switch takes the file's exclusive lock, and while another connection is opening the same new file (the
+    hosts of one play, delegated to the controller) SQLite answers "database is locked" at once, without its busy
+    handler: 6 of 40 new files opened by 16 processes failed so. Retried here, a few ms apart, up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    pause = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.2)
+
+
 def connect(path: str, create: bool = True) -> sqlite3.Connection:
     """Open (and migrate) the history at ``path``; HistoryError saying why it cannot be used."""
     if not create and not os.path.exists(path):
@@ -132,9 +155,9 @@ def connect(path: str, create: bool = True) -> sqlite3.Connection:
     if create and not os.path.isdir(parent):
         os.makedirs(parent, exist_ok=True)
     try:
-        conn = sqlite3.connect(path, timeout=30.0)
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
         conn.execute("PRAGMA foreign_keys = ON")
-        conn.execute("PRAGMA journal_mode = WAL")
+        wal_mode(conn)
         migrate(conn)
     except sqlite3.DatabaseError as err:
         raise HistoryError(f"cannot use {path} as the throughput history: {err}. Is it an SQLite file written by "
