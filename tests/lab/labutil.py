@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -110,6 +111,16 @@ def gather_topology() -> dict:
     with ThreadPoolExecutor(max_workers=N_VMS) as ex:
         futs = {n: ex.submit(lab_ssh, n, "python3 -", GATHER) for n in NAMES}
         return {n: json.loads(f.result()) for n, f in futs.items()}
+
+
+def record_figure(path: Path, test: str, **values) -> None:
+    """One line of a lab test's figures (wall times, verdicts, register values): printed for the pytest log
+    and appended to the JSON-lines file ``path`` under .lab/."""
+    line = {"test": test, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **values}
+    print("FIGURE " + json.dumps(line, sort_keys=True))
+    path.parent.mkdir(exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(line, sort_keys=True) + "\n")
 
 
 def play_recap(output: str) -> dict[str, dict[str, int]]:

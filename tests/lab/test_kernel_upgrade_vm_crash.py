@@ -36,7 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.labutil import INVENTORY_DIR, LAB, LAB_DIR, REPO, ansible_env, lab_ssh, play_recap, run
+from tests.lab.labutil import INVENTORY_DIR, LAB, LAB_DIR, REPO, ansible_env, lab_ssh, play_recap, record_figure, run
 from tests.lab.test_kernel_upgrade_vm import HOG, NEW, OLD, SETTINGS, SETUP, ansible_playbook, grubenv, held, serving
 
 pytestmark = [pytest.mark.vmlab, pytest.mark.lab_kernel, pytest.mark.e2e]
@@ -61,12 +61,8 @@ BENCH_TASK = "Benchmark the inference server ({label})"  # roles/kernel_upgrade/
 
 
 def figure(test: str, **values) -> None:
-    """One line of figures of this session (wall times, verdicts), printed and kept in .lab/."""
-    line = {"test": test, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **values}
-    print("FIGURE " + json.dumps(line, sort_keys=True))
-    LAB_DIR.mkdir(exist_ok=True)
-    with FIGURES.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(line, sort_keys=True) + "\n")
+    """One line of this module's figures, printed and kept in .lab/ (labutil.record_figure)."""
+    record_figure(FIGURES, test, **values)
 
 
 def ssh_try(name: str, cmd: str, timeout: int = 30) -> str | None:

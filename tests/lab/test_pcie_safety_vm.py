@@ -50,7 +50,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.labutil import LAB, LAB_DIR, REPO, ansible_env, lab_ssh, play_recap, run
+from tests.lab.labutil import LAB, LAB_DIR, REPO, ansible_env, lab_ssh, play_recap, record_figure, run
 from tests.lab.test_tuning_vm import module
 
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
@@ -95,11 +95,8 @@ ROLE_PLAY = """\
 
 
 def figure(test: str, **values) -> None:
-    line = {"test": test, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **values}
-    print("FIGURE " + json.dumps(line, sort_keys=True))
-    LAB_DIR.mkdir(exist_ok=True)
-    with FIGURES.open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(line, sort_keys=True) + "\n")
+    """One line of this module's figures, printed and kept in .lab/ (labutil.record_figure)."""
+    record_figure(FIGURES, test, **values)
 
 
 def acsctl(host: str, bdf: str) -> int:
