@@ -55,6 +55,24 @@ def lab_ssh(name: str, cmd: str, stdin: str | None = None, timeout: int = 60) ->
     return r.stdout
 
 
+def ssh_try(name: str, cmd: str, timeout: int = 30) -> str | None:
+    """stdout of `cmd` on the VM, or None when it cannot be reached (a host going down) or the command fails."""
+    try:
+        r = run([LAB, "ssh", name, cmd], timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def boot_id(name: str) -> str:
+    return lab_ssh(name, "cat /proc/sys/kernel/random/boot_id").strip()
+
+
+def boots(name: str) -> int:
+    """How many boots the VM's journal holds (journalctl --list-boots)."""
+    return len(lab_ssh(name, "journalctl --list-boots --no-pager -q").strip().splitlines())
+
+
 def container_sh(name: str, cmd: str, timeout: int = 60) -> str:
     """Run `cmd` with sh inside the lab container host `name` (podman exec); its stdout."""
     r = run(["podman", "exec", f"gpufleet-{name}", "sh", "-c", cmd], timeout)

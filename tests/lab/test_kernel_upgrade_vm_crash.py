@@ -36,7 +36,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.labutil import INVENTORY_DIR, LAB, LAB_DIR, REPO, ansible_env, lab_ssh, play_recap, record_figure, run
+from tests.lab.labutil import (INVENTORY_DIR, LAB_DIR, REPO, ansible_env, boot_id, lab_ssh, play_recap, record_figure,
+                               ssh_try)
 from tests.lab.test_kernel_upgrade_vm import HOG, NEW, OLD, SETTINGS, SETUP, ansible_playbook, grubenv, held, serving
 
 pytestmark = [pytest.mark.vmlab, pytest.mark.lab_kernel, pytest.mark.e2e]
@@ -65,15 +66,6 @@ def figure(test: str, **values) -> None:
     record_figure(FIGURES, test, **values)
 
 
-def ssh_try(name: str, cmd: str, timeout: int = 30) -> str | None:
-    """stdout of `cmd` on the host, or None when it cannot be reached (or the command fails)."""
-    try:
-        r = run([LAB, "ssh", name, cmd], timeout)
-    except subprocess.TimeoutExpired:
-        return None
-    return r.stdout if r.returncode == 0 else None
-
-
 def journal(name: str) -> dict | None:
     out = lab_ssh(name, f"cat {JOURNAL} 2>/dev/null || true").strip()
     return json.loads(out) if out else None
@@ -81,10 +73,6 @@ def journal(name: str) -> dict | None:
 
 def last_history(name: str) -> dict:
     return json.loads(lab_ssh(name, f"ls -t {HISTORY}/*.json | head -1 | xargs cat"))
-
-
-def boot_id(name: str) -> str:
-    return lab_ssh(name, "cat /proc/sys/kernel/random/boot_id").strip()
 
 
 def wait_for(name: str, cond, timeout: float, what: str, interval: float = 5.0) -> float:

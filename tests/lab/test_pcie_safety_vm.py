@@ -50,7 +50,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.labutil import LAB, LAB_DIR, REPO, ansible_env, lab_ssh, play_recap, record_figure, run
+from tests.lab.labutil import LAB_DIR, REPO, ansible_env, boot_id, boots, lab_ssh, play_recap, record_figure, ssh_try
 from tests.lab.test_tuning_vm import module
 
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
@@ -120,22 +120,6 @@ def ports(host: str) -> dict[str, int]:
 def config_dump(host: str, *bdfs: str) -> str:
     """Every byte of config space (lspci -xxxx, as root: 4096 bytes) of these functions."""
     return lab_ssh(host, "; ".join(f"lspci -xxxx -s {b}" for b in bdfs))
-
-
-def ssh_try(name: str, cmd: str, timeout: int = 30) -> str | None:
-    try:
-        r = run([LAB, "ssh", name, cmd], timeout)
-    except subprocess.TimeoutExpired:  # the host went down under the command
-        return None
-    return r.stdout if r.returncode == 0 else None
-
-
-def boot_id(name: str) -> str:
-    return lab_ssh(name, "cat /proc/sys/kernel/random/boot_id").strip()
-
-
-def boots(name: str) -> int:
-    return len(lab_ssh(name, "journalctl --list-boots --no-pager -q").strip().splitlines())
 
 
 def qemu_gone(name: str) -> str | None:

@@ -28,8 +28,8 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import parse_cpulist
 
-from tests.lab.labutil import (CONTAINER, LAB, NAMES, ansible_env, container_sh, lab_ssh, play_recap as recap,
-                               run)
+from tests.lab.labutil import (CONTAINER, LAB, NAMES, ansible_env, boots, container_sh, lab_ssh,
+                               play_recap as recap, run)
 
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
 
@@ -63,10 +63,6 @@ def playbook(*args, timeout=3600) -> tuple[int, str, float, float]:
 
 def snapshot() -> dict[str, str]:
     return {n: lab_ssh(n, "bash -s", SNAPSHOT, timeout=120) for n in NAMES}
-
-
-def boots(name: str) -> int:
-    return len(lab_ssh(name, "journalctl --list-boots --no-pager -q").strip().splitlines())
 
 
 @pytest.fixture(scope="module")
