@@ -169,8 +169,9 @@ def compare(previous: dict[str, Any] | None, current: dict[str, Any], kernel_log
                 "link_below_capability finding says how far below capability it is." if worse else
                 "The link trained faster or wider than before (a reseat or BIOS change); re-benchmark to refresh the "
                 "baseline."))
-        if lo and ln and all(_cap(lo)) and all(_cap(ln)) and _cap(lo) != _cap(ln):
-            findings.append(_cap_finding(bdf, "GPU" if bdf in cur_gpus else "device", _cap(lo), _cap(ln)))
+        cap_old, cap_new = _cap(lo), _cap(ln)
+        if lo and ln and all(cap_old) and all(cap_new) and cap_old != cap_new:
+            findings.append(_cap_finding(bdf, "GPU" if bdf in cur_gpus else "device", cap_old, cap_new))
         grown = {k: v - _aer_total(old).get(k, 0) for k, v in _aer_total(new).items() if v > _aer_total(old).get(k, 0)}
         bits = sorted(_aer_bits(new) - _aer_bits(old))
         if grown or bits:
