@@ -16,7 +16,7 @@ INTS = ("min_runs", "candidate_min_runs", "max_runs", "step", "max_baseline_runs
 def throughput_gate(baseline, candidate, threshold=0.95, alpha=0.01, pass_alpha=0.005, min_runs=5, max_runs=15,
                     bootstrap=2000, seed=0, unit="tok/s", **options):
     """Judge candidate runs against baseline runs; see gpufleet.inference.throughput_gate."""
-    known = set(FLOATS) | set(INTS) | {"spending"}
+    known = set(FLOATS) | set(INTS) | {"spending", "order"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise AnsibleFilterError(f"throughput_gate: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")

@@ -43,6 +43,13 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
   (d - slope x (n_b + n_c) / 2) the ratio is no longer on the verdict's side of its boundary: the verdict is
   withheld (more runs; at the cap a final ``inconclusive``, decided_by drift). A drift that goes on through the
   reboot moves the candidate against the baseline, and every further look moves it more.
+* **Run order.** ``order="sequential"`` (the default: all baseline runs, then the change, then the candidate's)
+  is the kernel upgrade's. ``order="interleaved"`` says baseline and candidate runs were taken in turns (two
+  servers side by side, or an A/A on one), run i of each side one after the other: a speed that drifts
+  through the measurement then moves both sides alike and cancels from the ratio. There the drift check
+  tests the ratio itself (the slope of log(candidate_i / baseline_i) over the pairs, same rule), and the
+  trend guard's gap between the sides is their centroids' distance in run order ((n_c - n_b) / 2, zero for
+  equal sides) instead of (n_b + n_c) / 2.
 * **Screened baseline run.** When the baseline check screens a run out and fewer than ``min_runs`` are left,
   it asks for one more baseline run in its place, while still before the change.
 * **Failures.** A candidate with a larger share of failed requests or short outputs than its baseline
@@ -67,7 +74,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.gate_stats impo
 
 # The statistics stay importable from here (callers and tests used them from this module before the split).
 __all__ = [
-    "CANDIDATE_MIN_RUNS", "DECISIONS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX",
+    "CANDIDATE_MIN_RUNS", "DECISIONS", "ORDERS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX",
     "GateError", "betainc", "bootstrap_ratio_ci", "check_runs", "check_settings", "common_trend", "decide",
     "detectable_drop", "drift_check", "drift_warning", "inversion_distribution", "look_level", "median", "median_ci", "min_p_value",
     "mwu_less", "percentile", "replay", "sample_stats", "schedule", "screen_one", "slope_test", "spent_alpha",
@@ -75,6 +82,7 @@ __all__ = [
 ]
 
 DECISIONS = ("pass", "regression", "inconclusive")
+ORDERS = ("sequential", "interleaved")
 CANDIDATE_MIN_RUNS = 4  # the first look: with 5 baseline runs a quiet host is decided after 9 runs in all
 SPENDING = ("obf", "pocock")
 
@@ -241,7 +249,8 @@ def drift_check(sides: dict[str, list[float]], half_margin: float, alpha: float,
             continue
         for direction, key, sign in (("rose", "p_rising", 1.0), ("fell", "p_falling", -1.0)):
             if entry[key + "_beyond"] <= alpha:
-                flag = (f"{name} runs {direction} steadily by {entry['change']:+.1%} over {len(sides[name])} runs "
+                what = f"the {name}" if name.endswith("ratio") else f"{name} runs"
+                flag = (f"{what} {direction} steadily by {entry['change']:+.1%} over {len(sides[name])} runs "
                         f"(p={entry[key + '_beyond']:.2g} that it is beyond half the gate's margin): runs that are not "
                         "alike cannot be compared; " +
                         ("warm the server up longer (settle_runs, warmup)" if sign > 0 else
@@ -287,10 +296,10 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
            baseline_requests: int = 0, candidate_failed: int = 0, candidate_requests: int = 0,
            requests_per_run: int | None = None, detect: float | None = None,
            candidate_min_runs: int | None = CANDIDATE_MIN_RUNS, trend_guard: float = 0.1, guard_from: int = 2,
-           pass_floor: float = 0.75, reserve: float = 0.3) -> dict[str, Any]:
+           pass_floor: float = 0.75, reserve: float = 0.3, order: str = "sequential") -> dict[str, Any]:
     """Judge candidate runs against baseline runs (higher is better); with no candidate runs, judge the baseline alone.
 
-    See the module docstring for the design. ``step`` is the candidate runs between looks (default 2),
+    See the module docstring for the design (``order``: "sequential" or "interleaved"). ``step`` is the candidate runs between looks (default 2),
     ``baseline_step`` the baseline runs asked for at a time (default ``min_runs``). Raises GateError for bad input.
     """
     base = check_runs("baseline", baseline)
@@ -307,6 +316,9 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
         raise GateError(f"reserve must be in [0, 1) (the share of each error rate kept for the last look), got {reserve}")
     if not 0.0 <= trend_guard < 0.5:
         raise GateError(f"trend_guard must be in [0, 0.5) (0 turns the shared-trend guard off), got {trend_guard}")
+    if order not in ORDERS:
+        raise GateError(f"order must be one of {', '.join(ORDERS)} (how baseline and candidate runs were taken), "
+                        f"got {order!r}")
     if guard_from < 1:
         raise GateError(f"guard_from must be at least 1 (the look from which the trend guard applies), got {guard_from}")
     margin = 1.0 - threshold
@@ -405,6 +417,13 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
         result["interval"] = [math.exp(d - t_quantile(nominal_p, df) * se), math.exp(d + t_quantile(nominal_r, df) * se)]
     drift_info, drift = drift_check({"baseline": b_logs, "candidate": c_logs}, -log_r, drift_alpha)
     result["baseline"]["drift"], result["candidate"]["drift"] = drift_info["baseline"], drift_info["candidate"]
+    result["order"] = order
+    if order == "interleaved":
+        # a drift both sides share cancels from the ratio; what must not drift is the ratio itself
+        pairs = min(len(base), len(cand))
+        ratio_logs = [math.log(cand[i]) - math.log(base[i]) for i in range(pairs)]
+        ratio_info, drift = drift_check({"candidate/baseline ratio": ratio_logs}, -log_r, drift_alpha)
+        result["ratio_drift"] = ratio_info["candidate/baseline ratio"]
     for side in ("baseline", "candidate"):
         result[side]["trend"] = trend([base, cand][side == "candidate"])
         cv = result[side]["cv"]
@@ -434,8 +453,9 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
     guard_on = len(looks) >= guard_from and len(cand) >= looks[guard_from - 1]
     held = None
     if guard_on and common.get("se") and se > 0:
-        # the verdict must hold with the shared trend taken out too (runs are taken one after another)
-        gap = (len(b_logs) + len(c_logs)) / 2.0
+        # the verdict must hold with the shared trend taken out too: the sides' centroids lie this many runs
+        # apart in run order (one side after the other; side by side when interleaved)
+        gap = ((len(c_logs) - len(b_logs)) if order == "interleaved" else (len(b_logs) + len(c_logs))) / 2.0
         d_adj = d - common["slope"] * gap
         if d < log_t and p_drop <= nominal_r and common["p_falling"] <= trend_guard:
             if not d_adj < log_t:

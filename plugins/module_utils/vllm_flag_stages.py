@@ -121,7 +121,7 @@ def stage_table(records: Sequence[dict], gate_level: int, threshold: float = 0.9
             # look was at min_runs are replayed with that first look
             d = tg.replay(b, c, threshold=st.get("threshold", threshold), min_runs=st.get("min_runs", 5),
                           candidate_min_runs=st.get("candidate_min_runs", st.get("min_runs", 5)),
-                          max_runs=st.get("max_runs", 15), bootstrap=0)
+                          max_runs=st.get("max_runs", 15), bootstrap=0, order=st.get("order", "interleaved"))
             cmed = tg.median(c)
             row.update(verdict=d["decision"], final=d["final"], runs_needed=d["runs_needed"], p_value=d["p_value"],
                        candidate_runs=d["candidate_runs_used"], kept=d["decision"] == "pass",

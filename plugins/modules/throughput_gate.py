@@ -121,6 +121,17 @@ options:
         trend taken out, the ratio is no longer on the verdict's side of the threshold; at O(max_runs) it is V(inconclusive).
     type: float
     default: 0.1
+  order:
+    description:
+      - How the runs were taken. V(sequential) (all baseline runs, then the change, then the candidate's, as in a kernel
+        upgrade) or V(interleaved) (baseline and candidate runs in turns, run i of each side one after the other: two
+        servers side by side, or an A/A on one).
+      - With V(interleaved) a speed that drifts through the measurement moves both sides alike and cancels from the
+        ratio, so the drift check tests the ratio of each pair of runs instead of each side, and O(trend_guard) takes the
+        shared trend out over the sides' distance in run order (none for sides of equal length).
+    type: str
+    choices: [sequential, interleaved]
+    default: sequential
   pass_floor:
     description: A V(pass) also needs the ratio at or above 1 - O(pass_floor) x the margin (V(0.75) at O(threshold=0.95) is 0.9625).
     type: float
@@ -315,6 +326,14 @@ gate:
           run), C(change_per_run), C(t), C(df), C(p_rising), C(p_falling) - and, from the second look, C(adjusted_ratio)
           (the ratio with that trend taken out over the gap between the sides); see O(trend_guard).
       type: dict
+    order:
+      description: O(order) as judged (from the candidate stage on).
+      type: str
+    ratio_drift:
+      description:
+        - With O(order=interleaved), the drift check of the pairs' ratio (C(change) over the pairs, C(t), C(df), C(p_rising),
+          C(p_falling) and the one-sided p-values that the change is beyond half the margin).
+      type: dict
     ci:
       description: Bootstrap interval of the median ratio at C(ci_level), or null.
       type: list
@@ -366,6 +385,7 @@ def main():
             screen_alpha=dict(type="float", default=0.001),
             drift_alpha=dict(type="float", default=0.001),
             trend_guard=dict(type="float", default=0.1),
+            order=dict(type="str", choices=["sequential", "interleaved"], default="sequential"),
             pass_floor=dict(type="float", default=0.75, no_log=False),
             baseline_failed=dict(type="int", default=0),
             baseline_requests=dict(type="int", default=0),
@@ -391,7 +411,7 @@ def main():
                       step=p["step"], max_runs=p["max_runs"], max_baseline_runs=p["max_baseline_runs"],
                       baseline_step=p["baseline_step"], power=p["power"], spending=p["spending"],
                       screen_alpha=p["screen_alpha"], drift_alpha=p["drift_alpha"], trend_guard=p["trend_guard"],
-                      pass_floor=p["pass_floor"], baseline_failed=p["baseline_failed"],
+                      order=p["order"], pass_floor=p["pass_floor"], baseline_failed=p["baseline_failed"],
                       baseline_requests=p["baseline_requests"], candidate_failed=p["candidate_failed"],
                       candidate_requests=p["candidate_requests"], requests_per_run=p["requests_per_run"],
                       bootstrap=p["bootstrap_resamples"], seed=p["seed"], unit=p["unit"])

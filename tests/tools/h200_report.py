@@ -88,7 +88,7 @@ def gate_rows(gate: dict) -> list[dict]:
         # last look's "inconclusive, run N more" (stored runs cannot be extended)
         d = tg.replay(b, c, threshold=st.get("threshold", 0.95), min_runs=st.get("min_runs", 5),
                       candidate_min_runs=st.get("candidate_min_runs", st.get("min_runs", 5)),
-                      max_runs=st.get("max_runs", 15), bootstrap=0)
+                      max_runs=st.get("max_runs", 15), bootstrap=0, order=st.get("order", "interleaved"))
         rows.append({"label": g["label"], "decision": d["decision"], "final": d["final"], "runs_needed": d["runs_needed"],
                      "decided_by": d["decided_by"], "ratio": d["ratio"], "p_value": d["p_value"],
                      "p_value_pass": d["p_value_pass"], "baseline_runs": len(b), "candidate_runs": d["candidate_runs_used"],

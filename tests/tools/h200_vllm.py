@@ -285,13 +285,13 @@ class RunWatch:
 
 
 def run_once(url: str, level: int, requests: int, seed: int, args, warmup: int = 0, repetitions: int = 1,
-             per_chunk_usage: bool | None = None) -> dict:
+             per_chunk_usage: bool | None = None, prompt_mode: str = "token_ids") -> dict:
     """One ic.benchmark call; its runs with the client's CPU (getrusage of this process) around it, and
     the server's CPU (its process group) and the host's busy and steal time over each run's window."""
     pcu = getattr(args, "per_chunk_usage", True) if per_chunk_usage is None else per_chunk_usage
     cfg = ic.BenchmarkConfig(url=url, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                              concurrency=[level], requests=requests, warmup=warmup, repetitions=repetitions, seed=seed,
-                             timeout=600, per_chunk_usage=pcu)
+                             timeout=600, per_chunk_usage=pcu, prompt_mode=prompt_mode)
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     call = Watch(url)
     result = ic.run(ic.benchmark(cfg, monitor=lambda _pool, _headers: RunWatch(url, requests)))
@@ -307,7 +307,8 @@ def run_once(url: str, level: int, requests: int, seed: int, args, warmup: int =
                      "client_cpu_s_per_request": round(window_cpu / requests, 6),
                      "ttft_ms": run["ttft_ms"], "tpot_ms": run["tpot_ms"], "itl_ms": run["itl_ms"],
                      "itl_exact": run.get("itl_exact"), "tokens_per_chunk": run.get("tokens_per_chunk"),
-                     "per_chunk_usage": pcu, "server_load": run.get("server_load")})
+                     "per_chunk_usage": pcu, "prompt_mode": prompt_mode,
+                     "prompt_tokens": run.get("prompt_tokens"), "server_load": run.get("server_load")})
     return {"runs": runs, "process_cpu_s": round(cpu, 3), "process_cpu_s_per_request": round(cpu / (requests * repetitions + warmup), 6),
             "call_load": call_load, "server": {k: result["server"].get(k) for k in ("model", "max_model_len", "root")}}
 
@@ -358,7 +359,7 @@ def cmd_vllmbench_worker(_args) -> int:
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     parser = FlexibleArgumentParser(prog="vllm bench serve")
     serve.add_cli_args(parser)
-    keep = ("output_throughput", "duration", "completed", "total_output_tokens", "median_ttft_ms", "p99_ttft_ms",
+    keep = ("output_throughput", "duration", "completed", "total_input_tokens", "total_output_tokens", "median_ttft_ms", "p99_ttft_ms",
             "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms", "request_throughput")
     for line in sys.stdin:
         argv = json.loads(line)["argv"]
@@ -376,7 +377,9 @@ def cmd_vllmbench_worker(_args) -> int:
     return 0
 
 
-CLIENTS = {"ours": True, "ours_no_usage": False}  # our client with and without per-chunk usage
+# our client: per-chunk usage on or off, and (ours_text) words instead of token IDs as the prompt, which the server must
+# tokenize as it does vllm bench serve's random prompts
+CLIENTS = {"ours": (True, "token_ids"), "ours_no_usage": (False, "token_ids"), "ours_text": (False, "text")}
 
 
 def cmd_compare(args) -> int:
@@ -409,7 +412,7 @@ def cmd_compare(args) -> int:
                         return 3
                     if who in CLIENTS:
                         got = run_once(args.url, level, requests, seed, args, warmup=args.warmup,
-                                       per_chunk_usage=CLIENTS[who])
+                                       per_chunk_usage=CLIENTS[who][0], prompt_mode=CLIENTS[who][1])
                         run = dict(got["runs"][0], process_cpu_s=got["process_cpu_s"],
                                    process_cpu_s_per_request=got["process_cpu_s_per_request"], call_load=got["call_load"],
                                    round=rnd, seed=seed)
@@ -428,7 +431,8 @@ def cmd_compare(args) -> int:
                                "errors": requests - (res["completed"] or 0), "ttft_p50_ms": res["median_ttft_ms"],
                                "ttft_p99_ms": res["p99_ttft_ms"], "tpot_p50_ms": res["median_tpot_ms"],
                                "tpot_p99_ms": res["p99_tpot_ms"], "itl_p50_ms": res["median_itl_ms"],
-                               "total_output_tokens": res["total_output_tokens"], "process_cpu_s": res["cpu_s"],
+                               "total_output_tokens": res["total_output_tokens"],
+                               "total_input_tokens": res.get("total_input_tokens"), "process_cpu_s": res["cpu_s"],
                                "process_cpu_s_per_request": round(res["cpu_s"] / requests, 6),
                                "process_wall_s": res["wall_s"], "call_load": watch.result(requests + args.warmup + 1),
                                "round": rnd, "seed": seed}
@@ -441,6 +445,8 @@ def cmd_compare(args) -> int:
                     rec.update(vfs.compare_summary(rec["ours"], rec["vllm"]))
                 if "ours_no_usage" in rec and "vllm" in rec:
                     rec["no_usage"] = vfs.compare_summary(rec["ours_no_usage"], rec["vllm"])
+                if "ours_text" in rec and "vllm" in rec:
+                    rec["text"] = vfs.compare_summary(rec["ours_text"], rec["vllm"])
                 dump(args.out, out)
     finally:
         if bench:
@@ -522,14 +528,14 @@ def gate_ab(base_url: str, cand_url: str, level: int, requests: int, args, label
                 with during():
                     cand.append(run_once(cand_url, level, requests, seed, args)["runs"][0])
         decision = tg.decide([r["output_throughput"] for r in base], [r["output_throughput"] for r in cand],
-                             min_runs=args.min_runs, max_runs=args.max_runs)
+                             min_runs=args.min_runs, max_runs=args.max_runs, order="interleaved")
         print("gate", label, len(base), len(cand), decision["decision"], round(decision["ratio"] or 0, 4),
               decision["p_value"], flush=True)
         if decision["decision"] != "inconclusive" or not decision["runs_needed"]:
             break
         want = len(cand) + decision["runs_needed"]
     return {"label": label, "concurrency": level, "requests": requests, "baseline_url": base_url,
-            "settings": {"threshold": 0.95, "min_runs": args.min_runs, "max_runs": args.max_runs},
+            "settings": {"threshold": 0.95, "min_runs": args.min_runs, "max_runs": args.max_runs, "order": "interleaved"},
             "candidate_url": cand_url, "baseline_runs": base, "candidate_runs": cand,
             "decision": {k: decision[k] for k in ("decision", "ratio", "p_value", "p_value_pass", "decided_by",
                                                   "reason", "warnings", "ci")}}
@@ -686,7 +692,7 @@ def main() -> int:
         if name == "compare":
             q.add_argument("--rounds", type=int, default=3)
             q.add_argument("--clients", nargs="+", default=["ours", "ours_no_usage", "vllm"],
-                           choices=["ours", "ours_no_usage", "vllm"])
+                           choices=["ours", "ours_no_usage", "ours_text", "vllm"])
             q.add_argument("--requests", type=int, nargs="+", help="requests per run at each level (else per slot)")
             q.add_argument("--vllm-python", default=sys.executable, help="the python that imports vLLM (its worker)")
             q.add_argument("--tokenizer")

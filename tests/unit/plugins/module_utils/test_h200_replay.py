@@ -293,6 +293,9 @@ def test_fifth_session_aa_is_inconclusive_at_the_cap_in_every_cell(name, level, 
     assert d["decision"] == g["decision"]["decision"] == "inconclusive" and d["decided_by"] == "cap"
     assert d["ratio"] == pytest.approx(ratio, abs=5e-4) and d["smallest_detectable_drop"] == pytest.approx(sdd, abs=5e-4)
     assert d["smallest_detectable_drop"] > 0.05 and len(g["baseline_runs"]) == len(g["candidate_runs"]) == 15
+    inter = tg.decide([r["output_throughput"] for r in g["baseline_runs"]],
+                      [r["output_throughput"] for r in g["candidate_runs"]], min_runs=5, max_runs=15, order="interleaved")
+    assert (inter["decision"], inter["decided_by"]) == ("inconclusive", "cap")  # the runs were taken in turns: same answer
 
 
 def test_fifth_session_default_request_is_not_below_vllm_bench_at_c256():
@@ -317,10 +320,12 @@ def _median(runs, key):
     return values[len(values) // 2]
 
 
-def test_fifth_session_aa_with_60_runs_a_side_is_withheld_for_drift():
+def test_fifth_session_aa_with_60_runs_a_side_passes_once_judged_as_interleaved():
     """c=16 x 32 requests, the cap raised to 60 runs a side (GATE_MAX_RUNS=60): the pass test holds (p 0.00095) but
-    both sides rise steadily (+0.25% a run), and with the trend taken out the pass does not hold: inconclusive,
-    decided by drift, never a pass the gate cannot stand behind."""
+    both sides rise steadily (+0.25% a run). Judged as the device's gate of the time did (runs one side after the
+    other), the trend taken out breaks the pass: inconclusive, decided by drift. The runs were taken in turns
+    (baseline, candidate, ...), so the shared rise cancels from the ratio (whose own drift is -0.05% over the 60
+    pairs): judged with order=interleaved the same runs pass at the last look."""
     (g,) = _run5("gate-c16-s2-max60.json")["gates"]
     assert g["settings"]["max_runs"] == 60 and len(g["baseline_runs"]) == len(g["candidate_runs"]) == 60
     d = tg.decide([r["output_throughput"] for r in g["baseline_runs"]],
@@ -328,3 +333,8 @@ def test_fifth_session_aa_with_60_runs_a_side_is_withheld_for_drift():
     assert d["decision"] == g["decision"]["decision"] == "inconclusive" and d["decided_by"] == "drift"
     assert d["ratio"] == pytest.approx(0.9953, abs=5e-4) and d["p_value_pass"] < 0.001
     assert d["smallest_detectable_drop"] == pytest.approx(0.0763, abs=5e-4)
+    inter = tg.replay([r["output_throughput"] for r in g["baseline_runs"]],
+                      [r["output_throughput"] for r in g["candidate_runs"]], min_runs=5, max_runs=60, bootstrap=0,
+                      order="interleaved")
+    assert (inter["decision"], inter["decided_by"], inter["candidate_runs_used"]) == ("pass", "test", 60)
+    assert inter["p_value_pass"] <= inter["look"]["nominal_pass"] and abs(inter["ratio_drift"]["change"]) < 0.001

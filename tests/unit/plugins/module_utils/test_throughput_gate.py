@@ -312,6 +312,40 @@ def test_trend_guard_is_off_at_the_first_look_and_for_a_single_look():
     assert "adjusted_ratio" not in fixed["trend"] and fixed["decision"] == "pass"
 
 
+# Interleaved runs (baseline, candidate, baseline, ...): the host speeds up by 0.5% a run through the whole A/A,
+# both sides alike, around a noise of about 1%. Taken in turns, the shared rise cancels from the ratio.
+_WOBBLE = [0.0, 0.011, -0.009, 0.004, -0.012, 0.008, -0.003, 0.010, -0.007, 0.002, -0.010, 0.006]
+
+
+def _interleaved_aa(n, rise=0.005, cand_extra=0.0):
+    base = [1000.0 * (1 + rise) ** (2 * i) * (1 + _WOBBLE[i % 12]) for i in range(n)]
+    cand = [1000.0 * (1 + rise) ** (2 * i + 1) * (1 + _WOBBLE[(i + 5) % 12]) * (1 + cand_extra) ** i for i in range(n)]
+    return base, cand
+
+
+def test_interleaved_runs_pass_an_aa_that_a_shared_rise_would_withhold_in_sequence():
+    base, cand = _interleaved_aa(12)
+    seq = tg.decide(base, cand, bootstrap=0, max_runs=12)
+    assert (seq["decision"], seq["decided_by"]) == ("inconclusive", "drift")  # taken one side after the other
+    g = tg.decide(base, cand, bootstrap=0, max_runs=12, order="interleaved")
+    assert (g["decision"], g["decided_by"], g["order"]) == ("pass", "test", "interleaved")
+    assert g["trend"]["p_rising"] <= 0.1 and g["trend"]["adjusted_ratio"] == pytest.approx(g["ratio"])
+    assert abs(g["ratio_drift"]["change"]) < 0.01 and seq["order"] == "sequential"
+
+
+def test_interleaved_runs_whose_ratio_drifts_are_inconclusive():
+    # the candidate loses 0.8% against its partner run at every pair: the ratio falls 8% over 12 pairs
+    base, cand = _interleaved_aa(12, rise=0.0, cand_extra=-0.008)
+    g = tg.decide(base, cand, bootstrap=0, max_runs=12, order="interleaved")
+    assert (g["decision"], g["final"], g["decided_by"]) == ("inconclusive", True, "drift")
+    assert "the candidate/baseline ratio fell steadily" in g["reason"] and g["ratio_drift"]["p_falling"] < 0.001
+
+
+def test_order_is_checked():
+    with pytest.raises(tg.GateError, match="order must be one of sequential, interleaved"):
+        tg.decide(BASE, RISING, order="paired")
+
+
 def test_a_screened_baseline_run_is_replaced_before_the_change():
     base = [1000.0, 1012.0, 500.0, 1005.0, 997.0]
     g = tg.decide(base, [], bootstrap=0)
