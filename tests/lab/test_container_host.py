@@ -112,6 +112,13 @@ def test_site_yml_converges_the_container_host_and_changes_nothing_the_second_ti
     # --limit the host alone, as a user runs one host: the reports are still written, once, on the controller
     argv = ["ansible-playbook", "-i", inv, "site.yml", "--limit", NAME,
             "-e", f"gpufleet_report_dir={reports}/audit", "-e", f"gpufleet_benchmark_dir={reports}/benchmarks"]
+    # check mode on the fresh host first: a preview that neither fails on the server this run would install (the
+    # site benchmark has nothing to reach yet) nor changes the host
+    check = run([*argv, "--check", "--diff"], timeout=1800)
+    assert check.returncode == 0, f"check mode failed:\n{check.stdout[-5000:]}\n{check.stderr[-2000:]}"
+    assert _recap(check.stdout)["failed"] == 0
+    gone = subprocess.run(["podman", "exec", CNAME, "test", "-e", "/etc/systemd/system/vllm.service"], check=False)
+    assert gone.returncode != 0, "check mode wrote the vllm unit"
     first = run(argv, timeout=2400)
     assert first.returncode == 0, f"converge failed:\n{first.stdout[-5000:]}\n{first.stderr[-2000:]}"
     assert _recap(first.stdout)["failed"] == 0
