@@ -44,7 +44,7 @@ for d in /sys/bus/pci/devices/*; do echo "$d $(basename "$(readlink "$d/driver" 
 for i in /proc/irq/*/smp_affinity_list; do echo "$i $(cat "$i")"; done
 cat /proc/sys/vm/nr_hugepages /sys/kernel/mm/hugepages/hugepages-*/nr_hugepages
 cat /sys/module/pcie_aspm/parameters/policy 2>/dev/null
-ls /etc/systemd/system /etc/udev/rules.d /etc/nccl.conf /etc/gpufleet 2>&1
+ls /etc/systemd/system /etc/udev/rules.d /etc/nccl.conf /etc/gpufleet 2>&1 || true  # absent before the first run
 """
 
 
