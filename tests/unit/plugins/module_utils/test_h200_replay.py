@@ -383,8 +383,8 @@ def test_sixth_session_aa_interleaved_with_60_runs_a_side(name, level, requests,
     assert len(base) == len(cand) == 60
     d, runs, looks = _device_looks(base, cand)
     assert (runs, looks) == (60, 29)
-    assert (d["decision"], d["decided_by"]) == (g["decision"]["decision"], g["decision"]["decided_by"]) == (decision,
-                                                                                                         decided_by)
+    stored = (g["decision"]["decision"], g["decision"]["decided_by"])
+    assert (d["decision"], d["decided_by"]) == stored == (decision, decided_by)
     assert d["ratio"] == pytest.approx(ratio, abs=5e-4) == g["decision"]["ratio"]
     assert d["p_value_pass"] == pytest.approx(p_pass, rel=0.01) and d["smallest_detectable_drop"] == pytest.approx(sdd, abs=5e-4)
     assert (d["p_value_pass"] <= d["look"]["nominal_pass"]) is (decision == "pass")
