@@ -24,6 +24,8 @@ undone too when it left a third value. What happens next is the caller's policy,
 
 from __future__ import annotations
 
+import copy
+import json
 from typing import Any, Callable
 
 STOP = "stop"
@@ -102,3 +104,40 @@ def apply_steps(steps: list[dict], write: Callable, read: Callable, holds: Calla
         break
     return {"done": done, "failures": failures, "ignored": ignored, "rolled_back": rolled_back,
             "rollback_failed": rollback_failed, "journal": journal}
+
+
+# ---- the record of original values (what state=default restores) ----------------------------------
+def empty_originals(fmt: str) -> dict[str, Any]:
+    return {"format": fmt, "devices": {}}
+
+
+def parse_originals(text: str | None, where: str, fmt: str, owner: str, holds: str,
+                    error: type[Exception]) -> dict[str, Any]:
+    """The JSON record of the original values that ``owner``'s state=default restores (``holds`` names them).
+
+    An absent file (None) is no record. An empty file is an error (a crash or a full disk truncated it),
+    never read as "nothing was changed"; so is text that is not JSON or not ``owner``'s record of ``fmt``.
+    Every error is raised as ``error`` with the file, what it holds and what to do."""
+    if text is None:
+        return empty_originals(fmt)
+    if not text.strip():
+        raise error(f"{where} is empty: it should hold the original {holds} that state=default restores, and an "
+                    "empty file means they were lost (a crash or a full disk). Restore it from a backup, or, if the "
+                    "values are known to be the firmware's, remove the file and reboot.")
+    try:
+        data = json.loads(text)
+    except ValueError as err:
+        raise error(f"{where} is not valid JSON ({err}): it holds the original {holds} that state=default restores. "
+                    "Restore it from a backup or fix it by hand; it is not treated as empty.") from None
+    if not isinstance(data, dict) or data.get("format") != fmt or not isinstance(data.get("devices"), dict):
+        raise error(f"{where} is not a gpufleet.inference.{owner} record (format {fmt}); move it away and run again.")
+    return data
+
+
+def merge_originals(record: dict, writes: list[dict], first_seen: Callable[[dict, dict], None]) -> dict:
+    """The record after ``writes`` (a copy): ``first_seen(devices, write)`` adds the write's original value to
+    ``devices`` unless one is there already, so the first value ever seen is what a restore puts back."""
+    out = copy.deepcopy(record)
+    for w in writes:
+        first_seen(out["devices"], w)
+    return out

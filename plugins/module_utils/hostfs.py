@@ -184,7 +184,7 @@ class HostFS:
 
 
 def finish(module, name: str, does: str, run, known_error) -> None:
-    """End a host-changing module's run: ``run()`` gives its result (with a ``diff`` entry); a
+    """End a host-changing module's run: ``run()`` gives its result (with a ``diff`` entry, if any); a
     ``known_error`` becomes the message as it is (nothing changed), a HostFSError says which
     module failed under which root and how to run it (``does``: what it reads and writes). The
     diff is returned in diff mode only."""
@@ -198,7 +198,7 @@ def finish(module, name: str, does: str, run, known_error) -> None:
     except HostFSError as err:
         module.fail_json(msg=f"{name} under root {root} failed: {err}. The module {does}: run it as root "
                              "(become: true) on the host itself, not in a container.")
-    diff = result.pop("diff")
+    diff = result.pop("diff", None)
     if module._diff and diff:  # pylint: disable=protected-access  # AnsibleModule's diff mode flag
         result["diff"] = diff
     module.exit_json(**result)

@@ -22,13 +22,13 @@ Pure planning here; I/O through HostFS and a ``run(argv)`` callback.
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from itertools import combinations
 from typing import Any, Callable
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.device_apply import SKIP_GROUP, STOP, apply_steps
+from ansible_collections.gpufleet.inference.plugins.module_utils.device_apply import (
+    SKIP_GROUP, STOP, apply_steps, empty_originals, merge_originals, parse_originals)
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import read_config
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PCI_DEVICES, topology_level
@@ -182,31 +182,21 @@ def plan_restore(record: dict, current: dict[str, dict[str, Any]], only=None) ->
 
 # ---- the record of originals --------------------------------------------------------------------
 def empty_record() -> dict[str, Any]:
-    return {"format": RECORD_FORMAT, "devices": {}}
+    return empty_originals(RECORD_FORMAT)
 
 
 def parse_record(text: str | None, where: str) -> dict[str, Any]:
-    """The record of original ACS Control values. An absent file (None) is no record; an empty or
-    foreign one is an error, never read as "no record"."""
-    if text is None:
-        return empty_record()
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise AcsError(f"{where} is not valid JSON ({err or 'empty file'}): it holds the original ACS Control values that "
-                       "state=default restores. Restore it from a backup or fix it by hand; it is not treated as empty.") from None
-    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT or not isinstance(data.get("devices"), dict):
-        raise AcsError(f"{where} is not a gpufleet.inference.pcie_acs record (format {RECORD_FORMAT}); move it away and run again.")
-    return data
+    """The record of original ACS Control values (device_apply.parse_originals: an absent file is no
+    record; an empty, broken or foreign one is an error, never read as "no record")."""
+    return parse_originals(text, where, RECORD_FORMAT, "pcie_acs", "ACS Control values", AcsError)
 
 
 def merge_record(record: dict, writes: list[dict], current: dict[str, dict]) -> dict:
     """The record after ``writes``: the first value ever seen of each bridge is kept."""
-    out = json.loads(json.dumps(record))
-    for w in writes:
+    def first_seen(devices: dict, w: dict) -> None:
         now = current[w["device"]]
-        out["devices"].setdefault(w["device"], {"vendor_id": now["vendor_id"], "device_id": now["device_id"], "ctrl": w["before"]})
-    return out
+        devices.setdefault(w["device"], {"vendor_id": now["vendor_id"], "device_id": now["device_id"], "ctrl": w["before"]})
+    return merge_originals(record, writes, first_seen)
 
 
 def persist_entries(bridges: dict[str, dict], current: dict[str, dict]) -> list[dict]:

@@ -18,11 +18,11 @@ devices only, within the PCIe encoding (128 to 4096 bytes) and below a user cap.
 
 from __future__ import annotations
 
-import json
 import struct
 from typing import Any, Callable
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.device_apply import SKIP_GROUP, STOP, apply_steps
+from ansible_collections.gpufleet.inference.plugins.module_utils.device_apply import (
+    SKIP_GROUP, STOP, apply_steps, empty_originals, merge_originals, parse_originals)
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import CFG_CONVENTIONAL, read_config
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (
@@ -359,39 +359,24 @@ def plan_present(model: dict, mps=None, mrrs: int | None = None, mrrs_cap: int |
 
 # ---- the record of original values --------------------------------------------------------------
 def empty_record() -> dict[str, Any]:
-    return {"format": RECORD_FORMAT, "devices": {}}
+    return empty_originals(RECORD_FORMAT)
 
 
 def parse_record(text: str | None, where: str) -> dict[str, Any]:
-    """The JSON record of original values. An absent file (None) is no record; an empty file is an
-    error (a crash or a full disk truncated it), never read as "nothing was changed"."""
-    if text is None:
-        return empty_record()
-    if not text.strip():
-        raise PayloadError(f"{where} is empty: it should hold the original MaxPayload/MaxReadReq values that state=default "
-                           "restores, and an empty file means they were lost (a crash or a full disk). Restore it from a "
-                           "backup, or, if the values are known to be the firmware's, remove the file and reboot.")
-    try:
-        data = json.loads(text)
-    except ValueError as err:
-        raise PayloadError(f"{where} is not valid JSON ({err}): it holds the original MaxPayload/MaxReadReq values "
-                           "that state=default restores. Fix or remove it by hand.") from None
-    if not isinstance(data, dict) or data.get("format") != RECORD_FORMAT or not isinstance(data.get("devices"), dict):
-        raise PayloadError(f"{where} is not a gpufleet.inference.pcie_payload record (format {RECORD_FORMAT}); "
-                           "move it away and run again.")
-    return data
+    """The JSON record of original values (device_apply.parse_originals: an absent file is no record; an
+    empty file is an error (a crash or a full disk truncated it), never read as "nothing was changed")."""
+    return parse_originals(text, where, RECORD_FORMAT, "pcie_payload", "MaxPayload/MaxReadReq values", PayloadError)
 
 
 def merge_record(record: dict, writes: list[dict], functions: dict) -> dict:
     """The record after ``writes``: the first value ever seen for each register is kept."""
-    out = json.loads(json.dumps(record))
-    for w in writes:
+    def first_seen(devices: dict, w: dict) -> None:
         info = functions[w["device"]]
-        dev = out["devices"].setdefault(w["device"], {
+        dev = devices.setdefault(w["device"], {
             "vendor_id": info["vendor_id"], "device_id": info["device_id"], "hierarchy": w["hierarchy"],
             "depth": info["depth"], "original": {}})
         dev["original"].setdefault(w["register"], w["before"])
-    return out
+    return merge_originals(record, writes, first_seen)
 
 
 def restore_scope(record: dict, existing: dict[str, dict], devices=None) -> set:

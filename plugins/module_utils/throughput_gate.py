@@ -500,19 +500,29 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
 
 def replay(baseline: Sequence[float], candidate: Sequence[float], **settings: Any) -> dict[str, Any]:
     """Judge stored runs as the sequential gate would have while taking them: decide() at each scheduled look on the
-    candidate runs taken so far (in the order taken; the whole baseline), stopping at the first final answer.
+    candidate runs taken so far (in the order taken), stopping at the first final answer. The baseline is whole for
+    ``order="sequential"`` (it was complete before the change); for ``order="interleaved"`` a look at k candidate
+    runs sees the baseline runs taken by then: the ones stored beyond the candidate's count (taken first) plus k,
+    and the first look comes when the baseline has ``min_runs`` as well (as tests/tools/h200_vllm.py's gate takes them).
 
     The result is decide()'s at that look, with ``candidate_runs_used``; when the stored runs end before a final
     answer it is the last look's (``final`` false, ``runs_needed`` more). Runs past the last look they reach are not
     used. Stored runs taken when the first look was at ``min_runs`` should pass ``candidate_min_runs=min_runs``.
     """
     cand = check_runs("candidate", candidate)
+    base = check_runs("baseline", baseline)
     first = settings.get("candidate_min_runs") or CANDIDATE_MIN_RUNS
     looks = schedule(first, settings.get("step") or 2, settings.get("max_runs", 15))
+    extra = None
+    if settings.get("order") == "interleaved":
+        # in turns, the first look waits until the baseline has its min_runs too (then the schedule goes on)
+        extra = max(len(base) - len(cand), 0)
+        start = max(first, settings.get("min_runs", 5) - extra)
+        looks = (start,) + tuple(k for k in looks if k > start)
     used = [k for k in looks if k <= len(cand)] or [len(cand)]
     result: dict[str, Any] = {}
     for k in used:
-        result = decide(baseline, cand[:k], **settings)
+        result = decide(base if extra is None else base[:extra + k], cand[:k], **settings)
         result["candidate_runs_used"] = k
         if result["final"]:
             break

@@ -166,12 +166,11 @@ diff:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import TopologyError, normalize_bdfs
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_acs import AcsError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import PERSIST_CONFIG
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_acs_apply import PcieAcs
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_state import StepFailed
 
 
 def main():
@@ -197,19 +196,14 @@ def main():
         module.fail_json(msg=str(err))
     fs = HostFS(p["root"])
     acs = PcieAcs(module, fs, HostCmd(module, fs).find_live("setpci", required=True))
-    try:
-        if p["state"] == "present":
-            result = acs.present(devices, p["persist"], p["defer_to_boot"], p["force"], p["force_on_vfio_host"])
-        else:
-            result = acs.default(devices, p["force"])
-    except (AcsError, TopologyError) as err:
-        module.fail_json(msg=str(err), changed=False)
-    except StepFailed as err:
-        module.fail_json(msg=str(err), **err.fields)
-    except HostFSError as err:
-        module.fail_json(msg=f"pcie_acs under root {p['root']} failed: {err}. It reads sysfs and writes {PERSIST_CONFIG}, "
-                             f"{p['state_dir']} and the boot unit: run it as root (become: true).", changed=False)
-    module.exit_json(**result)
+    if p["state"] == "present":
+        def run():
+            return acs.present(devices, p["persist"], p["defer_to_boot"], p["force"], p["force_on_vfio_host"])
+    else:
+        def run():
+            return acs.default(devices, p["force"])
+    finish(module, "pcie_acs", f"reads sysfs and writes {PERSIST_CONFIG}, {p['state_dir']} and the boot unit", run,
+           (AcsError, TopologyError))
 
 
 if __name__ == "__main__":

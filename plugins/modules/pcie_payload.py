@@ -222,13 +222,12 @@ diff:
 from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import TopologyError, normalize_bdfs
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload import (
     PERSIST_CONFIG, PayloadError, parse_mps, parse_size,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload_apply import PciePayload
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_state import StepFailed
 
 
 def main():
@@ -266,20 +265,15 @@ def main():
         module.fail_json(msg=str(err))
     fs = HostFS(p["root"])
     payload = PciePayload(module, fs, HostCmd(module, fs).find_live("setpci", required=True))
-    try:
-        if p["state"] == "present":
-            result = payload.present(devices, mps, mrrs, mrrs_cap, p["include_path"], p["persist"], p["on_readonly"],
-                                     p["force"], p["defer_to_boot"])
-        else:
-            result = payload.default(devices, p["persist"], p["force"])
-    except PayloadError as err:
-        module.fail_json(msg=str(err), changed=False)
-    except StepFailed as err:
-        module.fail_json(msg=str(err), **err.fields)
-    except HostFSError as err:
-        module.fail_json(msg=f"PCIe payload task under root {p['root']} failed: {err}. It reads sysfs and writes {PERSIST_CONFIG}, "
-                             f"{p['state_dir']} and the boot unit: run it as root (become: true).")
-    module.exit_json(**result)
+    if p["state"] == "present":
+        def run():
+            return payload.present(devices, mps, mrrs, mrrs_cap, p["include_path"], p["persist"], p["on_readonly"],
+                                   p["force"], p["defer_to_boot"])
+    else:
+        def run():
+            return payload.default(devices, p["persist"], p["force"])
+    finish(module, "pcie_payload", f"reads sysfs and writes {PERSIST_CONFIG}, {p['state_dir']} and the boot unit", run,
+           PayloadError)
 
 
 if __name__ == "__main__":

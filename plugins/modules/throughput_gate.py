@@ -124,8 +124,8 @@ options:
   order:
     description:
       - How the runs were taken. V(sequential) (all baseline runs, then the change, then the candidate's, as in a kernel
-        upgrade) or V(interleaved) (baseline and candidate runs in turns, run i of each side one after the other: two
-        servers side by side, or an A/A on one).
+        upgrade) or V(interleaved) (baseline and candidate runs in turns, run i of each side one after the other, as with two
+        servers side by side or an A/A on one).
       - With V(interleaved) a speed that drifts through the measurement moves both sides alike and cancels from the
         ratio, so the drift check tests the ratio of each pair of runs instead of each side, and O(trend_guard) takes the
         shared trend out over the sides' distance in run order (none for sides of equal length).

@@ -113,7 +113,7 @@ def test_plan_clear_and_restore():
 
 @pytest.mark.parametrize("text", ["", "   \n", "{", "[]"])
 def test_an_empty_or_broken_record_is_an_error_never_no_record(text):
-    with pytest.raises(pa.AcsError, match="not valid JSON|not a gpufleet.inference.pcie_acs record"):
+    with pytest.raises(pa.AcsError, match="is empty: it should hold|not valid JSON|not a gpufleet.inference.pcie_acs record"):
         pa.parse_record(text, "/var/lib/gpufleet/pcie_acs/originals.json")
     assert pa.parse_record(None, "x") == pa.empty_record()
 

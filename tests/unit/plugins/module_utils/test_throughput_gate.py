@@ -341,6 +341,28 @@ def test_interleaved_runs_whose_ratio_drifts_are_inconclusive():
     assert "the candidate/baseline ratio fell steadily" in g["reason"] and g["ratio_drift"]["p_falling"] < 0.001
 
 
+def test_replay_of_interleaved_runs_sees_only_the_baseline_taken_by_each_look():
+    # both sides good for 6 runs, then the baseline turns slow: a look taken in turns at 6 had seen only the good ones
+    base = [1000.0, 1010.0, 995.0, 1005.0, 990.0, 1002.0] + [700.0, 702.0, 698.0, 701.0, 699.0, 700.0]
+    cand = [1001.0, 1008.0, 997.0, 1003.0, 992.0, 1004.0] * 2
+    seen = []
+    real = tg.decide
+    try:
+        tg.decide = lambda b, c, **kw: seen.append((len(b), len(c))) or real(b, c, **kw)
+        inter = tg.replay(base, cand, bootstrap=0, order="interleaved")
+        seen_inter, seen[:] = list(seen), []
+        tg.replay(base, cand, bootstrap=0)
+        seen_seq, seen[:] = list(seen), []
+        # two baseline runs stored beyond the candidate's: taken before the turns began, so the first look is at 6 + 4
+        tg.replay(base[:2] + base[:6], cand[:6], bootstrap=0, order="interleaved")
+    finally:
+        tg.decide = real
+    assert seen_inter[0] == (5, 5) and all(b == c for b, c in seen_inter)
+    assert (inter["decision"], inter["candidate_runs_used"]) == ("pass", 5) and inter["ratio"] == pytest.approx(1.0, abs=0.005)
+    assert seen_seq[0] == (12, 4) and all(b == 12 for b, _c in seen_seq)
+    assert seen[0] == (6, 4) and all(b == c + 2 for b, c in seen)
+
+
 def test_order_is_checked():
     with pytest.raises(tg.GateError, match="order must be one of sequential, interleaved"):
         tg.decide(BASE, RISING, order="paired")
