@@ -126,6 +126,15 @@ class HostFS:
         except OSError:
             return None
 
+    def lstat(self, host_path: str):
+        """``os.lstat`` of the path, None when it does not exist."""
+        try:
+            return os.lstat(self.path(host_path))
+        except OSError as err:
+            if err.errno in (errno.ENOENT, errno.ENOTDIR):
+                return None
+            raise HostFSError("stat", host_path, err) from None
+
     def realpath(self, host_path: str) -> str:
         """Resolve symlinks inside the tree; the result is a host path again."""
         return self.unroot(os.path.realpath(self.path(host_path)))
@@ -166,6 +175,32 @@ class HostFS:
     def write_durable(self, host_path: str, data: str, mode: int = 0o644) -> None:
         """The name the kernel-upgrade journal uses: every atomic write is durable (write_atomic)."""
         self.write_atomic(host_path, data, mode)
+
+    def makedirs(self, host_path: str, mode: int = 0o755) -> None:
+        """Create a directory and its missing parents (each with ``mode``, as ``mkdir -p -m``)."""
+        real = self.path(host_path)
+        try:
+            missing = []
+            while real and not os.path.lexists(real):
+                missing.append(real)
+                real = os.path.dirname(real)
+            for path in reversed(missing):
+                os.mkdir(path, mode)
+                os.chmod(path, mode)
+        except OSError as err:
+            raise HostFSError("mkdir", host_path, err) from None
+
+    def chmod(self, host_path: str, mode: int) -> None:
+        try:
+            os.chmod(self.path(host_path), mode)
+        except OSError as err:
+            raise HostFSError("chmod", host_path, err) from None
+
+    def chown(self, host_path: str, uid: int, gid: int) -> None:
+        try:
+            os.lchown(self.path(host_path), uid, gid)
+        except OSError as err:
+            raise HostFSError("chown", host_path, err) from None
 
     def fsync_dir(self, host_path: str) -> None:
         """fsync the directory holding ``host_path`` (after a rename or an unlink there)."""

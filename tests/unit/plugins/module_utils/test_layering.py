@@ -35,11 +35,11 @@ PREFIX = "ansible_collections.gpufleet.inference.plugins.module_utils"
 # Layer -> module_utils. A file imports module_utils of lower layers only.
 LAYERS = {
     0: ["device_apply", "gate_stats", "hostfs", "hostcmd", "inference_transport", "reapply_bundle"],
-    1: ["audit_report", "bench_history", "grub", "host_lease", "inference_metrics", "nccl_env", "pci_config",
+    1: ["audit_report", "bench_history", "grub", "host_lease", "inference_metrics", "managed_files", "nccl_env", "pci_config",
         "pcie_aspm", "pcie_boot", "pcie_p2p", "reboot_contract", "svg_chart", "throughput_gate", "vllm_args",
         "vllm_preflight", "vllm_startlog"],
     2: ["bench_changepoint", "health_compare", "inference_sweep", "kernel_cmdline", "kernel_upgrade", "kernel_upgrade_flow",
-        "pci_topology", "pcie_state", "tune_measured", "vllm_flag_stages", "vllm_ready"],
+        "nccl_env_files", "pci_topology", "pcie_state", "tune_measured", "vllm_flag_stages", "vllm_ready"],
     3: ["history_report", "hugepages", "inference_client", "irq_affinity", "kernel_boot_entry", "kernel_upgrade_journal",
         "kernel_upgrade_report", "load_monitor", "nvml", "pcie_acs", "pcie_findings", "pcie_payload", "pcie_users",
         "stage_table", "vfio"],

@@ -1,0 +1,116 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Whole files a module owns on the host, with their directories: what ``ansible.builtin.file``
+(``state: directory``), ``ansible.builtin.copy`` (``content``) and ``ansible.builtin.slurp`` do for a
+few small files, in the one module run that also decides their content.
+
+``plan()`` compares the host with what is wanted (content, mode, owner) and returns the actions and the
+diff; ``apply()`` carries them out (atomic writes through the HostFS); ``read_back()`` reads every file
+again. Pure but for the HostFS; callers keep ``apply()`` behind check mode.
+"""
+
+from __future__ import annotations
+
+import stat
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+
+
+class ManagedFilesError(Exception):
+    """A path that cannot hold what is wanted (a file where a directory belongs, say)."""
+
+
+def wanted_dir(path: str, mode: int = 0o755, owner: tuple[int, int] = (0, 0)) -> dict:
+    return {"path": path, "mode": mode, "owner": tuple(owner)}
+
+
+def wanted_file(path: str, content: str, mode: int = 0o644, owner: tuple[int, int] = (0, 0)) -> dict:
+    return {"path": path, "content": content, "mode": mode, "owner": tuple(owner)}
+
+
+def _mode(value: int) -> str:
+    return f"{value:04o}"
+
+
+def _owner(value) -> str:
+    return f"{value[0]}:{value[1]}"
+
+
+def _attribute_actions(path: str, st, want: dict) -> tuple[list[dict], dict, dict]:
+    """set_mode / set_owner actions for an existing path, and its attributes before and after (the diff)."""
+    actions, before, after = [], {}, {}
+    if stat.S_IMODE(st.st_mode) != want["mode"]:
+        actions.append({"action": "set_mode", "path": path, "before": _mode(stat.S_IMODE(st.st_mode)),
+                        "after": _mode(want["mode"])})
+        before["mode"], after["mode"] = _mode(stat.S_IMODE(st.st_mode)), _mode(want["mode"])
+    if (st.st_uid, st.st_gid) != want["owner"]:
+        actions.append({"action": "set_owner", "path": path, "before": _owner((st.st_uid, st.st_gid)),
+                        "after": _owner(want["owner"])})
+        before["owner"], after["owner"] = _owner((st.st_uid, st.st_gid)), _owner(want["owner"])
+    return actions, before, after
+
+
+def plan(fs: HostFS, dirs: list[dict], files: list[dict]) -> tuple[list[dict], list[dict]]:
+    """The actions that bring ``dirs`` and ``files`` (wanted_dir/wanted_file) to what is wanted, and the
+    diff (one entry per path that changes: a file's text before and after, a directory's state and
+    attributes). Reads only."""
+    actions: list[dict] = []
+    diff: list[dict] = []
+    for want in dirs:
+        path = want["path"]
+        st = fs.lstat(path)
+        if st is None:
+            actions.append({"action": "create_directory", "path": path, "after": _mode(want["mode"])})
+            diff.append({"before": {"path": path, "state": "absent"}, "after": {"path": path, "state": "directory"},
+                         "before_header": path, "after_header": path})
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise ManagedFilesError(f"{path} exists and is not a directory: it must be one to hold the files written "
+                                    f"there. Move it away and run again.")
+        more, before, after = _attribute_actions(path, st, want)
+        if more:
+            actions.extend(more)
+            diff.append({"before": dict(before, path=path), "after": dict(after, path=path),
+                         "before_header": path, "after_header": path})
+    for want in files:
+        path = want["path"]
+        st = fs.lstat(path)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise ManagedFilesError(f"{path} exists and is not a regular file (a directory or a link): move it away "
+                                    f"so that the file can be written there, and run again.")
+        current = fs.read_exact(path) if st is not None else None
+        if current != want["content"]:
+            actions.append({"action": "write", "path": path} if current is not None
+                           else {"action": "create", "path": path, "after": _mode(want["mode"])})
+            diff.append({"before": current or "", "after": want["content"], "before_header": path, "after_header": path})
+            continue  # the atomic write gives the file its mode and owner
+        more, before, after = _attribute_actions(path, st, want)
+        if more:
+            actions.extend(more)
+            diff.append({"before": dict(before, path=path), "after": dict(after, path=path),
+                         "before_header": path, "after_header": path})
+    return actions, diff
+
+
+def apply(fs: HostFS, dirs: list[dict], files: list[dict], actions: list[dict]) -> None:
+    """Carry out ``actions`` (from plan()): directories first, then whole files written atomically with
+    their mode, then modes and owners."""
+    wanted = {w["path"]: w for w in list(dirs) + list(files)}
+    for action in actions:
+        want = wanted[action["path"]]
+        if action["action"] == "create_directory":
+            fs.makedirs(want["path"], want["mode"])
+            fs.chown(want["path"], *want["owner"])
+        elif action["action"] in ("create", "write"):
+            fs.write_atomic(want["path"], want["content"], want["mode"])
+            fs.chown(want["path"], *want["owner"])
+        elif action["action"] == "set_mode":
+            fs.chmod(want["path"], want["mode"])
+        elif action["action"] == "set_owner":
+            fs.chown(want["path"], *want["owner"])
+
+
+def read_back(fs: HostFS, files: list[dict]) -> dict:
+    """path -> the text the file holds now (None when it is gone)."""
+    return {want["path"]: fs.read_exact(want["path"]) for want in files}

@@ -1,0 +1,69 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The nccl_env role's files on the host, in one module run: the directory of the EnvironmentFile,
+the file NCCL reads and the EnvironmentFile (written whole, root-owned, 0644), both read back and
+checked against the resolved settings, and the per-user file that would override them for root.
+
+The contents come rendered (the ``nccl_env`` filter, ``module_utils/nccl_env.py``); this executes.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+
+from ansible_collections.gpufleet.inference.plugins.module_utils import managed_files as mf
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+
+USER_CONF = "/root/.nccl.conf"
+
+
+class NcclFilesError(Exception):
+    """The files do not hold what was written, or a path cannot hold a file; the message says which."""
+
+
+def check_read_back(params: dict, texts: dict) -> None:
+    """Raise NcclFilesError unless both files hold exactly what was written, NVLink multicast is off in
+    the file NCCL reads and the EnvironmentFile sets CUDA_DEVICE_ORDER as resolved."""
+    conf_path, env_path = params["conf_path"], params["env_file"]
+    conf_text, env_text = texts.get(conf_path), texts.get(env_path)
+    settings = params.get("settings") or {}
+    problems = []
+    if conf_text != params["conf_content"]:
+        problems.append(f"{conf_path} differs from what was written" if conf_text is not None else f"{conf_path} is missing")
+    if env_text != params["env_content"]:
+        problems.append(f"{env_path} differs from what was written" if env_text is not None else f"{env_path} is missing")
+    if "NCCL_NVLS_ENABLE=0" not in (conf_text or "").splitlines():
+        problems.append(f"{conf_path} lacks NCCL_NVLS_ENABLE=0")
+    order = f"CUDA_DEVICE_ORDER={settings.get('CUDA_DEVICE_ORDER')}"
+    if order not in (env_text or "").splitlines():
+        problems.append(f"{env_path} lacks {order}")
+    if problems:
+        raise NcclFilesError(
+            f"{conf_path} or {env_path} does not hold the settings just written (changed by hand or by another tool?): "
+            f"{'; '.join(problems)}. Expected: {json.dumps(settings)}")
+
+
+def execute(params: dict, fs: HostFS, check_mode: bool, warn=None, owner: tuple[int, int] = (0, 0)) -> dict:
+    """Write (outside check mode) and read back the two files; warn about the per-user override."""
+    env_dir = posixpath.dirname(params["env_file"]) or "/"
+    dirs = [mf.wanted_dir(env_dir, 0o755, owner)]
+    files = [mf.wanted_file(params["conf_path"], params["conf_content"], 0o644, owner),
+             mf.wanted_file(params["env_file"], params["env_content"], 0o644, owner)]
+    try:
+        actions, diff = mf.plan(fs, dirs, files)
+        if not check_mode:
+            if actions:
+                mf.apply(fs, dirs, files, actions)
+            check_read_back(params, mf.read_back(fs, files))
+    except mf.ManagedFilesError as err:
+        raise NcclFilesError(str(err)) from None
+    user_conf = params.get("user_conf") or USER_CONF
+    user_conf_exists = fs.exists(user_conf)
+    if user_conf_exists and warn is not None:
+        where = f" on {params['host_name']}" if params.get("host_name") else ""
+        warn(f"{user_conf} exists{where}: NCCL reads it instead of {params['conf_path']} for processes of root. "
+             "Remove it or fold its keys into nccl_env_settings.")
+    return {"changed": bool(actions), "actions": actions, "files": [params["conf_path"], params["env_file"]],
+            "user_conf_exists": user_conf_exists, "read_back": not check_mode, "diff": diff}
