@@ -14,6 +14,7 @@ import os
 import socket
 import sys
 
+from ansible_collections.gpufleet.inference.plugins.module_utils import managed_files
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.nvml import (
     HAS_PYNVML, NvmlUnavailable, collect as nvml_collect, merge as nvml_merge,
@@ -249,3 +250,24 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
     del model["privileges"]  # who audited is for the messages, not part of the host's facts
     model["findings_summary"] = summary(model["findings"])
     return model, warnings
+
+
+def render_report(host: str, kernel: str, facts: dict) -> str:
+    """The audit JSON the audit role keeps on the host and on the controller: ``{host, kernel, pcie}``
+    as Ansible's ``to_nice_json(sort_keys=true)`` writes it (after the JSON round trip a module result
+    makes, so integer keys become strings as the controller sees them), plus a newline."""
+    doc = json.loads(json.dumps({"host": host, "kernel": kernel, "pcie": facts}))
+    return json.dumps(doc, indent=4, sort_keys=True, separators=(",", ": ")) + "\n"
+
+
+def keep_report(fs: HostFS, dest: str, text: str, check_mode: bool, owner: tuple[int, int] = (0, 0)) -> tuple[list, list]:
+    """Write the audit JSON to ``dest`` (root-owned 0644, its directory 0755 created), as the role's
+    file and copy tasks did; only outside check mode. Returns (actions, diff).
+
+    Raises managed_files.ManagedFilesError when the path cannot hold the file."""
+    dirs = [managed_files.wanted_dir(os.path.dirname(dest) or "/", 0o755, owner)]
+    files = [managed_files.wanted_file(dest, text, 0o644, owner)]
+    actions, diff = managed_files.plan(fs, dirs, files)
+    if actions and not check_mode:
+        managed_files.apply(fs, dirs, files, actions)
+    return actions, diff

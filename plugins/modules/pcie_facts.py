@@ -22,7 +22,9 @@ description:
     what the path supports, ASPM on a GPU path, ACS redirect between GPUs, GPU pairs across sockets, shared IOMMU groups,
     IRQs on a remote NUMA node, no huge pages, missing C(iommu=pt) when vfio is wanted, AER errors).
   - Optionally measures host to device copy bandwidth with PyTorch or CuPy and reports it against the link's theoretical rate.
-  - Never changes the host. Facts land in C(ansible_facts.gpufleet_pcie) and in RV(pcie).
+  - Never changes the host's devices or settings. Facts land in C(ansible_facts.gpufleet_pcie) and in RV(pcie).
+  - With O(dest) it also keeps the audit as JSON on the host (C({host, kernel, pcie}), root-owned, mode C(0644), its
+    directory created with C(0755)), written only when it differs, in the same module run.
 author:
   - gpufleet.inference contributors (@gpufleet)
 requirements:
@@ -33,7 +35,7 @@ requirements:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes.facts
   - gpufleet.inference.common
-  - gpufleet.inference.common.attributes_readonly
+  - gpufleet.inference.common.attributes
 attributes:
   facts:
     support: full
@@ -100,6 +102,20 @@ options:
     description: Size of each copy in the bandwidth probe, in MiB.
     type: int
     default: 256
+  dest:
+    description:
+      - Keep the audit on the host in this file (under O(root)), as JSON with the keys C(host) (O(dest_host)), C(kernel)
+        (O(dest_kernel)) and C(pcie) (RV(pcie)), indented by 4 with sorted keys and a final newline. Its directory is
+        created. Not set, nothing is written.
+    type: path
+  dest_host:
+    description: The C(host) field of the JSON in O(dest); the audit role passes C(inventory_hostname).
+    type: str
+    default: ''
+  dest_kernel:
+    description: The C(kernel) field of the JSON in O(dest); the audit role passes C(ansible_facts.kernel).
+    type: str
+    default: ''
 notes:
   - Config space is read from C(/sys/bus/pci/devices/*/config); the module never runs C(lspci) or C(setpci).
   - NVIDIA GPUs lower their link speed when idle, so a speed (not width) below capability on an idle GPU is a warning to
@@ -148,6 +164,13 @@ EXAMPLES = r"""
   become: true
   register: pcie
 
+- name: Audit, and keep the audit on the host as JSON
+  gpufleet.inference.pcie_facts:
+    dest: /var/lib/gpufleet/audit/pcie.json
+    dest_host: "{{ inventory_hostname }}"
+    dest_kernel: "{{ ansible_facts.kernel }}"
+  become: true
+
 - name: Audit a captured tree instead of the live host
   gpufleet.inference.pcie_facts:
     root: /tmp/capture/gpu-host
@@ -156,11 +179,19 @@ EXAMPLES = r"""
 
 RETURN = r"""
 actions:
-  description: Always empty; the module changes nothing.
+  description: What was done, or would be done in check mode, to keep the audit in O(dest); empty without O(dest).
   returned: always
   type: list
   elements: dict
-  sample: []
+  sample: [{action: create_directory, path: /var/lib/gpufleet/audit, after: "0755"},
+           {action: create, path: /var/lib/gpufleet/audit/pcie.json, after: "0644"}]
+diff:
+  description: The JSON in O(dest) before and after (and its directory's state when it is created), in diff mode.
+  returned: when diff mode is on and O(dest) changes
+  type: list
+  elements: dict
+  sample: [{before: "", after: "{\n    \"host\": \"gpu1\",\n    ...}\n", before_header: /var/lib/gpufleet/audit/pcie.json,
+           after_header: /var/lib/gpufleet/audit/pcie.json}]
 findings_summary:
   description: Number of findings per severity, and in total.
   returned: success
@@ -412,10 +443,11 @@ ansible_facts:
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.managed_files import ManagedFilesError
 from ansible_collections.gpufleet.inference.plugins.module_utils.nvml import HAS_PYNVML, PYNVML_IMPORT_ERROR, NvmlUnavailable
 # The audit lives in module_utils/pcie_audit.py; its names stay importable from here (tests, callers).
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_audit import (  # noqa: F401 pylint: disable=unused-import
-    NVIDIA, PROBE_SCRIPT, bandwidth, gather, path_bandwidth, process_privileges,
+    NVIDIA, PROBE_SCRIPT, bandwidth, gather, keep_report, path_bandwidth, process_privileges, render_report,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import BMC_VENDORS, TopologyError
 
@@ -435,6 +467,9 @@ def main():
             probe_python=dict(type="path"),
             probe_size_mb=dict(type="int", default=256),
             tp_groups=dict(type="list", elements="str", default=[]),
+            dest=dict(type="path"),
+            dest_host=dict(type="str", default=""),
+            dest_kernel=dict(type="str", default=""),
         ),
         supports_check_mode=True,
     )
@@ -446,18 +481,25 @@ def main():
     def run(argv, env):
         return module.run_command(argv, environ_update=env)
 
-    params = {k: v for k, v in module.params.items() if k != "root"}
+    params = {k: v for k, v in module.params.items() if k not in ("root", "dest", "dest_host", "dest_kernel")}
+    fs = HostFS(module.params["root"])
+    actions, diff = [], []
     try:
-        facts, warnings = gather(HostFS(module.params["root"]), params, run=run)
-    except (TopologyError, NvmlUnavailable) as err:
+        facts, warnings = gather(fs, params, run=run)
+        if module.params["dest"]:
+            actions, diff = keep_report(fs, module.params["dest"], render_report(
+                module.params["dest_host"], module.params["dest_kernel"], facts), module.check_mode)
+    except (TopologyError, NvmlUnavailable, ManagedFilesError) as err:
         module.fail_json(msg=str(err))
     except HostFSError as err:
-        module.fail_json(msg=f"PCIe audit under root {module.params['root']} failed: {err}. The module reads sysfs and procfs: "
+        module.fail_json(msg=f"PCIe audit under root {module.params['root']} failed: {err}. The module reads sysfs and procfs"
+                             f"{' and writes ' + module.params['dest'] if module.params['dest'] else ''}: "
                              "run it as root (become: true) on a Linux host, outside a restricted container.")
     for warning in warnings:
         module.warn(warning)
-    module.exit_json(changed=False, actions=[], findings_summary=facts["findings_summary"], pcie=facts,
-                     ansible_facts={"gpufleet_pcie": facts})
+    extra = {"diff": diff} if module._diff and diff else {}  # pylint: disable=protected-access  # AnsibleModule's diff flag
+    module.exit_json(changed=bool(actions), actions=actions, findings_summary=facts["findings_summary"], pcie=facts,
+                     ansible_facts={"gpufleet_pcie": facts}, **extra)
 
 
 if __name__ == "__main__":
