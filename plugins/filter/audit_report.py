@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
+from ansible.plugins.filter.core import to_nice_json
 from ansible_collections.gpufleet.inference.plugins.module_utils.audit_report import (
     fleet_audits, render_html, render_markdown, tuning_changes)
 
@@ -27,6 +28,24 @@ def _checked(render):
     return wrapper
 
 
+def _audit_controller_files(hostvars, hosts, directory, key="__audit_result"):
+    """One {path, content} per host of ``hosts`` that holds an audit result: ``<directory>/<host>.json`` with
+    ``{host, kernel, pcie}`` through to_nice_json(sort_keys=true), as the audit role's per-host copy wrote it."""
+    files = []
+    for host in hosts:
+        try:
+            result = hostvars[host].get(key)
+        except (KeyError, TypeError, AttributeError) as err:
+            raise AnsibleFilterError(f"audit_controller_files: cannot read the audit of {host} ({err}); "
+                                     "pass hostvars and a list of inventory host names") from err
+        if not isinstance(result, dict) or not isinstance(result.get("pcie"), dict):
+            continue
+        facts = hostvars[host].get("ansible_facts") or {}
+        doc = {"host": host, "kernel": facts.get("kernel", ""), "pcie": result["pcie"]}
+        files.append({"path": f"{directory}/{host}.json", "content": to_nice_json(doc, sort_keys=True) + "\n"})
+    return files
+
+
 def _tuning_changes(hostvars_of_host):
     return tuning_changes(hostvars_of_host)
 
@@ -37,6 +56,7 @@ class FilterModule:
     def filters(self):
         return {
             "fleet_audits": _fleet_audits,
+            "audit_controller_files": _audit_controller_files,
             "audit_markdown": _checked(render_markdown),
             "audit_html": _checked(render_html),
             "tuning_changes": _tuning_changes,

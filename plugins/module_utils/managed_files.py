@@ -21,12 +21,14 @@ class ManagedFilesError(Exception):
     """A path that cannot hold what is wanted (a file where a directory belongs, say)."""
 
 
-def wanted_dir(path: str, mode: int = 0o755, owner: tuple[int, int] = (0, 0)) -> dict:
-    return {"path": path, "mode": mode, "owner": tuple(owner)}
+def wanted_dir(path: str, mode: int = 0o755, owner: tuple[int, int] | None = (0, 0)) -> dict:
+    """A directory; ``owner`` (uid, gid), or None to leave the owner as it is (new ones: the caller's)."""
+    return {"path": path, "mode": mode, "owner": tuple(owner) if owner is not None else None}
 
 
-def wanted_file(path: str, content: str, mode: int = 0o644, owner: tuple[int, int] = (0, 0)) -> dict:
-    return {"path": path, "content": content, "mode": mode, "owner": tuple(owner)}
+def wanted_file(path: str, content: str, mode: int = 0o644, owner: tuple[int, int] | None = (0, 0)) -> dict:
+    """A whole file; ``owner`` (uid, gid), or None to leave the owner as it is (new ones: the caller's)."""
+    return {"path": path, "content": content, "mode": mode, "owner": tuple(owner) if owner is not None else None}
 
 
 def _mode(value: int) -> str:
@@ -44,7 +46,7 @@ def _attribute_actions(path: str, st, want: dict) -> tuple[list[dict], dict, dic
         actions.append({"action": "set_mode", "path": path, "before": _mode(stat.S_IMODE(st.st_mode)),
                         "after": _mode(want["mode"])})
         before["mode"], after["mode"] = _mode(stat.S_IMODE(st.st_mode)), _mode(want["mode"])
-    if (st.st_uid, st.st_gid) != want["owner"]:
+    if want["owner"] is not None and (st.st_uid, st.st_gid) != want["owner"]:
         actions.append({"action": "set_owner", "path": path, "before": _owner((st.st_uid, st.st_gid)),
                         "after": _owner(want["owner"])})
         before["owner"], after["owner"] = _owner((st.st_uid, st.st_gid)), _owner(want["owner"])
@@ -101,10 +103,12 @@ def apply(fs: HostFS, dirs: list[dict], files: list[dict], actions: list[dict]) 
         want = wanted[action["path"]]
         if action["action"] == "create_directory":
             fs.makedirs(want["path"], want["mode"])
-            fs.chown(want["path"], *want["owner"])
+            if want["owner"] is not None:
+                fs.chown(want["path"], *want["owner"])
         elif action["action"] in ("create", "write"):
             fs.write_atomic(want["path"], want["content"], want["mode"])
-            fs.chown(want["path"], *want["owner"])
+            if want["owner"] is not None:
+                fs.chown(want["path"], *want["owner"])
         elif action["action"] == "set_mode":
             fs.chmod(want["path"], want["mode"])
         elif action["action"] == "set_owner":
