@@ -40,9 +40,7 @@ def write(files: list[dict], directories: list[str], directory_mode: str, check_
               for f in files]
     fs = HostFS("/")
     try:
-        actions, diff = mf.plan(fs, dirs, wanted)
-        if actions and not check_mode:
-            mf.apply(fs, dirs, wanted, actions)
+        actions, diff = mf.converge(fs, dirs, wanted, check_mode)
     except (mf.ManagedFilesError, HostFSError) as err:
         raise AnsibleActionFail(f"controller_files: {err}. The files are written on the controller, as the user "
                                 "that runs ansible-playbook: check that it may write there.") from None

@@ -53,6 +53,15 @@ def _attribute_actions(path: str, st, want: dict) -> tuple[list[dict], dict, dic
     return actions, before, after
 
 
+def _attributes(path: str, st, want: dict, actions: list[dict], diff: list[dict]) -> None:
+    """Add the mode and owner changes of an existing path to ``actions`` and, if any, its diff entry."""
+    more, before, after = _attribute_actions(path, st, want)
+    if more:
+        actions.extend(more)
+        diff.append({"before": dict(before, path=path), "after": dict(after, path=path),
+                     "before_header": path, "after_header": path})
+
+
 def plan(fs: HostFS, dirs: list[dict], files: list[dict]) -> tuple[list[dict], list[dict]]:
     """The actions that bring ``dirs`` and ``files`` (wanted_dir/wanted_file) to what is wanted, and the
     diff (one entry per path that changes: a file's text before and after, a directory's state and
@@ -70,11 +79,7 @@ def plan(fs: HostFS, dirs: list[dict], files: list[dict]) -> tuple[list[dict], l
         if not stat.S_ISDIR(st.st_mode):
             raise ManagedFilesError(f"{path} exists and is not a directory: it must be one to hold the files written "
                                     f"there. Move it away and run again.")
-        more, before, after = _attribute_actions(path, st, want)
-        if more:
-            actions.extend(more)
-            diff.append({"before": dict(before, path=path), "after": dict(after, path=path),
-                         "before_header": path, "after_header": path})
+        _attributes(path, st, want, actions, diff)
     for want in files:
         path = want["path"]
         st = fs.lstat(path)
@@ -87,11 +92,15 @@ def plan(fs: HostFS, dirs: list[dict], files: list[dict]) -> tuple[list[dict], l
                            else {"action": "create", "path": path, "after": _mode(want["mode"])})
             diff.append({"before": current or "", "after": want["content"], "before_header": path, "after_header": path})
             continue  # the atomic write gives the file its mode and owner
-        more, before, after = _attribute_actions(path, st, want)
-        if more:
-            actions.extend(more)
-            diff.append({"before": dict(before, path=path), "after": dict(after, path=path),
-                         "before_header": path, "after_header": path})
+        _attributes(path, st, want, actions, diff)
+    return actions, diff
+
+
+def converge(fs: HostFS, dirs: list[dict], files: list[dict], check_mode: bool) -> tuple[list[dict], list[dict]]:
+    """plan(), then apply() what it found unless in check mode: (actions, diff) either way."""
+    actions, diff = plan(fs, dirs, files)
+    if actions and not check_mode:
+        apply(fs, dirs, files, actions)
     return actions, diff
 
 

@@ -52,10 +52,8 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None, owner: tuple[
     files = [mf.wanted_file(params["conf_path"], params["conf_content"], 0o644, owner),
              mf.wanted_file(params["env_file"], params["env_content"], 0o644, owner)]
     try:
-        actions, diff = mf.plan(fs, dirs, files)
+        actions, diff = mf.converge(fs, dirs, files, check_mode)
         if not check_mode:
-            if actions:
-                mf.apply(fs, dirs, files, actions)
             check_read_back(params, mf.read_back(fs, files))
     except mf.ManagedFilesError as err:
         raise NcclFilesError(str(err)) from None

@@ -267,7 +267,4 @@ def keep_report(fs: HostFS, dest: str, text: str, check_mode: bool, owner: tuple
     Raises managed_files.ManagedFilesError when the path cannot hold the file."""
     dirs = [managed_files.wanted_dir(os.path.dirname(dest) or "/", 0o755, owner)]
     files = [managed_files.wanted_file(dest, text, 0o644, owner)]
-    actions, diff = managed_files.plan(fs, dirs, files)
-    if actions and not check_mode:
-        managed_files.apply(fs, dirs, files, actions)
-    return actions, diff
+    return managed_files.converge(fs, dirs, files, check_mode)
