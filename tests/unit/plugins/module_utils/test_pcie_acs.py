@@ -111,9 +111,14 @@ def test_plan_clear_and_restore():
         pa.plan_restore(record, {"0000:02:00.0": dict(cleared["0000:02:00.0"], device_id="0xbeef")})
 
 
-@pytest.mark.parametrize("text", ["", "   \n", "{", "[]"])
-def test_an_empty_or_broken_record_is_an_error_never_no_record(text):
-    with pytest.raises(pa.AcsError, match="is empty: it should hold|not valid JSON|not a gpufleet.inference.pcie_acs record"):
+@pytest.mark.parametrize("text,message", [
+    ("", "is empty: it should hold the original ACS Control values"),
+    ("   \n", "is empty: it should hold the original ACS Control values"),
+    ("{", "not valid JSON"),
+    ("[]", "not a gpufleet.inference.pcie_acs record"),
+])
+def test_an_empty_or_broken_record_is_an_error_never_no_record(text, message):
+    with pytest.raises(pa.AcsError, match=message):
         pa.parse_record(text, "/var/lib/gpufleet/pcie_acs/originals.json")
     assert pa.parse_record(None, "x") == pa.empty_record()
 
