@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import tempfile
 
 
@@ -211,6 +212,22 @@ class HostFS:
         try:
             os.unlink(self.path(host_path))
             fsync_dir(os.path.dirname(self.path(host_path)))
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as err:
+            raise HostFSError("remove", host_path, err) from None
+
+    def remove_tree(self, host_path: str) -> bool:
+        """Remove a directory and everything under it (a file too); False when it was not there. Links are
+        removed, never followed."""
+        real = self.path(host_path)
+        try:
+            if os.path.isdir(real) and not os.path.islink(real):
+                shutil.rmtree(real)
+            else:
+                os.unlink(real)
+            fsync_dir(os.path.dirname(real))
             return True
         except FileNotFoundError:
             return False

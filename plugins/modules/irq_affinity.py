@@ -28,10 +28,13 @@ description:
     used go into C(IRQBALANCE_BANNED_CPULIST). Either way only the module's own part of the irqbalance environment
     file changes. RV(irqbalance.restart_required) says when irqbalance must be restarted, and
     RV(irqbalance.present) reports when irqbalance is not installed.
-  - With O(persist), the function and its settings go to C(/etc/gpufleet/irq_affinity.json). The
-    C(gpufleet.inference.irq_affinity) role installs a script, a udev rule and systemd units that re-apply the pinning
-    from that file at boot and whenever a driver binds the function again. The kernel resets affinity when a driver
-    re-requests its vectors, and the new vectors get new numbers.
+  - With O(persist), the function and its settings go to C(/etc/gpufleet/irq_affinity.json). With O(install_reapply)
+    as well, the same run installs what re-applies the pinning from that file at boot and whenever a driver binds the
+    function again (the kernel resets affinity when a driver re-requests its vectors, and the new vectors get new
+    numbers). That is the script C(/usr/local/libexec/gpufleet-irq-affinity-apply), which carries the module's own
+    module_utils, the units C(gpufleet-irq-affinity.service) (enabled) and C(gpufleet-irq-affinity@.service), and the
+    udev rule C(/etc/udev/rules.d/90-gpufleet-irq-affinity.rules). With O(reapply_interval), a timer is added. Each file
+    is read back and shown in the diff. The C(gpufleet.inference.irq_affinity) role uses this.
   - Reports per IRQ the affinity before and after, the NUMA node, and whether it was served remotely.
 author:
   - gpufleet.inference contributors (@gpufleet)
@@ -115,7 +118,38 @@ options:
         irqbalance ban; their interrupts stay where they are until irqbalance moves them.
     type: bool
     default: false
+  install_reapply:
+    description:
+      - Also install the boot-time and bind-time re-apply (needs O(persist)). The script and its two units are written
+        when O(devices) is not empty and O(state=present). The udev rule and the enabled boot unit follow the functions
+        the configuration holds; the rule is removed when it holds none. systemd is reloaded when a unit file changes,
+        and the udev rules are reloaded when the rule changes.
+      - Under a O(root) other than C(/), units are enabled with C(systemctl --root), and nothing that needs the running
+        systemd or udev is done.
+    type: bool
+    default: false
+  reapply_wait:
+    description: Seconds the re-apply script waits for a function's vectors to appear and settle after a bind or boot.
+    type: int
+    default: 30
+  reapply_interval:
+    description:
+      - Also re-apply periodically, every this systemd time span (C(10min)), through C(gpufleet-irq-affinity.timer).
+        Empty removes the timer an earlier run installed.
+    type: str
+    default: ''
+  reapply_python:
+    description:
+      - The host's Python 3.7 or later, the re-apply script's C(#!) line. By default C(/usr/bin/python3) when the host
+        has it, else the interpreter of the module run.
+    type: path
+  legacy_libdir:
+    description:
+      - Where earlier versions copied the module_utils for the re-apply script. Its C(ansible_collections) directory is
+        removed when the script is installed.
+    type: path
 notes:
+  - C(systemctl is-active) is asked about the timer in check mode too (a read).
   - Kernel-managed vectors cannot be told from others without writing. After a real run the module remembers them in
     C(/run/gpufleet), so that check mode can then predict them.
 seealso:
@@ -146,6 +180,15 @@ EXAMPLES = r"""
     irqbalance: banned_cpus
   become: true
 
+- name: Pin a GPU's interrupts and install what re-applies them at boot and on driver bind (what the role does)
+  gpufleet.inference.irq_affinity:
+    devices: ['10de:2335']
+    persist: true
+    exclusive: true
+    install_reapply: true
+    reapply_interval: 10min
+  become: true
+
 - name: Give the interrupts back to the kernel's default and irqbalance
   gpufleet.inference.irq_affinity:
     devices: ['0000:5e:00.0']
@@ -160,7 +203,9 @@ actions:
     - What the module did, or would do in check mode. An interrupt is C(action=pin) (O(state=present)) or C(action=reset)
       (O(state=absent)) with the C(path) of its C(smp_affinity_list), the C(irq) number, the C(device) it belongs to and
       the CPU list C(before) and C(after); a file is C(action=write) or C(action=remove) with its C(path) (the contents
-      are in the diff).
+      are in the diff). With O(install_reapply), also C(action=create), C(write), C(remove) or C(remove_tree) with a
+      C(path), and C(action=daemon_reload), C(enable_unit), C(disable_unit), C(start_unit) or C(reload_udev_rules) with
+      the C(unit) and the C(argv) run.
   returned: always
   type: list
   elements: dict
@@ -247,6 +292,25 @@ persisted:
   type: list
   elements: str
   sample: ["0000:3b:00.0"]
+reapply:
+  description: With O(install_reapply), the re-apply as the run leaves it (in check mode, as it would leave it).
+  returned: success and O(install_reapply)
+  type: dict
+  contains:
+    script:
+      description: Path of the re-apply script, null when it is not installed.
+      type: str
+    unit_enabled:
+      description: C(gpufleet-irq-affinity.service) is enabled for boot.
+      type: bool
+    timer:
+      description: The timer unit when O(reapply_interval) is set and functions are pinned, else null.
+      type: str
+    udev_rule:
+      description: The udev rule's path while functions are pinned, else null.
+      type: str
+  sample: {script: /usr/local/libexec/gpufleet-irq-affinity-apply, unit_enabled: true, timer: null,
+           udev_rule: /etc/udev/rules.d/90-gpufleet-irq-affinity.rules}
 diff:
   description: Affinities and files before and after, in diff mode.
   returned: when diff mode is on and something changes
@@ -256,9 +320,10 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq_affinity import IrqError
-from ansible_collections.gpufleet.inference.plugins.module_utils.irq_pinning import execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq_boot import execute
 
 
 def main():
@@ -277,12 +342,17 @@ def main():
             irqbalance_config=dict(type="path"),
             persist=dict(type="bool", default=False),
             exclusive=dict(type="bool", default=False),
+            install_reapply=dict(type="bool", default=False),
+            reapply_wait=dict(type="int", default=30),
+            reapply_interval=dict(type="str", default=""),
+            reapply_python=dict(type="path"),
+            legacy_libdir=dict(type="path"),
         ),
         supports_check_mode=True,
     )
-    root = module.params["root"]
+    fs = HostFS(module.params["root"])
     finish(module, "irq_affinity", "reads sysfs and writes /proc/irq",
-           lambda: execute(module.params, HostFS(root), module.check_mode, warn=module.warn), IrqError)
+           lambda: execute(module.params, fs, module.check_mode, warn=module.warn, cmds=HostCmd(module, fs)), IrqError)
 
 
 if __name__ == "__main__":
