@@ -249,7 +249,10 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None, cmds=None) ->
     if not install_asked:
         return result
     systemd = Systemd(cmds, fs)
-    steps = plan(fs, systemd, params, result["persisted"], script)
+    try:
+        steps = plan(fs, systemd, params, result["persisted"], script)
+    except IrqError as err:  # the pinning may be written by now: say so
+        raise Failed(str(err), changed=result["changed"]) from None
     if not check_mode:
         apply(fs, systemd, steps)
 

@@ -171,3 +171,17 @@ def test_timespans_systemd_reads_are_accepted():
         assert irq_boot.TIMESPAN.match(good), good
     for bad in ("", "min", "10 minutes; rm", "10min\n[Install]", "-5s"):
         assert not irq_boot.TIMESPAN.match(bad), bad
+
+
+@needs_systemctl
+def test_unpinning_one_function_where_no_boot_unit_was_ever_installed_says_what_to_run(tmp_path, capsys):
+    """Functions were pinned with persist but without install_reapply; unpinning one of them with it cannot enable a
+    unit that is not there (state: absent installs nothing): the run fails as changed (the interrupt was reset) and
+    says how to install the unit."""
+    host = numa_host(tmp_path)
+    run_module(irq_affinity, args(host, install_reapply=False), capsys)
+    result = run_module(irq_affinity, args(host, devices=[G0], state="absent", exclusive=False), capsys)
+    assert result["failed"] is True and result["changed"] is True, result
+    assert result["msg"] == (f"{irq_boot.SERVICE} is not installed, so the pinning of {G1} would not come back at boot: run "
+                             "with install_reapply: true and state: present (the irq_affinity role does).")
+    assert text(host, "/proc/irq/100/smp_affinity_list").strip() == "0-15"  # reset to the default affinity
