@@ -270,13 +270,19 @@ def unit_active(cmds, unit: str) -> bool:
     return rc == 0 and out.strip() in ("active", "reloading", "activating")
 
 
-def execute(p: dict, fs: HostFS, cmds) -> dict:
+def execute(p: dict, fs: HostFS, cmds, check_mode: bool = False, warn=None) -> dict:
     """The module's run: the model readable by the service user, the port free or the unit's own. Changes nothing;
-    Failed with the model's and the port's facts when a check fails."""
+    Failed with the model's and the port's facts when a check fails. In check mode with ``model_pending``, a model
+    path that does not exist yet (an earlier task of the run creates it) is reported as pending, with a warning."""
     if not 1 <= p["port"] <= 65535:
         raise Failed(f"port {p['port']} is outside 1..65535", actions=[])
     model = {"path": p["model"], "kind": "hub id", "config": None, "readable_by": None}
-    if p["model_is_path"]:
+    if p["model_is_path"] and check_mode and p.get("model_pending") and not os.path.lexists(fs.path(p["model"])):
+        model = {"path": p["model"], "kind": "pending", "config": None, "readable_by": None}
+        if warn:
+            warn(f"Model path {p['model']} does not exist yet; an earlier task of this run puts it in place "
+                 "(model_pending), which check mode only previewed. The real run checks it.")
+    elif p["model_is_path"]:
         model, err = check_model(fs, p["model"], p["user"], p["protect_home"])
         if err:
             raise Failed(err, model=model, actions=[])

@@ -59,6 +59,13 @@ options:
     description: Fail unless O(unit) holds the port.
     type: bool
     default: false
+  model_pending:
+    description:
+      - In check mode only, an earlier task of the same run puts the model in place (a copy or sync that check mode
+        only previewed). A model path that does not exist yet is then reported with C(kind=pending) and a warning
+        instead of failing, and the port is still checked. Ignored in a real run, where the model must be there.
+    type: bool
+    default: false
 notes:
   - In an unprivileged container, root may not read other users' C(/proc/PID/fd); the holder is then named by the
     socket's user only, and a listener owned by O(user) while O(unit) is active counts as the unit's.
@@ -128,13 +135,14 @@ def main():
             user=dict(type="str"),
             protect_home=dict(type="bool", default=True),
             expect_ours=dict(type="bool", default=False),
+            model_pending=dict(type="bool", default=False),
             root=dict(type="path", default="/"),
         ),
         supports_check_mode=True,
     )
     fs = HostFS(module.params["root"])
     finish(module, "vllm_preflight", "reads the model's files and /proc",
-           lambda: execute(module.params, fs, HostCmd(module, fs)), ValueError)
+           lambda: execute(module.params, fs, HostCmd(module, fs), check_mode=module.check_mode, warn=module.warn), ValueError)
 
 
 if __name__ == "__main__":
