@@ -30,6 +30,7 @@ class HostCmd:
     def __init__(self, module, fs):
         self.module = module
         self.fs = fs
+        self._systemctl: str | None = None
         # Also for commands a module runs through module.run_command directly.
         module.run_command_environ_update = dict(C_LOCALE)
 
@@ -55,6 +56,13 @@ class HostCmd:
         """The path of tool ``name`` on the machine the module runs on, whatever the root: for tools that are pointed
         at the tree by an option of their own (``setpci -O sysfs.path=ROOT/sys/bus/pci``), never chrooted."""
         return self.module.get_bin_path(name, required=required)
+
+    def systemctl(self, *args: str) -> list[str]:
+        """``systemctl ARGS`` for this root: the live one, with ``--root=ROOT`` for a tree other than ``/``
+        (systemctl then enables and disables units offline, in the tree)."""
+        if self._systemctl is None:
+            self._systemctl = self.find_live("systemctl", required=True)
+        return [self._systemctl] + ([f"--root={self.fs.root}"] if self.chrooted else []) + list(args)
 
     def argv(self, argv: list[str]) -> list[str]:
         """``argv`` as it runs on the host: as is on ``/``, through ``chroot ROOT`` otherwise."""

@@ -121,13 +121,12 @@ class Systemd:
         self.cmds = cmds
         self.fs = fs
         self.live = fs.root == "/"
-        self._bin: dict[str, str] = {}
 
     def argv(self, tool: str, *args: str) -> list[str]:
-        if tool not in self._bin:
-            self._bin[tool] = self.cmds.find_live(tool, required=True)
-        root = [] if self.live or tool != "systemctl" else [f"--root={self.fs.root}"]
-        return [self._bin[tool]] + root + list(args)
+        """systemctl through HostCmd.systemctl (``--root`` under a tree); udevadm, asked only on a live host."""
+        if tool == "systemctl":
+            return self.cmds.systemctl(*args)
+        return [self.cmds.find_live(tool, required=True)] + list(args)
 
     def active(self, unit: str) -> bool:
         """Whether ``unit`` runs (a read: also in check mode); only asked on a live host."""

@@ -45,7 +45,6 @@ class PcieState:
         self.setpci = setpci
         self.cmds = HostCmd(module, fs)
         self.record_path = module.params["state_dir"].rstrip("/") + "/" + record_file
-        self._systemctl: str | None = None
 
     # ---- readers ----------------------------------------------------------------------------
     def read(self, path: str) -> str | None:
@@ -70,11 +69,8 @@ class PcieState:
         return self.render_script(self.python())
 
     def systemctl_argv(self, *args: str) -> list[str]:
-        """systemctl on the host; ``--root=ROOT`` for a tree other than ``/`` (systemctl edits it offline)."""
-        if self._systemctl is None:
-            self._systemctl = self.cmds.find_live("systemctl", required=True)
-        root = [] if self.fs.root == "/" else [f"--root={self.fs.root}"]
-        return [self._systemctl] + root + list(args)
+        """systemctl on the host; ``--root=ROOT`` for a tree other than ``/`` (HostCmd.systemctl)."""
+        return self.cmds.systemctl(*args)
 
     def run(self, argv: list[str]) -> tuple[int, str, str]:
         return self.cmds.run(argv)

@@ -277,7 +277,7 @@ def execute(p: dict, fs: HostFS, cmds, check_mode: bool = False, warn=None) -> d
     if not 1 <= p["port"] <= 65535:
         raise Failed(f"port {p['port']} is outside 1..65535", actions=[])
     model = {"path": p["model"], "kind": "hub id", "config": None, "readable_by": None}
-    if p["model_is_path"] and check_mode and p.get("model_pending") and not os.path.lexists(fs.path(p["model"])):
+    if p["model_is_path"] and check_mode and p.get("model_pending") and not fs.exists(p["model"]):
         model = {"path": p["model"], "kind": "pending", "config": None, "readable_by": None}
         if warn:
             warn(f"Model path {p['model']} does not exist yet; an earlier task of this run puts it in place "
