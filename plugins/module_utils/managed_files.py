@@ -26,9 +26,24 @@ def wanted_dir(path: str, mode: int = 0o755, owner: tuple[int, int] | None = (0,
     return {"path": path, "mode": mode, "owner": tuple(owner) if owner is not None else None}
 
 
-def wanted_file(path: str, content: str, mode: int = 0o644, owner: tuple[int, int] | None = (0, 0)) -> dict:
-    """A whole file; ``owner`` (uid, gid), or None to leave the owner as it is (new ones: the caller's)."""
-    return {"path": path, "content": content, "mode": mode, "owner": tuple(owner) if owner is not None else None}
+def wanted_file(path: str, content: str, mode: int = 0o644, owner: tuple[int, int] | None = (0, 0),
+                shown: bool = True) -> dict:
+    """A whole file; ``owner`` (uid, gid), or None to leave the owner as it is (new ones: the caller's).
+    ``shown=False`` keeps its text out of the diff (a secret): the diff names its size only."""
+    return {"path": path, "content": content, "mode": mode, "owner": tuple(owner) if owner is not None else None,
+            "shown": shown}
+
+
+def wanted_absent(path: str, shown: bool = True) -> dict:
+    """A file that must not be there (removed when it is); ``shown=False`` as for wanted_file."""
+    return {"path": path, "content": None, "shown": shown}
+
+
+def _text(want: dict, text: str | None) -> str:
+    """What the diff shows of a file's text: the text, or for a hidden file its size only."""
+    if not text:
+        return ""
+    return text if want.get("shown", True) else f"({len(text.encode())} bytes, not shown)\n"
 
 
 def _mode(value: int) -> str:
@@ -87,10 +102,17 @@ def plan(fs: HostFS, dirs: list[dict], files: list[dict]) -> tuple[list[dict], l
             raise ManagedFilesError(f"{path} exists and is not a regular file (a directory or a link): move it away "
                                     f"so that the file can be written there, and run again.")
         current = fs.read_exact(path) if st is not None else None
+        if want["content"] is None:  # wanted_absent
+            if st is not None:
+                actions.append({"action": "remove", "path": path})
+                diff.append({"before": _text(want, current), "after": "", "before_header": path,
+                             "after_header": f"{path} (removed)"})
+            continue
         if current != want["content"]:
             actions.append({"action": "write", "path": path} if current is not None
                            else {"action": "create", "path": path, "after": _mode(want["mode"])})
-            diff.append({"before": current or "", "after": want["content"], "before_header": path, "after_header": path})
+            diff.append({"before": _text(want, current), "after": _text(want, want["content"]), "before_header": path,
+                         "after_header": path})
             continue  # the atomic write gives the file its mode and owner
         _attributes(path, st, want, actions, diff)
     return actions, diff
@@ -105,8 +127,8 @@ def converge(fs: HostFS, dirs: list[dict], files: list[dict], check_mode: bool) 
 
 
 def apply(fs: HostFS, dirs: list[dict], files: list[dict], actions: list[dict]) -> None:
-    """Carry out ``actions`` (from plan()): directories first, then whole files written atomically with
-    their mode, then modes and owners."""
+    """Carry out ``actions`` (from plan()), in their order: directories, whole files written atomically with
+    their mode (or removed), modes and owners."""
     wanted = {w["path"]: w for w in list(dirs) + list(files)}
     for action in actions:
         want = wanted[action["path"]]
@@ -118,6 +140,8 @@ def apply(fs: HostFS, dirs: list[dict], files: list[dict], actions: list[dict]) 
             fs.write_atomic(want["path"], want["content"], want["mode"])
             if want["owner"] is not None:
                 fs.chown(want["path"], *want["owner"])
+        elif action["action"] == "remove":
+            fs.remove(want["path"])
         elif action["action"] == "set_mode":
             fs.chmod(want["path"], want["mode"])
         elif action["action"] == "set_owner":
@@ -127,3 +151,18 @@ def apply(fs: HostFS, dirs: list[dict], files: list[dict], actions: list[dict]) 
 def read_back(fs: HostFS, files: list[dict]) -> dict:
     """path -> the text the file holds now (None when it is gone)."""
     return {want["path"]: fs.read_exact(want["path"]) for want in files}
+
+
+def unlike(files: list[dict], texts: dict) -> list[str]:
+    """What read_back() found that is not as wanted, one phrase per path (no file text in them)."""
+    problems = []
+    for want in files:
+        path, text = want["path"], texts.get(want["path"])
+        if want["content"] is None:
+            if text is not None:
+                problems.append(f"{path} is still there")
+        elif text is None:
+            problems.append(f"{path} is missing")
+        elif text != want["content"]:
+            problems.append(f"{path} differs from what was written")
+    return problems

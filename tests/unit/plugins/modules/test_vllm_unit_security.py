@@ -18,6 +18,8 @@ import yaml
 from ansible.plugins.filter.core import FilterModule as CoreFilters
 
 from ansible_collections.gpufleet.inference.plugins.filter.vllm_args import FilterModule as VllmFilters
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_service_files import nccl_state, stamp_unit
 from tests.helpers import REPO
 
 ANALYZE = shutil.which("systemd-analyze")
@@ -25,7 +27,9 @@ pytestmark = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not 
 ROLE = os.path.join(REPO, "roles", "vllm_service")
 
 
-def render(**overrides) -> str:
+def render(nccl_root: str = "/nonexistent", **overrides) -> str:
+    """The unit as the role writes it: the template, then the vllm_service_files module's NCCL stamp (the
+    NCCL file read under ``nccl_root``)."""
     with open(os.path.join(ROLE, "defaults", "main.yml"), encoding="utf-8") as fh:
         defaults = yaml.safe_load(fh)
     vars_ = {k: v for k, v in defaults.items() if not isinstance(v, str) or "{{" not in v}
@@ -35,8 +39,9 @@ def render(**overrides) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(os.path.join(ROLE, "templates")), keep_trailing_newline=True)
     env.filters.update(CoreFilters().filters())
     vars_.update(ansible_managed="Ansible managed", __vllm_service=VllmFilters().filters()["vllm_args"](params),
-                 __vllm_service_nccl_sum="absent", __vllm_service_venv_target="/opt/gpufleet/vllm/vllm-x")
-    return env.get_template("vllm.service.j2").render(**vars_)
+                 __vllm_service_venv_target="/opt/gpufleet/vllm/vllm-x")
+    text = env.get_template("vllm.service.j2").render(**vars_)
+    return stamp_unit(text, nccl_state(HostFS(nccl_root), vars_["vllm_service_nccl_env_file"]))
 
 
 def exposure(tmp_path, text: str) -> float:
