@@ -6,9 +6,9 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible.plugins.filter.core import to_nice_json
 from ansible_collections.gpufleet.inference.plugins.module_utils.audit_report import (
     fleet_audits, render_html, render_markdown, tuning_changes)
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_audit import render_report
 
 
 def _fleet_audits(hostvars, hosts, key="__audit_result", benchmark_dir=None, tuning_dir=None, audit_dir=None):
@@ -30,7 +30,7 @@ def _checked(render):
 
 def _audit_controller_files(hostvars, hosts, directory, key="__audit_result"):
     """One {path, content} per host of ``hosts`` that holds an audit result: ``<directory>/<host>.json`` with
-    ``{host, kernel, pcie}`` through to_nice_json(sort_keys=true), as the audit role's per-host copy wrote it."""
+    ``{host, kernel, pcie}`` as render_report writes it: the bytes pcie_facts keeps on the host."""
     files = []
     for host in hosts:
         try:
@@ -41,8 +41,8 @@ def _audit_controller_files(hostvars, hosts, directory, key="__audit_result"):
         if not isinstance(result, dict) or not isinstance(result.get("pcie"), dict):
             continue
         facts = hostvars[host].get("ansible_facts") or {}
-        doc = {"host": host, "kernel": facts.get("kernel", ""), "pcie": result["pcie"]}
-        files.append({"path": f"{directory}/{host}.json", "content": to_nice_json(doc, sort_keys=True) + "\n"})
+        files.append({"path": f"{directory}/{host}.json",
+                      "content": render_report(host, facts.get("kernel", ""), result["pcie"])})
     return files
 
 

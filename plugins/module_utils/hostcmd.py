@@ -13,6 +13,9 @@ module's ``main()`` turns into its failure.
 
 from __future__ import annotations
 
+import os
+import sys
+
 # The locale of every command a module runs (LC_ALL wins over the rest; the others are for tools
 # that read one of them directly).
 C_LOCALE = {"LANG": "C", "LC_ALL": "C", "LC_MESSAGES": "C", "LC_CTYPE": "C"}
@@ -63,6 +66,34 @@ class HostCmd:
         if self._systemctl is None:
             self._systemctl = self.find_live("systemctl", required=True)
         return [self._systemctl] + ([f"--root={self.fs.root}"] if self.chrooted else []) + list(args)
+
+    def script_python(self) -> str:
+        """The interpreter a boot-time re-apply script names in its #! line: the one running this module, which runs
+        the module_utils the script carries, by its stable name /usr/bin/python3 when that is the same interpreter (on
+        EL 8, /usr/bin/python3 may be a 3.6 beside the 3.11 Ansible uses). Under a tree: the tree's /usr/bin/python3
+        if it has one, else this one."""
+        running = sys.executable or "/usr/bin/python3"
+        if self.chrooted:
+            return "/usr/bin/python3" if self.fs.exists("/usr/bin/python3") else running
+        try:
+            return "/usr/bin/python3" if os.path.samefile("/usr/bin/python3", running) else running
+        except OSError:
+            return running
+
+    def unit_step(self, argv: list[str], in_place: str, fix: str, wants: str | None = None, unit: str = "") -> dict | None:
+        """Run one systemctl step of installing a boot-time re-apply (enable, disable, daemon-reload, start) and check
+        that it took: after an enable, that ``wants`` (the unit's link in its target's .wants) exists. None when it
+        did; else ``{msg, rc, stderr}`` for the caller's failure (changed: the step ran), the message saying what
+        failed, what is in place all the same (``in_place``) and what to do (``fix``)."""
+        rc, out, err = self.run(argv)
+        cmd = " ".join(argv)
+        if rc != 0:
+            return {"msg": f"'{cmd}' exited {rc}: {(err or out).strip()}. {in_place}. {fix}", "rc": rc, "stderr": err}
+        if wants and not self.fs.exists(wants):
+            name = unit or os.path.basename(wants)
+            return {"msg": f"'{cmd}' succeeded but {wants} does not exist: {name} will not run at boot. {in_place}. Look "
+                           f"for an [Install] section systemd rejected (systemctl cat {name}).", "rc": rc, "stderr": err}
+        return None
 
     def argv(self, argv: list[str]) -> list[str]:
         """``argv`` as it runs on the host: as is on ``/``, through ``chroot ROOT`` otherwise."""

@@ -28,7 +28,6 @@ systemd or udev (daemon-reload, start, stop, the rule reload) runs.
 from __future__ import annotations
 
 import re
-import sys
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import irq_reapply, managed_files
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS
@@ -107,11 +106,6 @@ def validate(params: dict) -> None:
     if python and not python.startswith("/"):
         raise IrqError(f"reapply_python {python!r} must be the absolute path of the host's Python 3.7 or later "
                        "(the re-apply script's #! line), such as /usr/bin/python3.")
-
-
-def default_python(fs: HostFS) -> str:
-    """The script's interpreter when none is given: /usr/bin/python3 when the host (tree) has it, else this one."""
-    return "/usr/bin/python3" if fs.exists("/usr/bin/python3") else (sys.executable or "/usr/bin/python3")
 
 
 class Systemd:
@@ -200,15 +194,12 @@ def apply(fs: HostFS, systemd: Systemd, steps: dict) -> None:
     """Carry out plan()'s steps: stop what goes, write and remove files (read back), then reload and enable.
     Raises Failed (changed) with the step that failed; the pinning is in place by then."""
     def run(cmd: dict) -> None:
-        rc, out, err = systemd.cmds.run(cmd["argv"])
-        if rc != 0:
-            raise Failed(f"'{' '.join(cmd['argv'])}' exited {rc}: {(err or out).strip()}. The interrupts are pinned; only "
-                         "their re-apply at boot and on driver bind is not installed. Check that systemd manages this host "
-                         "(systemctl status), then run again.", changed=True, rc=rc, stderr=err)
-        if cmd.get("wants") and not fs.exists(cmd["wants"]):
-            raise Failed(f"'{' '.join(cmd['argv'])}' succeeded but {cmd['wants']} does not exist: {cmd['unit']} will not "
-                         "run at boot. Look for a [Install] section systemd rejected (systemctl cat "
-                         f"{cmd['unit']}).", changed=True)
+        problem = systemd.cmds.unit_step(
+            cmd["argv"], "The interrupts are pinned; only their re-apply at boot and on driver bind is not installed",
+            "Check that systemd manages this host (systemctl status), then run again.", wants=cmd.get("wants"),
+            unit=cmd.get("unit", ""))
+        if problem:
+            raise Failed(problem.pop("msg"), changed=True, **problem)
     for cmd in steps["before_cmds"]:
         run(cmd)
     managed_files.apply(fs, steps["dirs"], steps["files"], steps["file_actions"])
@@ -241,7 +232,7 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None, cmds=None) ->
     script = None
     if install_asked and params["state"] == "present" and params["devices"]:
         try:
-            script = irq_reapply.render_script(params.get("reapply_python") or default_python(fs))
+            script = irq_reapply.render_script(params.get("reapply_python") or cmds.script_python())
         except BundleError as err:
             raise IrqError(f"Cannot build the re-apply script: {err}") from None
     result = pin(params, fs, check_mode, warn)
@@ -260,7 +251,7 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None, cmds=None) ->
     # in the order apply() takes them
     actions = [command(c) for c in steps["before_cmds"]]
     actions += [{"action": a["action"], "path": a["path"]} for a in steps["file_actions"]]
-    actions += [{"action": r["action"], "path": r["path"]} for r in steps["removals"]]
+    actions += [{"action": r["action"], "path": r["path"], "why": r["why"]} for r in steps["removals"]]
     actions += [command(c) for c in steps["after_cmds"]]
     result["actions"] = result["actions"] + actions
     result["diff"] = result["diff"] + steps["diff"]

@@ -253,9 +253,10 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
 
 
 def render_report(host: str, kernel: str, facts: dict) -> str:
-    """The audit JSON the audit role keeps on the host and on the controller: ``{host, kernel, pcie}``
-    as Ansible's ``to_nice_json(sort_keys=true)`` writes it (after the JSON round trip a module result
-    makes, so integer keys become strings as the controller sees them), plus a newline."""
+    """The audit JSON the audit role keeps on the host and on the controller (the audit_controller_files filter
+    calls this too): ``{host, kernel, pcie}`` as Ansible's ``to_nice_json(sort_keys=true)`` writes it (ASCII, other
+    characters escaped), after the JSON round trip a module result makes (integer keys become strings as the
+    controller sees them), plus a newline."""
     doc = json.loads(json.dumps({"host": host, "kernel": kernel, "pcie": facts}))
     return json.dumps(doc, indent=4, sort_keys=True, separators=(",", ": ")) + "\n"
 

@@ -14,9 +14,6 @@ extra result keys), never ``fail_json``-ed here: the module's ``main()`` turns t
 
 from __future__ import annotations
 
-import os
-import sys
-
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import UNIT_WANTS, render_json
@@ -52,17 +49,8 @@ class PcieState:
         return self.fs.read_exact(path)
 
     def python(self) -> str:
-        """The interpreter the boot script names: the one running this module, which runs these module_utils
-        (the script carries them), by its stable name /usr/bin/python3 when that is the same interpreter (on
-        EL 8, /usr/bin/python3 may be a 3.6 beside the 3.11 Ansible uses). On a test tree: the tree's
-        /usr/bin/python3 if it has one, else this one."""
-        running = sys.executable or "/usr/bin/python3"
-        if self.fs.root != "/":
-            return "/usr/bin/python3" if self.fs.exists("/usr/bin/python3") else running
-        try:
-            return "/usr/bin/python3" if os.path.samefile("/usr/bin/python3", running) else running
-        except OSError:
-            return running
+        """The interpreter the boot script names (HostCmd.script_python)."""
+        return self.cmds.script_python()
 
     def script(self) -> str:
         """The boot applier (pcie_boot_apply.render_script) for this host's interpreter."""
@@ -103,11 +91,8 @@ class PcieState:
             elif kind in ("remove_record", "remove_file"):
                 self.fs.remove(action["path"])
             elif kind in ("enable_unit", "disable_unit", "daemon_reload"):
-                rc, out, err = self.run(action["argv"])
-                if rc != 0:
-                    raise StepFailed(f"'{' '.join(action['argv'])}' exited {rc}: {(err or out).strip()}. {self.SET_WHAT}; only "
-                                     "the boot persistence failed. Check that systemd manages this host, or set persist: false.",
-                                     changed=True, rc=rc, stderr=err)
-                if kind == "enable_unit" and not self.fs.exists(UNIT_WANTS):
-                    raise StepFailed(f"'{' '.join(action['argv'])}' succeeded but {UNIT_WANTS} does not exist: the unit "
-                                     "will not run at boot.", changed=True)
+                problem = self.cmds.unit_step(action["argv"], f"{self.SET_WHAT}; only the boot persistence failed",
+                                              "Check that systemd manages this host, or set persist: false.",
+                                              wants=UNIT_WANTS if kind == "enable_unit" else None)
+                if problem:
+                    raise StepFailed(problem.pop("msg"), changed=True, **problem)

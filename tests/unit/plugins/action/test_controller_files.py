@@ -94,6 +94,12 @@ def test_audit_controller_files_match_the_per_host_copy_and_the_host_json(tmp_pa
     assert json.loads(files[1]["content"])["kernel"] == ""
     # and the same bytes pcie_facts keeps on the host (dest)
     assert files[0]["content"] == pcie_audit.render_report("gpu1", "6.1.0-28-amd64", pcie)
+    # a device name beyond ASCII: one text for both copies, as to_nice_json writes it
+    named = dict(pcie, gpus=[{"bdf": "0000:17:00.0", "name": "GH100 [H200 NVL] \u00ae"}])
+    text = pcie_audit.render_report("gpu1", "k", named)
+    assert text == to_nice_json({"host": "gpu1", "kernel": "k", "pcie": named}, sort_keys=True) + "\n" and "\\u00ae" in text
+    assert FILES["audit_controller_files"](HostVars({"gpu1": {"__audit_result": {"pcie": named}, "ansible_facts": {"kernel": "k"}}}),
+                                           ["gpu1"], "/r")[0]["content"] == text
 
 
 def test_audit_controller_files_wants_hostvars():

@@ -120,7 +120,7 @@ def test_unpinning_everything_removes_the_rule_and_leaves_the_inert_unit(tmp_pat
     host = numa_host(tmp_path)
     run_module(irq_affinity, args(host), capsys)
     gone = run_module(irq_affinity, args(host, state="absent", exclusive=False), capsys)
-    assert gone["persisted"] == [] and ("remove", irq_boot.UDEV_RULE) in [(a["action"], a.get("path")) for a in gone["actions"]]
+    assert gone["persisted"] == [] and {"action": "remove", "path": irq_boot.UDEV_RULE, "why": "no function is pinned"} in gone["actions"]
     assert text(host, irq_boot.UDEV_RULE) is None and text(host, ia.CONFIG_FILE) is None
     assert gone["reapply"]["udev_rule"] is None
     assert run_module(irq_affinity, args(host, state="absent", exclusive=False), capsys)["changed"] is False
