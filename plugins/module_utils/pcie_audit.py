@@ -269,3 +269,26 @@ def keep_report(fs: HostFS, dest: str, text: str, check_mode: bool, owner: tuple
     dirs = [managed_files.wanted_dir(os.path.dirname(dest) or "/", 0o755, owner)]
     files = [managed_files.wanted_file(dest, text, 0o644, owner)]
     return managed_files.converge(fs, dirs, files, check_mode)
+
+
+# What execute() raises as the module's message, nothing changed.
+KNOWN_ERRORS = (TopologyError, NvmlUnavailable, managed_files.ManagedFilesError, ValueError)
+
+
+def execute(params: dict, fs: HostFS, check_mode: bool, run=None, warn=None) -> dict:
+    """The pcie_facts module's run: the audit (gather()) and, with ``dest``, its JSON kept on the host
+    (keep_report(), behind check mode); warnings go to ``warn``. Raises one of KNOWN_ERRORS for input or a
+    topology the audit cannot read, HostFSError for a path it cannot read or write."""
+    if params.get("probe_size_mb", 256) < 1:
+        raise ValueError(f"probe_size_mb must be at least 1, got {params['probe_size_mb']}")
+    audit_params = {k: v for k, v in params.items() if k not in ("root", "dest", "dest_host", "dest_kernel")}
+    facts, warnings = gather(fs, audit_params, run=run)
+    actions, diff = [], []
+    if params.get("dest"):
+        actions, diff = keep_report(fs, params["dest"], render_report(params.get("dest_host") or "",
+                                                                      params.get("dest_kernel") or "", facts), check_mode)
+    for warning in warnings:
+        if warn is not None:
+            warn(warning)
+    return {"changed": bool(actions), "actions": actions, "findings_summary": facts["findings_summary"], "pcie": facts,
+            "ansible_facts": {"gpufleet_pcie": facts}, "diff": diff}

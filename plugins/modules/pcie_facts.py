@@ -442,14 +442,14 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.managed_files import ManagedFilesError
-from ansible_collections.gpufleet.inference.plugins.module_utils.nvml import HAS_PYNVML, PYNVML_IMPORT_ERROR, NvmlUnavailable
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.nvml import HAS_PYNVML, PYNVML_IMPORT_ERROR, NvmlUnavailable  # noqa: F401
 # The audit lives in module_utils/pcie_audit.py; its names stay importable from here (tests, callers).
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_audit import (  # noqa: F401 pylint: disable=unused-import
-    NVIDIA, PROBE_SCRIPT, bandwidth, gather, keep_report, path_bandwidth, process_privileges, render_report,
+    KNOWN_ERRORS, NVIDIA, PROBE_SCRIPT, bandwidth, execute, gather, keep_report, path_bandwidth, process_privileges,
+    render_report,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import BMC_VENDORS, TopologyError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import BMC_VENDORS, TopologyError  # noqa: F401
 
 
 def main():
@@ -475,31 +475,14 @@ def main():
     )
     if module.params["include_nvml"] == "always" and not HAS_PYNVML:
         module.fail_json(msg=missing_required_lib("nvidia-ml-py (include_nvml=always)"), exception=PYNVML_IMPORT_ERROR)
-    if module.params["probe_size_mb"] < 1:
-        module.fail_json(msg=f"probe_size_mb must be at least 1, got {module.params['probe_size_mb']}")
 
     def run(argv, env):
         return module.run_command(argv, environ_update=env)
 
-    params = {k: v for k, v in module.params.items() if k not in ("root", "dest", "dest_host", "dest_kernel")}
-    fs = HostFS(module.params["root"])
-    actions, diff = [], []
-    try:
-        facts, warnings = gather(fs, params, run=run)
-        if module.params["dest"]:
-            actions, diff = keep_report(fs, module.params["dest"], render_report(
-                module.params["dest_host"], module.params["dest_kernel"], facts), module.check_mode)
-    except (TopologyError, NvmlUnavailable, ManagedFilesError) as err:
-        module.fail_json(msg=str(err))
-    except HostFSError as err:
-        module.fail_json(msg=f"PCIe audit under root {module.params['root']} failed: {err}. The module reads sysfs and procfs"
-                             f"{' and writes ' + module.params['dest'] if module.params['dest'] else ''}: "
-                             "run it as root (become: true) on a Linux host, outside a restricted container.")
-    for warning in warnings:
-        module.warn(warning)
-    extra = {"diff": diff} if module._diff and diff else {}  # pylint: disable=protected-access  # AnsibleModule's diff flag
-    module.exit_json(changed=bool(actions), actions=actions, findings_summary=facts["findings_summary"], pcie=facts,
-                     ansible_facts={"gpufleet_pcie": facts}, **extra)
+    dest = module.params["dest"]
+    finish(module, "PCIe audit", f"reads sysfs and procfs{' and writes ' + dest if dest else ''}",
+           lambda: execute(module.params, HostFS(module.params["root"]), module.check_mode, run=run, warn=module.warn),
+           KNOWN_ERRORS)
 
 
 if __name__ == "__main__":
