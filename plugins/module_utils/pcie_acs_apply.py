@@ -168,5 +168,6 @@ class PcieAcs(PcieState):
                                  "pairs": info["pairs"]} for b, info in bridges.items()}
         result.update(changed=bool(shown), actions=shown)
         if self.module._diff:  # pylint: disable=protected-access
-            result["diff"] = {"before": {"acsctl": before}, "after": {"acsctl": after, "persisted": [e["bdf"] for e in entries]}}
+            result["diff"] = [{"before": {"acsctl": before}, "after": {"acsctl": after, "persisted": [e["bdf"] for e in entries]}}] \
+                + self.file_diffs(actions)
         return result

@@ -195,5 +195,6 @@ class PciePayload(PcieState):
             after = self.diff_state(devices, "after", {}, None)
             after["boot_unit_enabled"] = bool(persist and entries)
             after["persisted"] = sorted(e["bdf"] for e in entries) if persist else []
-            result["diff"] = {"before": before_state, "after": after}
+            # the registers and the boot unit's state, then each file written or removed (its text)
+            result["diff"] = [{"before": before_state, "after": after}] + self.file_diffs(actions)
         return result

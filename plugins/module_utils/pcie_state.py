@@ -42,6 +42,8 @@ class PcieState:
         self.setpci = setpci
         self.cmds = HostCmd(module, fs)
         self.record_path = module.params["state_dir"].rstrip("/") + "/" + record_file
+        # each file's text before this run's first change of it (do_file_actions), for the diff
+        self.texts_before: dict[str, str | None] = {}
 
     # ---- readers ----------------------------------------------------------------------------
     def read(self, path: str) -> str | None:
@@ -73,6 +75,20 @@ class PcieState:
         return [{"action": "record_originals", "path": self.record_path, "content": text}]
 
     # ---- changers -----------------------------------------------------------------------------
+    def file_diffs(self, actions: list[dict]) -> list[dict]:
+        """The --diff entries of the file steps among ``actions``: each file's text before this run (read now
+        in check mode, remembered by do_file_actions otherwise) and after it (empty when removed)."""
+        diffs = []
+        for action in actions:
+            if action["action"] not in ("record_originals", "write_file", "remove_record", "remove_file"):
+                continue
+            path = action["path"]
+            before = self.texts_before[path] if path in self.texts_before else self.read(path)
+            removed = action["action"] in ("remove_record", "remove_file")
+            diffs.append({"before": before or "", "after": "" if removed else action["content"], "before_header": path,
+                          "after_header": f"{path} (removed)" if removed else path})
+        return diffs
+
     def put_record_back(self, record_text: str | None) -> None:
         """After a write that was rolled back: the record as it was, so it claims no change."""
         if record_text is None:
@@ -84,6 +100,8 @@ class PcieState:
         """Run the file and unit steps in order; each written file is read back, an enabled unit checked."""
         for action in actions:
             kind = action["action"]
+            if kind in ("record_originals", "write_file", "remove_record", "remove_file"):
+                self.texts_before.setdefault(action["path"], self.read(action["path"]))
             if kind in ("record_originals", "write_file"):
                 self.fs.write_atomic(action["path"], action["content"], int(action.get("mode", "0644"), 8))
                 if self.read(action["path"]) != action["content"]:

@@ -158,9 +158,12 @@ persisted:
   type: list
   elements: dict
 diff:
-  description: ACS Control per bridge and the persisted bridges, before and after.
+  description:
+    - First ACS Control per bridge and the persisted bridges before and after, then each file the run writes or removes
+      (the record, the persistence configuration, the boot script, the unit) with its text before and after.
   returned: when diff mode is on
-  type: dict
+  type: list
+  elements: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule

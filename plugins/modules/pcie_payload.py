@@ -214,9 +214,12 @@ reboot_required:
   returned: success
   type: bool
 diff:
-  description: Register values and boot persistence before and after, in diff mode.
+  description:
+    - First the register values and the boot persistence before and after, then each file the run writes or removes
+      (the record, the persistence configuration, the boot script, the unit) with its text before and after.
   returned: when diff mode is on
-  type: dict
+  type: list
+  elements: dict
 """
 
 from ansible.module_utils.basic import AnsibleModule

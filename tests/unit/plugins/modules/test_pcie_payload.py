@@ -315,3 +315,30 @@ def test_boot_unit_checks_a_whole_hierarchy_before_writing_any_of_it(tmp_path, c
     assert "->" not in proc.stdout and "rolled back" not in proc.stdout
     assert proc.stdout.rstrip().endswith("6 device(s), 1 failed")
     assert snapshot(root) == firmware
+
+
+@needs_setpci_systemctl
+def test_the_diff_shows_each_file_with_its_text_before_and_after(tmp_path, capsys):
+    """--diff names every file a run writes or removes, with its text as it was before the run (remembered before
+    the first write, not read back after it) and as it is after; the first entry is the register state."""
+    root = tmp_path / "host"
+    payload_switch(root)
+    args = {"root": str(root), "mps": "max_safe", "mrrs": 4096, "_ansible_diff": True}
+    first = run_module(args, capsys)
+    state, files = first["diff"][0], first["diff"][1:]
+    assert state["after"]["boot_unit_enabled"] is True and state["before"]["boot_unit_enabled"] is False
+    assert [d["before_header"] for d in files] == [
+        "/var/lib/gpufleet/pcie_payload/originals.json", "/usr/local/libexec/gpufleet-pcie-payload-apply",
+        "/etc/gpufleet/pcie_payload.json", "/etc/systemd/system/gpufleet-pcie-payload.service"]
+    for d in files:
+        assert d["before"] == "" and d["after"] == (root / d["before_header"].lstrip("/")).read_text()
+    config_before = (root / "etc/gpufleet/pcie_payload.json").read_text()
+    second = run_module(dict(args, mrrs=512), capsys)
+    changed = {d["before_header"]: d for d in second["diff"][1:]}
+    assert changed["/etc/gpufleet/pcie_payload.json"]["before"] == config_before
+    assert changed["/etc/gpufleet/pcie_payload.json"]["after"] == (root / "etc/gpufleet/pcie_payload.json").read_text() != config_before
+    gone = run_module({"root": str(root), "state": "default", "persist": False, "_ansible_diff": True}, capsys)
+    removed = {d["before_header"]: d for d in gone["diff"][1:]}
+    assert removed["/etc/systemd/system/gpufleet-pcie-payload.service"]["after_header"].endswith("(removed)")
+    assert "[Service]" in removed["/etc/systemd/system/gpufleet-pcie-payload.service"]["before"]
+    assert not (root / "etc/systemd/system/gpufleet-pcie-payload.service").exists()
