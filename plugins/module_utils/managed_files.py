@@ -39,6 +39,13 @@ def wanted_absent(path: str, shown: bool = True) -> dict:
     return {"path": path, "content": None, "shown": shown}
 
 
+def text_diff(path: str, before: str | None, after: str | None, removed: bool = False) -> dict:
+    """One --diff entry of a whole file: its text before and after (None: absent), headed by its path, the
+    after side marked when the file goes."""
+    return {"before": before or "", "after": "" if removed else (after or ""), "before_header": path,
+            "after_header": f"{path} (removed)" if removed else path}
+
+
 def _text(want: dict, text: str | None) -> str:
     """What the diff shows of a file's text: the text, or for a hidden file its size only."""
     if not text:
@@ -105,14 +112,12 @@ def plan(fs: HostFS, dirs: list[dict], files: list[dict]) -> tuple[list[dict], l
         if want["content"] is None:  # wanted_absent
             if st is not None:
                 actions.append({"action": "remove", "path": path})
-                diff.append({"before": _text(want, current), "after": "", "before_header": path,
-                             "after_header": f"{path} (removed)"})
+                diff.append(text_diff(path, _text(want, current), None, removed=True))
             continue
         if current != want["content"]:
             actions.append({"action": "write", "path": path} if current is not None
                            else {"action": "create", "path": path, "after": _mode(want["mode"])})
-            diff.append({"before": _text(want, current), "after": _text(want, want["content"]), "before_header": path,
-                         "after_header": path})
+            diff.append(text_diff(path, _text(want, current), _text(want, want["content"])))
             continue  # the atomic write gives the file its mode and owner
         _attributes(path, st, want, actions, diff)
     return actions, diff

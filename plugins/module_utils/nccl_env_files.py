@@ -29,11 +29,8 @@ def check_read_back(params: dict, texts: dict) -> None:
     conf_path, env_path = params["conf_path"], params["env_file"]
     conf_text, env_text = texts.get(conf_path), texts.get(env_path)
     settings = params.get("settings") or {}
-    problems = []
-    if conf_text != params["conf_content"]:
-        problems.append(f"{conf_path} differs from what was written" if conf_text is not None else f"{conf_path} is missing")
-    if env_text != params["env_content"]:
-        problems.append(f"{env_path} differs from what was written" if env_text is not None else f"{env_path} is missing")
+    problems = mf.unlike([mf.wanted_file(conf_path, params["conf_content"]), mf.wanted_file(env_path, params["env_content"])],
+                         texts)
     if "NCCL_NVLS_ENABLE=0" not in (conf_text or "").splitlines():
         problems.append(f"{conf_path} lacks NCCL_NVLS_ENABLE=0")
     order = f"CUDA_DEVICE_ORDER={settings.get('CUDA_DEVICE_ORDER')}"

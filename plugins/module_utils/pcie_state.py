@@ -15,8 +15,14 @@ extra result keys), never ``fail_json``-ed here: the module's ``main()`` turns t
 from __future__ import annotations
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils.managed_files import text_diff
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import UNIT_WANTS, render_json
+
+
+# The file steps of the record and persistence plans: those that write a file, those that remove one.
+WRITES = ("record_originals", "write_file")
+REMOVES = ("remove_record", "remove_file")
 
 
 class StepFailed(Failed):
@@ -78,16 +84,9 @@ class PcieState:
     def file_diffs(self, actions: list[dict]) -> list[dict]:
         """The --diff entries of the file steps among ``actions``: each file's text before this run (read now
         in check mode, remembered by do_file_actions otherwise) and after it (empty when removed)."""
-        diffs = []
-        for action in actions:
-            if action["action"] not in ("record_originals", "write_file", "remove_record", "remove_file"):
-                continue
-            path = action["path"]
-            before = self.texts_before[path] if path in self.texts_before else self.read(path)
-            removed = action["action"] in ("remove_record", "remove_file")
-            diffs.append({"before": before or "", "after": "" if removed else action["content"], "before_header": path,
-                          "after_header": f"{path} (removed)" if removed else path})
-        return diffs
+        return [text_diff(a["path"], self.texts_before[a["path"]] if a["path"] in self.texts_before else self.read(a["path"]),
+                          a.get("content"), removed=a["action"] in REMOVES)
+                for a in actions if a["action"] in WRITES + REMOVES]
 
     def put_record_back(self, record_text: str | None) -> None:
         """After a write that was rolled back: the record as it was, so it claims no change."""
@@ -100,13 +99,13 @@ class PcieState:
         """Run the file and unit steps in order; each written file is read back, an enabled unit checked."""
         for action in actions:
             kind = action["action"]
-            if kind in ("record_originals", "write_file", "remove_record", "remove_file"):
-                self.texts_before.setdefault(action["path"], self.read(action["path"]))
-            if kind in ("record_originals", "write_file"):
+            if kind in WRITES + REMOVES and action["path"] not in self.texts_before:
+                self.texts_before[action["path"]] = self.read(action["path"])
+            if kind in WRITES:
                 self.fs.write_atomic(action["path"], action["content"], int(action.get("mode", "0644"), 8))
                 if self.read(action["path"]) != action["content"]:
                     raise StepFailed(f"{action['path']} does not read back what was written; another process writes it.")
-            elif kind in ("remove_record", "remove_file"):
+            elif kind in REMOVES:
                 self.fs.remove(action["path"])
             elif kind in ("enable_unit", "disable_unit", "daemon_reload"):
                 problem = self.cmds.unit_step(action["argv"], f"{self.SET_WHAT}; only the boot persistence failed",
