@@ -209,6 +209,8 @@ def decide(p: dict, fs, check_mode: bool, now: float | None = None) -> dict:
     renewal of a free lease plans a take, as the check-mode take before it wrote nothing. Raises LeaseError."""
     check_ttl(p["ttl"])  # validate first, even for a query: a bad value is refused before any read
     path = p["path"]
+    if not path or not path.startswith("/") or path.endswith("/") or "\0" in path:
+        raise LeaseError(f"path must be an absolute path of a file on the host, got {path!r}: nothing was changed")
     text = fs.read_text(path, default="")
     try:
         current = parse(text, path)

@@ -224,7 +224,8 @@ def test_the_lease_is_read_back_after_the_write_and_a_foreign_one_stops_the_run(
 
 @pytest.mark.parametrize("request_", [ask(), ask(state="renewed"), ask(run_id="A", state="released")])
 def test_check_mode_takes_no_lock_and_writes_nothing(tmp_path, request_):
-    write_lease(tmp_path, dict(HELD, expires_at=time.time() + 600)) if request_["state"] == "released" else None
+    if request_["state"] == "released":
+        write_lease(tmp_path, dict(HELD, expires_at=time.time() + 600))
     before = sorted(p.name for p in tmp_path.rglob("*"))
     result = hl.execute(request_, HostFS(str(tmp_path)), True)
     assert result["actions"] and sorted(p.name for p in tmp_path.rglob("*")) == before
@@ -260,3 +261,10 @@ def test_renew_is_the_locked_renewal_for_other_modules(tmp_path):
     assert (result["what"], result["lease"]["ttl"]) == ("renewed", 900)
     with pytest.raises(hl.LeaseError, match="run Z holds no lease on this host any more: it is held by run A"):
         hl.renew(fs, "Z", 900, False)
+
+
+@pytest.mark.parametrize("path", ["", "lease.json", "/var/lib/gpufleet/", "/var/lib/\0lease.json"])
+def test_a_lease_path_that_is_no_absolute_file_is_refused_before_any_read(tmp_path, path):
+    with pytest.raises(hl.LeaseError, match="path must be an absolute path of a file on the host"):
+        hl.execute(ask(path=path), HostFS(str(tmp_path)), False)
+    assert not list(tmp_path.iterdir())
