@@ -10,10 +10,13 @@ and pass it as ``root``; nothing patches ``open``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import tempfile
+import time
 
 
 class HostFSError(Exception):
@@ -233,6 +236,36 @@ class HostFS:
             return False
         except OSError as err:
             raise HostFSError("remove", host_path, err) from None
+
+    # ---- an exclusive lock, for a read-decide-write that one process at a time may do ------------
+    @contextlib.contextmanager
+    def lock(self, host_path: str, timeout: float = 30.0):
+        """Hold an exclusive ``flock`` on the lock file ``host_path`` for the ``with`` block (a write: keep it
+        behind check mode). The file is created (0600, with its missing directories) and never removed, since
+        two processes that lock two files of one name hold nothing. The kernel drops the lock when its
+        holder ends, even by SIGKILL. HostFSError when another holder keeps it ``timeout`` seconds."""
+        real = self.path(host_path)
+        try:
+            os.makedirs(os.path.dirname(real), exist_ok=True)
+            fd = os.open(real, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as err:
+            raise HostFSError("lock", host_path, err) from None
+        try:
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        busy = OSError(errno.EAGAIN, f"another process has held it for more than {timeout:g} s")
+                        raise HostFSError("lock", host_path, busy) from None
+                    time.sleep(0.002)
+                except OSError as err:
+                    raise HostFSError("lock", host_path, err) from None
+            yield
+        finally:
+            os.close(fd)
 
 
 def finish(module, name: str, does: str, run, known_error) -> None:

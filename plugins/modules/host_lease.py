@@ -17,6 +17,12 @@ description:
   - An expired lease is broken only on request (O(break_expired=true) or O(state=broken)); a lease that has not expired is
     never broken.
   - The file is written durably (temp file, fsync, rename, fsync of the directory).
+  - Taking, renewing, releasing and breaking are exclusive - of two runs that ask at the same moment exactly one wins. The
+    lease is read, decided on and written under an C(flock) of the lock file beside it (O(path) with C(.lock) added,
+    created on the first change and never removed), then read back - a lease that names another run after the write
+    fails the task. A refusal and check mode take no lock and write nothing.
+  - A lease file that is not a lease (not JSON, no run id, an expiry that is not a time from 0 to 253402300799, such as
+    NaN or Infinity) is refused with nothing changed; O(state=broken) or O(break_expired=true) replaces it.
 author:
   - gpufleet.inference contributors (@gpufleet)
 extends_documentation_fragment:
@@ -25,9 +31,10 @@ extends_documentation_fragment:
 options:
   state:
     description:
-      - V(acquired) takes the lease (or renews it when this run holds it); V(renewed) extends it and fails when this run no
-        longer holds it; V(released) removes it when this run holds it; V(broken) takes over an expired lease;
-        V(query) only reads it.
+      - V(acquired) takes the lease (or renews it when this run holds it); V(renewed) extends it and fails, naming the
+        holder, when this run no longer holds it (it never takes or breaks a lease); V(released) removes it when this run
+        holds it; V(broken) takes over an expired lease; V(query) only reads it.
+      - In check mode V(renewed) of a free lease plans a take, since the check-mode take before it wrote nothing.
     type: str
     choices: [acquired, renewed, released, broken, query]
     default: acquired
@@ -44,7 +51,9 @@ options:
     type: str
     default: ""
   ttl:
-    description: Seconds the lease lasts from now; renew it before then. It must cover the longest reboot.
+    description:
+      - Seconds the lease lasts from now, from 60 to 604800 (one week); renew it before then. It must cover the longest
+        step between two renewals (a reboot, a benchmark).
     type: int
     default: 7200
   break_expired:
