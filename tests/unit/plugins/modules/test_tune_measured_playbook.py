@@ -54,6 +54,7 @@ def test_measured_tuning_playbook_keeps_the_helpful_flag_and_reverts_the_harmful
                                     "requests": 48, "repetitions": 5, "warmup": 16, "settle_runs": 0,
                                     "token_id_range": [100, 4000]}],
         "tune_measured_gate": {"threshold": "auto"},
+        "host_lease_path": str(tmp_path / "host" / "lease.json"),
     }
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": hostvars}}}))
@@ -70,6 +71,9 @@ def test_measured_tuning_playbook_keeps_the_helpful_flag_and_reverts_the_harmful
         final_argv = json.loads((state / "argv.json").read_text())
     finally:
         run([sys.executable, ctl, "--state", str(state), "--server", SERVER, "--port", str(port), "--stop"], timeout=60)
+    # the run held the host's lease while it wrote and released it at the end (the lock file stays)
+    assert not (tmp_path / "host" / "lease.json").exists() and (tmp_path / "host" / "lease.json.lock").exists()
+    assert "Renew the host's lease" in proc.stdout
     stages = {s["name"]: s for s in json.loads((tmp_path / "host" / "state.json").read_text())["stages"]}
     assert (stages["seqs_16"]["status"], stages["seqs_1"]["status"]) == ("kept", "reverted"), \
         {n: s["reason"] for n, s in stages.items()}
