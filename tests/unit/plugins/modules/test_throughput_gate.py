@@ -95,10 +95,10 @@ def test_noisy_runs_warn(capsys):
 @pytest.mark.parametrize("args, fragment", [
     ({"baseline": BASE, "candidate": SAME, "threshold": 1.5}, "Cannot judge the runs: threshold must be in (0, 1)"),
     ({"baseline": BASE, "candidate": SAME, "min_runs": 2}, "min_runs must be at least 3"),
-    ({"baseline": BASE, "candidate": SAME, "candidate_failed": -1}, "candidate_failed must be 0 or more"),
+    ({"baseline": BASE, "candidate": SAME, "candidate_failed": -1}, "candidate_failed must be a whole number of requests, 0 or more, got -1"),
     ({"baseline": BASE, "candidate": SAME, "spending": "linear"}, "value of spending must be one of"),
-    ({"baseline": [0, 0, 0, 0, 0], "candidate": SAME}, "baseline median is 0.0 tok/s"),
-    ({"baseline": BASE, "candidate": SAME, "bootstrap_resamples": -1}, "bootstrap_resamples must be 0 or more"),
+    ({"baseline": [0, 0, 0, 0, 0], "candidate": SAME}, "produced no tokens (0 tok/s)"),
+    ({"baseline": BASE, "candidate": SAME, "bootstrap_resamples": -1}, "bootstrap_resamples must be a whole number between 0 (off) and 100000, got -1"),
     ({"baseline": BASE, "candidate": ["fast"]}, "unable to convert to float"),
 ])
 def test_bad_input(capsys, args, fragment):
