@@ -142,3 +142,27 @@ def test_settings_are_checked_before_any_run(settings, fragment):
 
 def test_good_settings_pass_the_check():
     tg.check_all_settings(min_runs=20, max_baseline_runs=40, max_runs=1000, bootstrap=100000)
+
+
+# ---- the vLLM flag stages' table (its own path to the gate) ----------------------------------------
+def _records(candidate_runs, baseline_runs=None, **gate):
+    from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_flag_stages as vfs
+
+    runs = [{"output_throughput": v} for v in BASE]
+    cand = [{"output_throughput": v} for v in candidate_runs]
+    records = [{"stage": "baseline", "levels": {"32": runs}, "gate": None},
+               {"stage": "seqs", "changed": {"vllm_service_max_num_seqs": 64}, "levels": {"32": cand},
+                "gate": {"baseline_runs": baseline_runs or runs, "candidate_runs": cand, **gate}}]
+    return vfs.stage_table(records, 32)[1]
+
+
+def test_a_dead_run_of_a_flag_stage_is_a_failure_not_dropped():
+    # before: the 0 tok/s run was left out of the stage's runs and the stage was kept
+    row = _records(SAME[:4] + [0.0, 1003.0])
+    assert row["verdict"] == "regression" and row["kept"] is False
+
+
+def test_a_flag_stage_of_another_workload_is_an_error_row():
+    row = _records(SAME, baseline_workload={"model": "a", "concurrency": 32}, candidate_workload={"model": "b", "concurrency": 32})
+    assert row["verdict"] == "error" and row["kept"] is False and "model: baseline 'a', candidate 'b'" in row["error"]
+    assert _records(SAME)["verdict"] == "pass"
