@@ -148,7 +148,7 @@ options:
     type: int
     default: 0
   baseline_requests:
-    description: Requests of the baseline runs (with V(0), O(baseline_failed) must be 0 as well: no failures counted).
+    description: Requests of the baseline runs (with V(0), O(baseline_failed) must be 0 as well, and no failures are counted).
     type: int
     default: 0
   candidate_failed:
