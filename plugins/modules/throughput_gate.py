@@ -164,7 +164,7 @@ options:
     type: int
   baseline_workload:
     description:
-      - The baseline's workload, an M(gpufleet.inference.inference_benchmark) result (its RV(benchmark)) or a fingerprint,
+      - The baseline's workload, an M(gpufleet.inference.inference_benchmark) result (its C(benchmark) return value) or a fingerprint,
         a dict of C(model), C(model_root), C(max_model_len), C(prompt_tokens), C(output_tokens), C(prompt_mode),
         C(token_id_range), C(ignore_eos), C(temperature), C(max_tokens), C(per_chunk_usage), C(requests), C(concurrency),
         C(profile).
