@@ -201,6 +201,12 @@ def changed_text(stage: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _baseline_cap(g: dict[str, Any]) -> int:
+    """The gate's baseline cap: measured tuning never extends a reference, so any cap from min_runs on will do (the
+    gate's default of 15 refused every min_runs above 15)."""
+    return g["min_runs"] if isinstance(g["min_runs"], int) and g["min_runs"] > 15 else 15
+
+
 def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, Any]], gate: dict[str, Any],
               inconclusive: str = "revert", more_rounds: int = 1, vllm_defaults: dict[str, Any] | None = None,
               started_at: str = "") -> dict[str, Any]:
@@ -221,10 +227,18 @@ def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, 
         if not 0.0 < g["threshold"] <= 1.0:
             raise TuneError(f"gate threshold must be in (0, 1] or auto, got {g['threshold']}")
         g["threshold_basis"] = "given"
+    for key in ("min_runs", "max_runs"):  # templated by the playbook: "5" is 5
+        if isinstance(g[key], str) and g[key].strip().isdigit():
+            g[key] = int(g[key])
+    for key in ("alpha", "pass_alpha"):
+        try:
+            g[key] = float(g[key]) if isinstance(g[key], str) else g[key]
+        except ValueError:
+            raise TuneError(f"gate {key} must be a number in (0, 0.5), got {g[key]!r}") from None
     try:  # every setting the gate will use, before the baseline is measured (auto: the threshold comes later)
         threshold = g["threshold"] if g["threshold_basis"] == "given" and g["threshold"] < 1.0 else 0.95
         check_all_settings(threshold=threshold, alpha=g["alpha"], pass_alpha=g["pass_alpha"], min_runs=g["min_runs"],
-                           max_runs=g["max_runs"], candidate_min_runs=3, bootstrap=1000)
+                           max_runs=g["max_runs"], max_baseline_runs=_baseline_cap(g), candidate_min_runs=3, bootstrap=1000)
     except (GateError, TypeError) as err:
         raise TuneError(f"gate settings cannot be used: {err}") from None
     entries = [{"name": "baseline", "kind": "baseline", "description": "as found", "apply": [], "revert": [],
@@ -460,6 +474,7 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
                 v = decide(ref_lv["samples"], lv["samples"], threshold=g["threshold"], alpha=g["alpha"],
                            pass_alpha=g["pass_alpha"], min_runs=g["min_runs"], max_runs=g["max_runs"],
                            candidate_min_runs=min(max(first, 3), g["max_runs"]), bootstrap=1000,
+                           max_baseline_runs=_baseline_cap(g),
                            **_failures("baseline", ref_lv), **_failures("candidate", lv),
                            baseline_workload=ref_lv.get("workload"), candidate_workload=lv.get("workload"))
             except GateError as err:

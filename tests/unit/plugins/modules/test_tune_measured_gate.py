@@ -121,3 +121,15 @@ def test_a_damaged_state_file_is_refused_and_reset_removes_it(common, capsys, te
 def test_a_profile_that_is_not_a_name_or_a_dict_is_refused(common, capsys):
     result = run_module(tune_measured, {**common, "op": "start", "profiles": [["serving"]], "stages": [STAGE]}, capsys)
     assert result["failed"] and "profiles[0] is ['serving']" in result["msg"]
+
+
+def test_min_runs_above_15_can_be_used(common, capsys):
+    # before: the gate's default baseline cap (15) refused every judgement with min_runs above 15
+    many = [1000.0 + (i % 5) for i in range(20)]
+    args = {**common, "op": "start", "profiles": [PROFILE], "stages": [STAGE], "vllm_defaults": {"vllm_service_max_num_seqs": 0},
+            "gate": {"min_runs": 20, "max_runs": 30}}
+    result = run_module(tune_measured, args, capsys)
+    for docs in ([document(many)], [], [document(many)]):
+        result = run_module(tune_measured, {**common, "op": "complete", "action_id": result["next"]["id"], "results": docs}, capsys)
+        assert not result.get("failed"), result["msg"]
+    assert stage(result)["status"] == "kept"
