@@ -16,7 +16,7 @@ INTS = ("min_runs", "candidate_min_runs", "max_runs", "step", "max_baseline_runs
 def throughput_gate(baseline, candidate, threshold=0.95, alpha=0.01, pass_alpha=0.005, min_runs=5, max_runs=15,
                     bootstrap=2000, seed=0, unit="tok/s", **options):
     """Judge candidate runs against baseline runs; see gpufleet.inference.throughput_gate."""
-    known = set(FLOATS) | set(INTS) | {"spending", "order"}
+    known = set(FLOATS) | set(INTS) | {"spending", "order", "baseline_workload", "candidate_workload"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise AnsibleFilterError(f"throughput_gate: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -25,7 +25,10 @@ def throughput_gate(baseline, candidate, threshold=0.95, alpha=0.01, pass_alpha=
         for name, value in options.items():
             if value is None:
                 continue
-            extra[name] = float(value) if name in FLOATS else int(value) if name in INTS else str(value)
+            if name.endswith("_workload"):
+                extra[name] = value  # a benchmark result or its fingerprint: checked by the gate
+            else:
+                extra[name] = float(value) if name in FLOATS else int(value) if name in INTS else str(value)
         return decide(list(baseline) if isinstance(baseline, tuple) else baseline,
                       list(candidate) if isinstance(candidate, tuple) else candidate,
                       threshold=float(threshold), alpha=float(alpha), pass_alpha=float(pass_alpha),

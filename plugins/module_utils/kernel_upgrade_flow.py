@@ -35,7 +35,9 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import CANDIDATE_MIN_RUNS, GateError, decide
+from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import (
+    CANDIDATE_MIN_RUNS, GateError, check_all_settings, check_count, decide, workload, workload_mismatch,
+)
 
 JOURNAL_FORMAT = "gpufleet.kernel_upgrade_journal/1"
 STAGES = ("baseline", "pinned", "installed", "boot_once", "booted", "candidate", "verdict",
@@ -171,10 +173,25 @@ def gated_level(data: dict[str, Any]) -> tuple[int | None, list[float], list[str
 
 
 def _bench_side(data: dict[str, Any]) -> dict[str, Any]:
+    """One benchmark round as the journal keeps it: the gated level's runs, its failures and requests (checked
+    counts), and the workload fingerprint at that level (from the result's ``server`` and ``config``: the model and
+    the benchmark settings; {} when the role sent neither)."""
     level, samples, dirty = gated_level(data)
+    try:
+        failed, requests = check_count("failed", data.get("failed") or 0), check_count("requests", data.get("requests") or 0)
+        fingerprint = workload({k: data[k] for k in ("server", "config") if data.get(k)}, level)
+    except GateError as err:
+        raise FlowError(f"the benchmark result cannot be used: {err}") from None
     return {"samples": samples, "files": list(data.get("files") or []), "kernel": data.get("kernel"),
             "concurrency": level, "duration_s": data.get("duration_s"), "contaminated": dirty, "rounds": 1,
-            "failed": int(data.get("failed") or 0), "requests": int(data.get("requests") or 0)}
+            "failed": failed, "requests": requests, "model": fingerprint.get("model"), "workload": fingerprint}
+
+
+def _round_mismatch(side: dict[str, Any], more: dict[str, Any], label: str) -> str:
+    """Why another round of ``label`` runs cannot join the side's runs ('' when it can)."""
+    diff = workload_mismatch(side.get("workload"), more.get("workload"))
+    return (f"the new {label} round was measured on another workload than the {label}'s earlier runs ("
+            + "; ".join(diff).replace("baseline ", "earlier ").replace("candidate ", "new ") + ")") if diff else ""
 
 
 def _add_rounds(side: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
@@ -185,24 +202,38 @@ def _add_rounds(side: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
             "requests": int(side.get("requests") or 0) + more["requests"]}
 
 
-def _failures(journal: dict[str, Any]) -> dict[str, int]:
-    """Failed requests and short outputs of each side, for the gate (a candidate that fails more cannot pass)."""
+def _failures(journal: dict[str, Any]) -> dict[str, Any]:
+    """Failed requests and short outputs of each side, for the gate (a candidate that fails more cannot pass;
+    the gate refuses counts that give no rate, such as a negative count in a journal)."""
     base, cand = journal.get("baseline") or {}, journal.get("candidate") or {}
-    return {"baseline_failed": int(base.get("failed") or 0), "baseline_requests": int(base.get("requests") or 0),
-            "candidate_failed": int(cand.get("failed") or 0), "candidate_requests": int(cand.get("requests") or 0)}
+    return {"baseline_failed": base.get("failed") or 0, "baseline_requests": base.get("requests") or 0,
+            "candidate_failed": cand.get("failed") or 0, "candidate_requests": cand.get("requests") or 0}
 
 
 def _gate_settings(obs: dict[str, Any]) -> dict[str, Any]:
     g = obs["settings"].get("gate") or {}
-    out = {"threshold": float(g.get("threshold", 0.95)), "alpha": float(g.get("alpha", 0.01)),
-           "pass_alpha": float(g.get("pass_alpha", 0.005)), "min_runs": int(g.get("min_runs", 5)),
-           "max_runs": int(g.get("max_runs", 15)),
-           "candidate_min_runs": int(g.get("candidate_min_runs") or CANDIDATE_MIN_RUNS)}
-    if g.get("max_baseline_runs"):
-        out["max_baseline_runs"] = int(g["max_baseline_runs"])
-    if g.get("requests_per_run"):
-        out["requests_per_run"] = int(g["requests_per_run"])
+    try:
+        out = {"threshold": float(g.get("threshold", 0.95)), "alpha": float(g.get("alpha", 0.01)),
+               "pass_alpha": float(g.get("pass_alpha", 0.005)), "min_runs": int(g.get("min_runs", 5)),
+               "max_runs": int(g.get("max_runs", 15)),
+               "candidate_min_runs": int(g.get("candidate_min_runs") or CANDIDATE_MIN_RUNS)}
+        if g.get("max_baseline_runs"):
+            out["max_baseline_runs"] = int(g["max_baseline_runs"])
+        if g.get("requests_per_run"):
+            out["requests_per_run"] = int(g["requests_per_run"])
+    except (TypeError, ValueError) as err:
+        raise FlowError(f"a gate setting is not a number ({err}): set the kernel_upgrade_gate_* variables to numbers") from None
     return out
+
+
+def settings_problem(obs: dict[str, Any]) -> str:
+    """Why the gate's settings cannot give a verdict ('' when they can), checked before any run is measured."""
+    try:
+        check_all_settings(**_gate_settings(obs))
+    except (GateError, FlowError) as err:
+        return (f"the gate's settings cannot be used: {err}. Nothing was measured or changed; fix the "
+                "kernel_upgrade_gate_* variables and run again")
+    return ""
 
 
 def _benchmark(label: str, runs: int, seed: int, level: int | None = None, measured_only: bool = False) -> dict[str, Any]:
@@ -242,6 +273,9 @@ def fresh(obs: dict[str, Any]) -> tuple[str, str]:
 
 
 def start_fresh(obs: dict[str, Any]) -> tuple[None, dict[str, Any]]:
+    problem = settings_problem(obs)
+    if problem:
+        return None, finish("error", problem)
     decision, reason = fresh(obs)
     lockable = obs["running"] == obs["default"] and obs["settings"].get("lock", True) and decision != "refused"
     if obs["event"] == "start" and lockable:
@@ -352,8 +386,8 @@ def judge_baseline(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[dict, 
                                    "change to the host)", "baseline not judged")
     journal["baseline_gate"] = gate
     runs, rounds = len(base["samples"]), int(base.get("rounds", 1))
-    cap = int(g.get("max_baseline_runs", 15))
-    if not gate.get("final") and gate.get("baseline_runs_needed", 0) > 0 and rounds <= cap:
+    cap = int(g.get("max_baseline_runs", 15))  # in runs, as the gate counts them
+    if not gate.get("final") and gate.get("baseline_runs_needed", 0) > 0 and runs < cap:
         _stamp(journal, obs, "baseline", f"baseline round {rounds}: {gate['reason']}")
         return journal, _benchmark("baseline", gate["baseline_runs_needed"], 100 + rounds, base.get("concurrency"),
                                    measured_only=True)
@@ -380,7 +414,15 @@ def on_baseline_more(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[dict
     if obs["running"] != journal["old"] or obs["default"] != journal["old"] or data.get("kernel") not in (None, journal["old"]):
         raise FlowError(f"baseline runs arrived from {data.get('kernel') or obs['running']} (saved default "
                         f"{obs['default']}), but the baseline belongs to {journal['old']}, running as the saved default")
-    journal["baseline"] = _add_rounds(journal["baseline"], _bench_side(data))
+    try:
+        more = _bench_side(data)
+    except FlowError as err:
+        return _stop_before_change(journal, obs, "error", f"{err} (before any change to the host)", "baseline not judged")
+    mismatch = _round_mismatch(journal["baseline"], more, "baseline")
+    if mismatch:
+        return _stop_before_change(journal, obs, "error", f"{mismatch}: runs of different workloads are never compared. "
+                                   "Nothing was changed; run again with the same benchmark settings", "baseline not judged")
+    journal["baseline"] = _add_rounds(journal["baseline"], more)
     journal["updated_at"] = obs["now"]
     return judge_baseline(journal, obs)
 
@@ -514,9 +556,15 @@ def on_candidate(journal, obs):
     data = obs["data"]
     if obs["running"] != journal["target"] or data.get("kernel") not in (None, journal["target"]):
         return came_back_old(journal, obs, "a candidate benchmark")
-    side = _bench_side(data)
+    try:
+        side = _bench_side(data)
+    except FlowError as err:
+        return _verdict(journal, obs, "error", f"{err}; rolled back")
     cand = journal.get("candidate")
     if cand:
+        mismatch = _round_mismatch(cand, side, "candidate")
+        if mismatch:
+            return _verdict(journal, obs, "error", f"{mismatch}: runs of different workloads are never compared; rolled back")
         side = _add_rounds(cand, side)
     journal["candidate"] = side
     journal["updated_at"] = obs["now"]
@@ -537,14 +585,17 @@ def judge(journal, obs):
         _stamp(journal, obs, "candidate", "no candidate runs yet")
         return journal, _benchmark("candidate", g["candidate_min_runs"], 0)
     try:
-        gate = decide(journal["baseline"]["samples"], cand["samples"], **_failures(journal), **g)
+        # a journal written before workload fingerprints has none: the gate judges it and warns
+        gate = decide(journal["baseline"]["samples"], cand["samples"], **_failures(journal), **g,
+                      baseline_workload=journal["baseline"].get("workload"), candidate_workload=cand.get("workload"))
     except GateError as err:
         return _verdict(journal, obs, "error", f"the gate could not judge: {err}")
     journal["gate"] = gate
     rounds = int(cand.get("rounds", 1))
     # The gate's contract: more runs while runs_needed > 0; otherwise its answer is final (an
     # `inconclusive` at the cap too: it rolls back, recorded as inconclusive, never as regression).
-    if not gate.get("final") and gate.get("runs_needed", 0) > 0 and rounds <= g["max_runs"]:
+    # The cap is in runs, as the gate counts them (not in rounds).
+    if not gate.get("final") and gate.get("runs_needed", 0) > 0 and len(cand["samples"]) < g["max_runs"]:
         _deadline(journal, obs)
         _stamp(journal, obs, "candidate", f"round {rounds}: {gate['reason']}")
         return journal, _benchmark("candidate", gate["runs_needed"], rounds, cand.get("concurrency"), measured_only=True)

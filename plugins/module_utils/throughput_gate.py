@@ -53,7 +53,17 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
 * **Screened baseline run.** When the baseline check screens a run out and fewer than ``min_runs`` are left,
   it asks for one more baseline run in its place, while still before the change.
 * **Failures.** A candidate with a larger share of failed requests or short outputs than its baseline
-  cannot pass (``regression``, decided by the failures).
+  cannot pass (``regression``, decided by the failures). A share is failures / requests: failures with no
+  requests counted, negative or non-integer counts, or more failures than requests are refused (GateError).
+* **Dead runs.** A run at 0 tok/s (the server died in it, or failed every request) is a failure, never an
+  outlier: a dead candidate run is a ``regression`` (decided by the failures), a dead baseline run a GateError
+  (measure the baseline again). The outlier screen never sees either.
+* **Workloads.** Runs of different workloads are never compared: given both sides' workload (an
+  inference_benchmark result, or its fingerprint, see ``workload()``), any difference is a GateError naming
+  each field, "field: baseline X, candidate Y" (``workload_mismatch()``; the rule for older results that carry
+  no fingerprint is in its docstring and docs/benchmark.md).
+* **Settings** are checked before any run (``check_all_settings()``), each with its allowed range; run counts
+  are at most ``MAX_RUNS`` (1000) and bootstrap resamples at most ``MAX_BOOTSTRAP`` (100000).
 
 ``inconclusive`` is an answer: it carries the measured CV, the smallest detectable drop and what would help.
 The exact one-sided Mann-Whitney p-value and a seeded bootstrap interval are reported beside it; they do not
@@ -79,12 +89,25 @@ __all__ = [
     "detectable_drop", "drift_check", "drift_warning", "inversion_distribution", "look_level", "median", "median_ci", "min_p_value",
     "mwu_less", "percentile", "replay", "sample_stats", "schedule", "screen_one", "slope_test", "spent_alpha",
     "t_quantile", "t_sf", "theil_sen_slope", "trend", "u_distribution", "u_statistic",
+    "MAX_BOOTSTRAP", "MAX_RUNS", "WORKLOAD_FIELDS", "WORKLOAD_REQUIRED", "check_all_settings", "check_count",
+    "workload", "workload_mismatch",
 ]
 
 DECISIONS = ("pass", "regression", "inconclusive")
 ORDERS = ("sequential", "interleaved")
 CANDIDATE_MIN_RUNS = 4  # the first look: with 5 baseline runs a quiet host is decided after 9 runs in all
 SPENDING = ("obf", "pocock")
+MAX_RUNS = 1000  # runs per side at most (the looks' schedule and the t tables are built up to it)
+MAX_BOOTSTRAP = 100000  # bootstrap resamples at most (about a second of CPU per look)
+
+# The workload fingerprint: what two benchmark results must share to be compared (docs/benchmark.md, "What the
+# gate compares"). The seed is left out on purpose: extra rounds draw new prompts of the same lengths; so are
+# warm-up, settle runs and measured_only, which differ between a first round and the extra rounds by design.
+WORKLOAD_FIELDS = ("model", "model_root", "max_model_len", "prompt_tokens", "output_tokens", "prompt_mode",
+                   "token_id_range", "ignore_eos", "temperature", "max_tokens", "per_chunk_usage", "requests",
+                   "concurrency", "profile")
+# Fields every fingerprint made by this release carries: one side without it is refused, not skipped.
+WORKLOAD_REQUIRED = ("model", "prompt_tokens", "output_tokens", "requests", "concurrency")
 
 
 # ---- input --------------------------------------------------------------------------------------
@@ -120,17 +143,116 @@ def check_settings(threshold: float, alpha: float, pass_alpha: float, min_runs: 
             raise GateError(f"{name} must be in (0, 0.5), got {value}")
     if not 0.5 <= power < 1.0:
         raise GateError(f"power must be in [0.5, 1) (0.8: the smallest detectable drop is caught 80% of the time), got {power}")
+    for name, value in (("min_runs", min_runs), ("max_runs", max_runs), ("max_baseline_runs", max_baseline_runs),
+                        ("step", step), ("baseline_step", baseline_step)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RUNS):
+            raise GateError(f"{name} must be a whole number of runs between 1 and {MAX_RUNS}, got {value!r}")
     if min_runs < 3:
         raise GateError(f"min_runs must be at least 3 (a side's spread needs two runs and the test a degree of freedom "
                         f"more), got {min_runs}")
     if max_runs < min_runs:
-        raise GateError(f"max_runs ({max_runs}) must be at least min_runs ({min_runs})")
+        raise GateError(f"max_runs ({max_runs}) must be at least min_runs ({min_runs}): allowed {min_runs}..{MAX_RUNS}")
     if max_baseline_runs is not None and max_baseline_runs < min_runs:
-        raise GateError(f"max_baseline_runs ({max_baseline_runs}) must be at least min_runs ({min_runs})")
-    if step < 1 or baseline_step < 1:
-        raise GateError(f"step and baseline_step must be at least 1, got {step} and {baseline_step}")
+        raise GateError(f"max_baseline_runs ({max_baseline_runs}) must be at least min_runs ({min_runs}): allowed "
+                        f"{min_runs}..{MAX_RUNS} (kernel_upgrade_gate_max_baseline_runs in the kernel_upgrade role)")
     if spending not in SPENDING:
         raise GateError(f"spending must be one of {', '.join(SPENDING)}, got {spending!r}")
+
+
+def check_count(name: str, value: Any) -> int:
+    """A count of requests or failures: a whole number, 0 or more; GateError naming it otherwise."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GateError(f"{name} must be a whole number of requests, 0 or more, got {value!r}")
+    return value
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return [_norm(v) for v in value]
+    return value
+
+
+def workload(result: Any, concurrency: Any = None) -> dict[str, Any]:
+    """The workload fingerprint of a benchmark result, at one concurrency level: what must be equal for two results
+    to be compared (``WORKLOAD_FIELDS``; absent or None fields are left out).
+
+    ``result`` is an inference_benchmark result document (``server`` and ``config``, as stored and as returned in
+    the module's ``benchmark``), or a fingerprint already made (a dict of ``WORKLOAD_FIELDS``; other keys are
+    refused, so a typo cannot switch the check off). ``concurrency`` is the level compared (a document sweeps
+    several); without it a document's single configured level is taken. None or {} gives {} (not recorded).
+    """
+    if not result:
+        return {}
+    if not isinstance(result, dict):
+        raise GateError(f"a workload must be a benchmark result or its fingerprint (a dict), got {type(result).__name__}")
+    if "config" in result or "server" in result:
+        server, cfg = result.get("server") or {}, result.get("config") or {}
+        levels = cfg.get("concurrency")
+        if concurrency is None and isinstance(levels, list) and levels:
+            concurrency = levels[0] if len(levels) == 1 else sorted(levels)  # a sweep compared whole
+        out = {"model": server.get("model") or cfg.get("model"), "model_root": server.get("root"),
+               "max_model_len": server.get("max_model_len"), "concurrency": concurrency,
+               "profile": result.get("profile") or cfg.get("profile")}
+        for key in ("prompt_tokens", "output_tokens", "prompt_mode", "token_id_range", "ignore_eos", "temperature",
+                    "max_tokens", "per_chunk_usage", "requests"):
+            out[key] = cfg.get(key)
+    else:
+        unknown = sorted(set(result) - set(WORKLOAD_FIELDS))
+        if unknown:
+            raise GateError(f"workload fields {', '.join(map(str, unknown))} are unknown; known: {', '.join(WORKLOAD_FIELDS)}")
+        out = dict(result)
+        if concurrency is not None:
+            out["concurrency"] = concurrency
+    return {k: _norm(out[k]) for k in WORKLOAD_FIELDS if out.get(k) is not None}
+
+
+def workload_mismatch(baseline: dict[str, Any] | None, candidate: dict[str, Any] | None) -> list[str]:
+    """What differs between two fingerprints, one "field: baseline X, candidate Y" per field.
+
+    The rule for results that carry less: a side with no fingerprint at all (a result or journal stored before
+    fingerprints were recorded) compares nothing (the caller warns); between two fingerprints every field both
+    carry must be equal, and a field of ``WORKLOAD_REQUIRED`` carried by one side only is a difference (this
+    release records them all, so one side without it is not the same kind of result); other fields on one side
+    only (a server that does not say its max_model_len) are not compared.
+    """
+    if not baseline or not candidate:
+        return []
+    out = []
+    for key in WORKLOAD_FIELDS:
+        if key in baseline and key in candidate:
+            if baseline[key] != candidate[key]:
+                out.append(f"{key}: baseline {baseline[key]!r}, candidate {candidate[key]!r}")
+        elif key in WORKLOAD_REQUIRED and (key in baseline or key in candidate):
+            out.append(f"{key}: baseline {baseline.get(key, 'not recorded')!r}, candidate "
+                       f"{candidate.get(key, 'not recorded')!r}")
+    return out
+
+
+def check_workloads(baseline: Any, candidate: Any) -> str:
+    """GateError naming every difference when both workloads are given and differ; a warning (or '') otherwise."""
+    b, c = workload(baseline), workload(candidate)
+    diff = workload_mismatch(b, c)
+    if diff:
+        raise GateError("the runs are of different workloads and cannot be compared (" + "; ".join(diff) + "): measure "
+                        "the baseline and the candidate with the same model and benchmark settings")
+    if bool(b) != bool(c):
+        side = "baseline" if not b else "candidate"
+        return (f"the {side}'s workload was not recorded (a result stored before workload fingerprints): the gate could "
+                "not check that both sides ran the same model and benchmark")
+    return ""
+
+
+def check_all_settings(**settings: Any) -> None:
+    """Every setting of decide() checked, before any run is measured: GateError with the allowed range."""
+    decide([], [], **settings)
 
 
 def _fmt(value: float) -> str:
@@ -284,8 +406,13 @@ def common_trend(b_logs: Sequence[float], c_logs: Sequence[float]) -> dict[str, 
     return out
 
 
-def _failure_rate(failed: int, requests: int) -> float:
-    return failed / requests if requests > 0 else float(failed)
+def _failure_rate(side: str, failed: Any, requests: Any) -> float:
+    """failures / requests of one side; 0 with neither counted. GateError for counts that give no rate."""
+    failed, requests = check_count(f"{side}_failed", failed), check_count(f"{side}_requests", requests)
+    if failed > requests:
+        raise GateError(f"{side}_failed ({failed}) is more than {side}_requests ({requests}): pass the requests the "
+                        f"{side} runs sent (failed requests and short outputs are among them)")
+    return failed / requests if requests else 0.0
 
 
 def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.95, alpha: float = 0.01,
@@ -296,11 +423,13 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
            baseline_requests: int = 0, candidate_failed: int = 0, candidate_requests: int = 0,
            requests_per_run: int | None = None, detect: float | None = None,
            candidate_min_runs: int | None = CANDIDATE_MIN_RUNS, trend_guard: float = 0.1, guard_from: int = 2,
-           pass_floor: float = 0.75, reserve: float = 0.3, order: str = "sequential") -> dict[str, Any]:
+           pass_floor: float = 0.75, reserve: float = 0.3, order: str = "sequential", baseline_workload: Any = None,
+           candidate_workload: Any = None) -> dict[str, Any]:
     """Judge candidate runs against baseline runs (higher is better); with no candidate runs, judge the baseline alone.
 
     See the module docstring for the design (``order``: "sequential" or "interleaved"). ``step`` is the candidate runs between looks (default 2),
-    ``baseline_step`` the baseline runs asked for at a time (default ``min_runs``). Raises GateError for bad input.
+    ``baseline_step`` the baseline runs asked for at a time (default ``min_runs``). ``baseline_workload`` and
+    ``candidate_workload`` (results or fingerprints, see workload()) must not differ. Raises GateError for bad input.
     """
     base = check_runs("baseline", baseline)
     cand = check_runs("candidate", candidate)
@@ -309,6 +438,11 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
     first = candidate_min_runs or min_runs
     check_settings(threshold, alpha, pass_alpha, min_runs, max_runs, step, max_baseline_runs, baseline_step, power,
                    spending, screen_alpha, drift_alpha)
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or not 0 <= bootstrap <= MAX_BOOTSTRAP:
+        raise GateError(f"bootstrap_resamples must be a whole number between 0 (off) and {MAX_BOOTSTRAP}, got {bootstrap!r}")
+    fail_b = _failure_rate("baseline", baseline_failed, baseline_requests)
+    fail_c = _failure_rate("candidate", candidate_failed, candidate_requests)
+    unrecorded = check_workloads(baseline_workload, candidate_workload)
     if not 0.0 < pass_floor <= 1.0:
         raise GateError(f"pass_floor must be in (0, 1] (a share of the margin: 0.75 at threshold 0.95 passes from 0.9625), "
                         f"got {pass_floor}")
@@ -339,16 +473,18 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
         "baseline": sample_stats(base) if base else {"n": 0}, "candidate": sample_stats(cand) if cand else {"n": 0},
         "cv": None, "smallest_detectable_drop": None, "too_noisy": False, "screened": [], "look": None,
         "interval": None, "ci": None, "ci_level": ci_level, "runs_needed": 0, "baseline_runs_needed": 0,
-        "decided_by": "waiting", "advice": "", "warnings": [], "reason": "",
+        "decided_by": "waiting", "advice": "", "warnings": [unrecorded] if unrecorded else [], "reason": "",
     }
     if len(base) < min_runs:
         result["baseline_runs_needed"] = min_runs - len(base)
         result["reason"] = (f"inconclusive: {len(base)} baseline runs, at least {min_runs} are needed before anything is "
                             f"judged: run {result['baseline_runs_needed']} more baseline runs")
         return result
-    if median(base) <= 0:
-        raise GateError(f"the baseline median is {median(base)} {unit}: the baseline server produced no tokens, so nothing "
-                        "can be compared; fix the baseline and measure it again")
+    dead = [str(i + 1) for i, v in enumerate(base) if v <= 0]
+    if dead:
+        raise GateError(f"baseline run(s) {', '.join(dead)} of {len(base)} produced no tokens (0 {unit}): the server died "
+                        "or failed every request in them. A dead run is a failure, not an outlier, and a baseline with one "
+                        "cannot be compared with anything; fix the baseline server and measure it again")
     b_logs, b_keep, screened = _screen("baseline", base, _logs(base), screen_alpha, min_runs, unit)
     result["screened"] = screened
     b_mean, b_ss = _mean_var(b_logs)
@@ -384,6 +520,13 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
         return result
 
     result["stage"] = "candidate"
+    dead = [str(i + 1) for i, v in enumerate(cand) if v <= 0]
+    if dead:
+        result.update(decision="regression", final=True, decided_by="failures")
+        result["reason"] = (f"regression: candidate run(s) {', '.join(dead)} of {len(cand)} produced no tokens (0 {unit}): "
+                            "the server died or failed every request in them; a dead run is a failure, never an outlier, "
+                            "so the candidate cannot pass, whatever its other runs")
+        return result
     if len(cand) < first:
         result["runs_needed"] = first - len(cand)
         result["reason"] = (f"inconclusive: {len(cand)} candidate runs, at least {first} are needed: run "
@@ -435,8 +578,6 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
     counts = f"{len(base)} vs {len(cand)} runs" + (f", {len(result['screened'])} screened" if result["screened"] else "")
     where = (f"candidate/baseline {ratio:.1%} (geometric means; threshold {threshold:.0%}, CV {result['cv']:.1%}, "
              f"look {len(cand)}/{max_runs}, {counts})")
-    fail_b = _failure_rate(baseline_failed, baseline_requests)
-    fail_c = _failure_rate(candidate_failed, candidate_requests)
     if fail_c > fail_b:
         result.update(decision="regression", final=True, decided_by="failures")
         result["reason"] = (f"regression: the candidate failed or cut short {candidate_failed} of {candidate_requests} "

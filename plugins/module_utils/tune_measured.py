@@ -31,7 +31,9 @@ from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS, HostFSError
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide
+from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import (
+    GateError, check_all_settings, decide, workload, workload_mismatch,
+)
 
 FORMAT = "gpufleet.tune_measured/1"
 DECISIONS = ("keep", "revert")
@@ -49,6 +51,9 @@ PROFILE_KEYS = ("prompt_tokens", "output_tokens", "concurrency", "requests", "re
                 "seed", "prompt_mode", "ignore_eos", "token_id_range")
 GATE_DEFAULTS = {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.05, "min_runs": 5, "max_runs": 15,
                  "auto_k": 3.0, "auto_floor": 0.5}
+# What a benchmark result must share with its profile to be taken as that profile's measurement (its config);
+# repetitions, warm-up, settle runs and the seed differ between rounds by design.
+PROFILE_MATCH = ("prompt_tokens", "output_tokens", "requests", "prompt_mode", "ignore_eos", "token_id_range")
 
 
 class TuneError(ValueError):
@@ -60,7 +65,9 @@ def resolve_profiles(profiles: Sequence[Any], max_model_len: int | None = None) 
     """Profile names or dicts -> complete profiles; ``near_max`` prompts fill max_model_len less the output."""
     out, seen = [], set()
     for i, p in enumerate(profiles):
-        spec = {"name": p} if isinstance(p, str) else dict(p or {})
+        if not isinstance(p, (str, dict)):
+            raise TuneError(f"profiles[{i}] is {p!r}: give a profile name ({', '.join(PROFILES)}) or a dict with name")
+        spec = {"name": p} if isinstance(p, str) else dict(p)
         name = spec.get("name")
         if not name or not isinstance(name, str):
             raise TuneError(f"profiles[{i}] has no name: give a profile name ({', '.join(PROFILES)}) or a dict with name")
@@ -194,6 +201,12 @@ def changed_text(stage: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _baseline_cap(g: dict[str, Any]) -> int:
+    """The gate's baseline cap: measured tuning never extends a reference, so any cap from min_runs on will do (the
+    gate's default of 15 refused every min_runs above 15)."""
+    return g["min_runs"] if isinstance(g["min_runs"], int) and g["min_runs"] > 15 else 15
+
+
 def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, Any]], gate: dict[str, Any],
               inconclusive: str = "revert", more_rounds: int = 1, vllm_defaults: dict[str, Any] | None = None,
               started_at: str = "") -> dict[str, Any]:
@@ -214,6 +227,20 @@ def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, 
         if not 0.0 < g["threshold"] <= 1.0:
             raise TuneError(f"gate threshold must be in (0, 1] or auto, got {g['threshold']}")
         g["threshold_basis"] = "given"
+    for key in ("min_runs", "max_runs"):  # templated by the playbook: "5" is 5
+        if isinstance(g[key], str) and g[key].strip().isdigit():
+            g[key] = int(g[key])
+    for key in ("alpha", "pass_alpha"):
+        try:
+            g[key] = float(g[key]) if isinstance(g[key], str) else g[key]
+        except ValueError:
+            raise TuneError(f"gate {key} must be a number in (0, 0.5), got {g[key]!r}") from None
+    try:  # every setting the gate will use, before the baseline is measured (auto: the threshold comes later)
+        threshold = g["threshold"] if g["threshold_basis"] == "given" and g["threshold"] < 1.0 else 0.95
+        check_all_settings(threshold=threshold, alpha=g["alpha"], pass_alpha=g["pass_alpha"], min_runs=g["min_runs"],
+                           max_runs=g["max_runs"], max_baseline_runs=_baseline_cap(g), candidate_min_runs=3, bootstrap=1000)
+    except (GateError, TypeError) as err:
+        raise TuneError(f"gate settings cannot be used: {err}") from None
     entries = [{"name": "baseline", "kind": "baseline", "description": "as found", "apply": [], "revert": [],
                 "reboot": False, "record": [], "files": [], "members": [], "status": "pending"}]
     for s in stages:
@@ -331,17 +358,46 @@ def next_action(state: dict[str, Any]) -> dict[str, Any]:
                     "move it away to start over")
 
 
-def _measurement(doc: dict[str, Any]) -> dict[str, Any]:
+def profile_mismatch(profile: dict[str, Any], doc: dict[str, Any]) -> list[str]:
+    """Where a benchmark result was not measured with its profile ("field: profile X, result Y"): the settings of
+    PROFILE_MATCH its config carries, and every measured level must be one of the profile's."""
+    if not isinstance(doc, dict):
+        return [f"the result is {type(doc).__name__}, not a benchmark result"]
+    cfg = doc.get("config") or {}
+    want = workload({k: profile[k] for k in PROFILE_MATCH if k in profile})
+    got = workload({k: cfg[k] for k in PROFILE_MATCH if k in cfg})
+    out = [f"{k}: profile {want[k]!r}, result {got[k]!r}" for k in PROFILE_MATCH if k in want and k in got and want[k] != got[k]]
+    levels = [lv.get("concurrency") for lv in doc.get("levels") or [] if isinstance(lv, dict)]
+    extra = [c for c in levels if c not in profile["concurrency"]]
+    if extra:
+        out.append(f"concurrency: profile {profile['concurrency']}, result {levels}")
+    return out
+
+
+def _measurement(doc: dict[str, Any], profile: str = "") -> dict[str, Any]:
+    """One profile's result, per level: the runs, latencies, failures (errors and short outputs) of its requests and
+    the workload fingerprint at that level."""
     levels = {}
     for lv in doc.get("levels") or []:
         out = lv.get("output_throughput") or {}
+        fingerprint = workload({k: doc[k] for k in ("server", "config") if doc.get(k)}, int(lv["concurrency"]))
+        if fingerprint:
+            fingerprint["profile"] = profile
         levels[str(lv["concurrency"])] = {
             "concurrency": int(lv["concurrency"]), "samples": list(out.get("values") or []),
             "median": out.get("median"), "cv": out.get("cv"),
             "ttft_p50_ms": (lv.get("ttft_ms") or {}).get("p50"), "ttft_p99_ms": (lv.get("ttft_ms") or {}).get("p99"),
             "tpot_p50_ms": (lv.get("tpot_ms") or {}).get("p50"), "tpot_p99_ms": (lv.get("tpot_ms") or {}).get("p99"),
-            "errors": lv.get("errors")}
+            "errors": lv.get("errors"), "failed": (lv.get("errors") or 0) + (lv.get("short_outputs") or 0),
+            "requests": lv.get("requests"), "workload": fingerprint}
     return {"levels": levels, "finished_at": doc.get("finished_at"), "kernel": doc.get("kernel")}
+
+
+def _failures(side: str, lv: dict[str, Any]) -> dict[str, Any]:
+    """A level's failures for the gate; a measurement stored before requests were kept counts none."""
+    if lv.get("requests") is None:
+        return {f"{side}_failed": 0, f"{side}_requests": 0}
+    return {f"{side}_failed": lv.get("failed") or 0, f"{side}_requests": lv["requests"]}
 
 
 def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
@@ -350,6 +406,13 @@ def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     merged = copy.deepcopy(old)
     for key, lv in new["levels"].items():
         if key in merged["levels"]:
+            diff = workload_mismatch(merged["levels"][key].get("workload"), lv.get("workload"))
+            if diff:
+                raise TuneError(f"the new round of c={key} was measured on another workload than its earlier runs ("
+                                + "; ".join(diff) + "): runs of different workloads are never compared")
+            for count in ("failed", "requests"):
+                if lv.get(count) is not None and merged["levels"][key].get(count) is not None:
+                    merged["levels"][key][count] += lv[count]
             merged["levels"][key]["samples"] += lv["samples"]
             s = sorted(merged["levels"][key]["samples"])
             merged["levels"][key]["median"] = (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2.0
@@ -407,9 +470,13 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
             # spends its share of the error rates; later rounds add the runs the gate asked for
             first = e.setdefault("first_look", {}).setdefault(f"{name}/{key}", len(lv["samples"]))
             try:
-                v = decide(base["levels"][key]["samples"], lv["samples"], threshold=g["threshold"], alpha=g["alpha"],
+                ref_lv = base["levels"][key]
+                v = decide(ref_lv["samples"], lv["samples"], threshold=g["threshold"], alpha=g["alpha"],
                            pass_alpha=g["pass_alpha"], min_runs=g["min_runs"], max_runs=g["max_runs"],
-                           candidate_min_runs=min(max(first, 3), g["max_runs"]), bootstrap=1000)
+                           candidate_min_runs=min(max(first, 3), g["max_runs"]), bootstrap=1000,
+                           max_baseline_runs=_baseline_cap(g),
+                           **_failures("baseline", ref_lv), **_failures("candidate", lv),
+                           baseline_workload=ref_lv.get("workload"), candidate_workload=lv.get("workload"))
             except GateError as err:
                 raise TuneError(f"the gate cannot judge {e['name']!r} {name} c={key}: {err}") from err
             verdicts[name][key] = {k: v[k] for k in ("decision", "ratio", "p_value", "p_value_pass", "ci",
@@ -466,9 +533,14 @@ def complete(state: dict[str, Any], action_id: int, documents: Sequence[dict[str
         if len(documents) != len(names):
             raise TuneError(f"benchmark of {e['name']!r} brought {len(documents)} result(s) for {len(names)} "
                             f"profile(s) ({', '.join(names)}): give one result per profile, in order")
-        for name, doc in zip(names, documents):
-            e["measurements"][name] = _merge(e["measurements"].get(name) if e["status"] == "more" else None,
-                                             _measurement(doc))
+        for i, (prof, doc) in enumerate(zip(state["profiles"], documents)):
+            diff = profile_mismatch(prof, doc)
+            if diff:
+                raise TuneError(f"benchmark result {i + 1} of {e['name']!r} was not measured with profile "
+                                f"{prof['name']!r} (" + "; ".join(diff) + "): give one result per profile, in the "
+                                "profiles' order, each measured with its profile's settings")
+            e["measurements"][prof["name"]] = _merge(e["measurements"].get(prof["name"]) if e["status"] == "more" else None,
+                                                     _measurement(doc, prof["name"]))
         if e["kind"] == "baseline":
             e["status"] = "baseline"
             e["decision"] = "baseline"
@@ -533,8 +605,14 @@ def load(fs: HostFS, path: str) -> dict | None:
     except ValueError as err:
         raise TuneError(f"the state file {path} is not JSON ({err}): it was damaged; move it away and start over "
                         "(the roles' own state: absent undoes what was applied)") from err
-    if state.get("format") != FORMAT:
-        raise TuneError(f"{path} holds {state.get('format')!r}, not {FORMAT}: not a measured-tuning state")
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        what = repr(state.get("format")) if isinstance(state, dict) else f"a JSON {type(state).__name__}"
+        raise TuneError(f"{path} holds {what}, not {FORMAT}: not a measured-tuning state; move it away and start over "
+                        "(op=reset removes it)")
+    bad = [k for k, kind in (("stages", list), ("profiles", list), ("gate", dict)) if not isinstance(state.get(k), kind)]
+    if bad or not all(isinstance(s, dict) for s in state["stages"] + state["profiles"]):
+        raise TuneError(f"the state file {path} is damaged ({', '.join(bad) or 'stages or profiles'} not as written): move "
+                        "it away and start over (the roles' own state: absent undoes what was applied)")
     return state
 
 
@@ -589,14 +667,14 @@ def execute(p: dict, fs: HostFS, check_mode: bool) -> dict:
     path = p["state_file"]
     result: dict[str, Any] = dict(changed=False, actions=[], state_file=path)
     try:
-        state = load(fs, path)
-        if p["op"] == "reset":
-            if state is not None:
+        if p["op"] == "reset":  # a damaged state file too: reset is how it goes away
+            if fs.exists(path):
                 result["actions"].append({"action": "remove", "path": path})
                 if not check_mode:
                     fs.remove(path)
             result.update(changed=bool(result["actions"]), next={"action": "done"}, stages=[], state={}, diff={})
             return result
+        state = load(fs, path)
         before = json.dumps(state, sort_keys=True) if state is not None else None
         if p["op"] == "start":
             state = _start(p, state, path)

@@ -21,7 +21,14 @@ from ansible_collections.gpufleet.inference.plugins.module_utils import throughp
 
 
 def _tput(runs: Sequence[dict]) -> list[float]:
-    return [float(r["output_throughput"]) for r in runs if r.get("output_throughput")]
+    """The runs' tok/s; a run at 0 stays (it is a result: the server produced nothing), one without a figure is left out."""
+    return [float(r["output_throughput"]) for r in runs if r.get("output_throughput") is not None]
+
+
+def _gate_runs(runs: Sequence[dict]) -> list[float]:
+    """The runs the gate judges: a run without tok/s (it failed) is a dead run at 0, a failure the gate counts,
+    never left out as an outlier would be."""
+    return [float(r.get("output_throughput") or 0.0) for r in runs]
 
 
 def compare_summary(ours: Sequence[dict], theirs: Sequence[dict], target: float = 0.03) -> dict[str, Any]:
@@ -86,8 +93,10 @@ def stage_table(records: Sequence[dict], gate_level: int, threshold: float = 0.9
     """One row per stage record (the first is the baseline), the gate's verdict recomputed from the stored runs.
 
     A record: ``stage``, ``changed`` (the role variables it set), ``levels`` ({concurrency: [runs]}) and
-    ``gate`` ({baseline_runs, candidate_runs}: the interleaved runs against the configuration before it), or
-    None for the baseline. The gate level's figures are the candidate's gate runs.
+    ``gate`` ({baseline_runs, candidate_runs}: the interleaved runs against the configuration before it, and
+    optionally baseline_workload/candidate_workload), or None for the baseline. The gate level's figures are the
+    candidate's gate runs. A gate run without tok/s is a dead run (a failure); a record the gate cannot judge
+    (a dead baseline run, other workloads) is an ``error`` row, reverted.
     """
     rows: list[dict[str, Any]] = []
     if not records:
@@ -115,13 +124,19 @@ def stage_table(records: Sequence[dict], gate_level: int, threshold: float = 0.9
         if gate is None and rec is records[0]:
             row.update(verdict="baseline", kept=True, ratio_to_baseline=1.0)
         elif gate and len(gate.get("baseline_runs", [])) and len(gate.get("candidate_runs", [])):
-            b, c = _tput(gate["baseline_runs"]), _tput(gate["candidate_runs"])
+            b, c = _gate_runs(gate["baseline_runs"]), _gate_runs(gate["candidate_runs"])
             st = gate.get("settings") or {}
             # replayed look by look as the sequential gate takes them; runs stored under a gate whose first
             # look was at min_runs are replayed with that first look
-            d = tg.replay(b, c, threshold=st.get("threshold", threshold), min_runs=st.get("min_runs", 5),
-                          candidate_min_runs=st.get("candidate_min_runs", st.get("min_runs", 5)),
-                          max_runs=st.get("max_runs", 15), bootstrap=0, order=st.get("order", "interleaved"))
+            try:  # the workloads, when the record keeps them, must be the same (the gate refuses otherwise)
+                d = tg.replay(b, c, threshold=st.get("threshold", threshold), min_runs=st.get("min_runs", 5),
+                              candidate_min_runs=st.get("candidate_min_runs", st.get("min_runs", 5)),
+                              max_runs=st.get("max_runs", 15), bootstrap=0, order=st.get("order", "interleaved"),
+                              baseline_workload=gate.get("baseline_workload"), candidate_workload=gate.get("candidate_workload"))
+            except tg.GateError as err:
+                row.update(verdict="error", kept=False, error=str(err))
+                rows.append(row)
+                continue
             cmed = tg.median(c)
             row.update(verdict=d["decision"], final=d["final"], runs_needed=d["runs_needed"], p_value=d["p_value"],
                        candidate_runs=d["candidate_runs_used"], kept=d["decision"] == "pass",

@@ -28,8 +28,14 @@ description:
     design can detect; above the margin it asks for RV(gate.baseline_runs_needed) more baseline runs, up to
     O(max_baseline_runs), and then stops with RV(gate.too_noisy).
   - One outlier run per side is screened out (leave-one-out prediction test) and reported in RV(gate.screened).
-  - A candidate with a larger share of failed requests or short outputs than the baseline (O(candidate_failed),
-    O(baseline_failed)) cannot pass; it is a V(regression).
+  - A candidate with a larger share of failed requests or short outputs than the baseline (O(candidate_failed) of
+    O(candidate_requests), O(baseline_failed) of O(baseline_requests)) cannot pass; it is a V(regression). Failures
+    without requests counted, or more failures than requests, are refused.
+  - A run at 0 tok/s (the server died in it, or failed every request) is a failure, never an outlier; a dead candidate run
+    is a V(regression), a dead baseline run refused (measure the baseline again).
+  - Given both sides' workloads (O(baseline_workload), O(candidate_workload)), runs of different workloads (model, prompt
+    and output lengths, concurrency, requests per run, sampling settings) are refused, naming each field that differs.
+  - Every setting is checked before anything is judged; run counts are at most 1000 and O(bootstrap_resamples) at most 100000.
   - The exact Mann-Whitney p-value and a seeded bootstrap interval of the median ratio are reported beside the answer; they
     do not change it. The same logic is the P(gpufleet.inference.throughput_gate#filter) filter. Nothing on the host changes.
 author:
@@ -85,11 +91,12 @@ options:
     type: int
     default: 2
   max_runs:
-    description: Candidate runs at the last look; V(inconclusive) there is final.
+    description: Candidate runs at the last look; V(inconclusive) there is final (O(min_runs) to 1000).
     type: int
     default: 15
   max_baseline_runs:
-    description: Baseline runs at most, taken before the reboot while the smallest detectable drop is above the margin.
+    description: Baseline runs at most, taken before the reboot while the smallest detectable drop is above the margin
+      (O(min_runs) to 1000).
     type: int
     default: 15
   baseline_step:
@@ -141,7 +148,7 @@ options:
     type: int
     default: 0
   baseline_requests:
-    description: Requests of the baseline runs (0 compares O(baseline_failed) and O(candidate_failed) as counts).
+    description: Requests of the baseline runs (with V(0), O(baseline_failed) must be 0 as well, and no failures are counted).
     type: int
     default: 0
   candidate_failed:
@@ -155,8 +162,24 @@ options:
   requests_per_run:
     description: Requests per run, for the advice on how long runs would have to be on a noisy host.
     type: int
+  baseline_workload:
+    description:
+      - The baseline's workload, an M(gpufleet.inference.inference_benchmark) result (its C(benchmark) return value) or a fingerprint,
+        a dict of C(model), C(model_root), C(max_model_len), C(prompt_tokens), C(output_tokens), C(prompt_mode),
+        C(token_id_range), C(ignore_eos), C(temperature), C(max_tokens), C(per_chunk_usage), C(requests), C(concurrency),
+        C(profile).
+      - When both workloads are given they must be equal in every field both carry (C(model), C(prompt_tokens),
+        C(output_tokens), C(requests) and C(concurrency) on both sides); otherwise the task fails naming each difference.
+        When only one is given, a warning says the workloads could not be checked.
+    type: dict
+  candidate_workload:
+    description: The candidate's workload, as O(baseline_workload).
+    type: dict
+  workload_concurrency:
+    description: The concurrency level compared, when the workloads are results that swept several levels.
+    type: int
   bootstrap_resamples:
-    description: Resamples of the bootstrap interval of the median ratio; V(0) skips it.
+    description: Resamples of the bootstrap interval of the median ratio; V(0) skips it (at most 100000).
     type: int
     default: 2000
   seed:
@@ -197,6 +220,10 @@ EXAMPLES = r"""
     baseline_requests: "{{ baseline_bench.benchmark.requests }}"
     candidate_failed: "{{ candidate_bench.benchmark.errors + candidate_bench.benchmark.short_outputs }}"
     candidate_requests: "{{ candidate_bench.benchmark.requests }}"
+    # refused when the two were not the same workload (model, lengths, concurrency, requests per run)
+    baseline_workload: "{{ baseline_bench.benchmark }}"
+    candidate_workload: "{{ candidate_bench.benchmark }}"
+    workload_concurrency: 32
   register: gate
 
 - name: Run more candidate runs (the gated level only, no warm-up) while the gate asks for them
@@ -362,7 +389,7 @@ actions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide
+from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide, workload
 
 
 def main():
@@ -392,6 +419,9 @@ def main():
             candidate_failed=dict(type="int", default=0),
             candidate_requests=dict(type="int", default=0),
             requests_per_run=dict(type="int"),
+            baseline_workload=dict(type="dict"),
+            candidate_workload=dict(type="dict"),
+            workload_concurrency=dict(type="int"),
             bootstrap_resamples=dict(type="int", default=2000),
             seed=dict(type="int", default=0),
             unit=dict(type="str", default="tok/s"),
@@ -400,12 +430,9 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
-    if p["bootstrap_resamples"] < 0:
-        module.fail_json(msg=f"bootstrap_resamples must be 0 or more, got {p['bootstrap_resamples']}")
-    for name in ("baseline_failed", "baseline_requests", "candidate_failed", "candidate_requests"):
-        if p[name] < 0:
-            module.fail_json(msg=f"{name} must be 0 or more, got {p[name]}")
     try:
+        level = p["workload_concurrency"]
+        workloads = {side: workload(p[f"{side}_workload"], level) for side in ("baseline", "candidate")}
         gate = decide(p["baseline"], p["candidate"], threshold=p["threshold"], alpha=p["alpha"], pass_alpha=p["pass_alpha"],
                       detect=p["detect"], min_runs=p["min_runs"], candidate_min_runs=p["candidate_min_runs"],
                       step=p["step"], max_runs=p["max_runs"], max_baseline_runs=p["max_baseline_runs"],
@@ -414,7 +441,8 @@ def main():
                       order=p["order"], pass_floor=p["pass_floor"], baseline_failed=p["baseline_failed"],
                       baseline_requests=p["baseline_requests"], candidate_failed=p["candidate_failed"],
                       candidate_requests=p["candidate_requests"], requests_per_run=p["requests_per_run"],
-                      bootstrap=p["bootstrap_resamples"], seed=p["seed"], unit=p["unit"])
+                      bootstrap=p["bootstrap_resamples"], seed=p["seed"], unit=p["unit"],
+                      baseline_workload=workloads["baseline"], candidate_workload=workloads["candidate"])
     except GateError as err:
         module.fail_json(msg=f"Cannot judge the runs: {err}")
     for warning in gate["warnings"]:

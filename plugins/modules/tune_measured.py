@@ -88,6 +88,8 @@ options:
         M(gpufleet.inference.throughput_gate)).
       - C(threshold=auto) sets it from the baseline's largest run-to-run CV, C(1 - auto_k x CV) (C(auto_k) 3), at least
         C(auto_floor) (0.5), at most 0.95. With a threshold given, the state says whether it fits that CV.
+      - Checked at O(op=start), before the baseline, with the allowed ranges (C(min_runs) 3 to C(max_runs), C(max_runs)
+        at most 1000).
     type: dict
     default: {}
   inconclusive:
@@ -111,7 +113,12 @@ options:
     description: For O(op=complete), the C(id) of RV(next) that was done.
     type: int
   results:
-    description: For O(op=complete) of a benchmark, one result document per profile, in order.
+    description:
+      - For O(op=complete) of a benchmark, one result document per profile, in order.
+      - A document whose C(config) does not match its profile (C(prompt_tokens), C(output_tokens), C(requests),
+        C(prompt_mode), C(ignore_eos), C(token_id_range), or a level the profile does not have) is refused, and so is
+        a stage whose workload (model, lengths, concurrency, requests per run) differs from its reference's; nothing
+        is judged. Each level's failed requests and short outputs reach the gate (a stage that fails more cannot be kept).
     type: list
     elements: dict
     default: []

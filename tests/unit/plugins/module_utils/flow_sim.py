@@ -26,7 +26,7 @@ class Host:
     def __init__(self, speed_new: float = 1.0, boots: bool = True, verify_ok: bool = True, post_ok: bool = True,
                  foreign_load: str = "", inconclusive_speeds: list[float] | None = None,
                  base_pattern: list[float] | None = None, cand_pattern: list[float] | None = None,
-                 cand_failed: int = 0):
+                 cand_failed: int = 0, workloads: dict | None = None):
         self.running = OLD
         self.default = OLD
         self.boot = 0
@@ -43,6 +43,10 @@ class Host:
         # per-run multipliers (cyclic over the side's runs so far): a noisy baseline or candidate
         self.patterns = {"baseline": base_pattern or [1.0], "candidate": cand_pattern or [1.0]}
         self.cand_failed = cand_failed  # failed requests or short outputs of every candidate benchmark
+        # per label, the model and concurrency level the benchmark ran (the role sends the result's server and
+        # config); a label mapped to None sends neither, as the role did before workload fingerprints
+        self.workloads = {"baseline": ("Qwen/Qwen2.5-7B-Instruct", 4), "candidate": ("Qwen/Qwen2.5-7B-Instruct", 4),
+                          **(workloads or {})}
         self.benchmarks: list[dict] = []  # every benchmark: label, kernel, default at the time
         self.reboots = 0
         self.runs_done: dict = {}
@@ -97,11 +101,20 @@ class Host:
             contaminated = list(range(len(runs))) if self.foreign_load == label else []
             self.benchmarks[-1].update(runs=action["runs"], measured_only=action.get("measured_only", False),
                                        concurrency=action.get("concurrency"))
-            return "benchmarked", {"label": label, "samples": [v * speed for v in runs], "kernel": self.running,
-                                   "files": [f"/var/lib/gpufleet/benchmarks/{label}-{len(self.benchmarks)}.json"],
-                                   "concurrency": 4, "contaminated": contaminated,
-                                   "failed": self.cand_failed if label == "candidate" else 0,
-                                   "requests": 32 * len(runs)}
+            data = {"label": label, "samples": [v * speed for v in runs], "kernel": self.running,
+                    "files": [f"/var/lib/gpufleet/benchmarks/{label}-{len(self.benchmarks)}.json"],
+                    "concurrency": 4, "contaminated": contaminated,
+                    "failed": self.cand_failed if label == "candidate" else 0,
+                    "requests": 32 * len(runs)}
+            if self.workloads.get(label):
+                model, level = self.workloads[label]
+                data.update(samples={str(level): data["samples"]}, concurrency=0,
+                            server={"model": model, "root": f"/models/{model}", "max_model_len": 4096},
+                            config={"model": None, "prompt_tokens": 1024, "output_tokens": 128, "concurrency": [level],
+                                    "requests": 32, "seed": action["seed"], "ignore_eos": True,
+                                    "prompt_mode": "token_ids", "token_id_range": [1000, 4000],
+                                    "measured_only": action.get("measured_only", False)})
+            return "benchmarked", data
         if name == "audit":
             return "audited", {"findings": [{"code": "link_downgraded", "device": "0000:01:00.0"}]}
         if name == "pin":

@@ -57,7 +57,8 @@ def test_the_step_passes_every_setting_the_flow_reads():
     step = load("step.yml")[0]["gpufleet.inference.kernel_rollout_step"]
     assert {"target", "event", "data", "preflight", "run_id", "reboot_ok", "lock", "lock_packages", "verify_pcie",
             "commit_timeout", "lease_run_id", "lease_ttl", "gate"} <= set(step)
-    assert set(step["gate"]) == {"threshold", "alpha", "pass_alpha", "min_runs", "max_runs", "requests_per_run"}
+    assert set(step["gate"]) == {"threshold", "alpha", "pass_alpha", "min_runs", "max_runs", "max_baseline_runs",
+                                 "candidate_min_runs", "requests_per_run"}
 
 
 def test_the_boot_health_unit_comes_before_the_one_shot_entry_and_the_reboot():

@@ -95,10 +95,10 @@ def test_noisy_runs_warn(capsys):
 @pytest.mark.parametrize("args, fragment", [
     ({"baseline": BASE, "candidate": SAME, "threshold": 1.5}, "Cannot judge the runs: threshold must be in (0, 1)"),
     ({"baseline": BASE, "candidate": SAME, "min_runs": 2}, "min_runs must be at least 3"),
-    ({"baseline": BASE, "candidate": SAME, "candidate_failed": -1}, "candidate_failed must be 0 or more"),
+    ({"baseline": BASE, "candidate": SAME, "candidate_failed": -1}, "candidate_failed must be a whole number of requests, 0 or more, got -1"),
     ({"baseline": BASE, "candidate": SAME, "spending": "linear"}, "value of spending must be one of"),
-    ({"baseline": [0, 0, 0, 0, 0], "candidate": SAME}, "baseline median is 0.0 tok/s"),
-    ({"baseline": BASE, "candidate": SAME, "bootstrap_resamples": -1}, "bootstrap_resamples must be 0 or more"),
+    ({"baseline": [0, 0, 0, 0, 0], "candidate": SAME}, "produced no tokens (0 tok/s)"),
+    ({"baseline": BASE, "candidate": SAME, "bootstrap_resamples": -1}, "bootstrap_resamples must be a whole number between 0 (off) and 100000, got -1"),
     ({"baseline": BASE, "candidate": ["fast"]}, "unable to convert to float"),
 ])
 def test_bad_input(capsys, args, fragment):
@@ -135,3 +135,30 @@ def test_filter_errors(baseline, candidate, kwargs, fragment):
     with pytest.raises(AnsibleFilterError) as err:
         gate(baseline, candidate, **kwargs)
     assert str(err.value).startswith("throughput_gate: ") and fragment in str(err.value)
+
+
+# ---- workloads (issue 31): the module and the filter refuse runs of different workloads ----------------
+def _bench(model="Qwen/Qwen2.5-7B-Instruct", levels=(8, 32)):
+    return {"server": {"model": model, "root": f"/models/{model}", "max_model_len": 4096},
+            "config": {"prompt_tokens": 1024, "output_tokens": 128, "concurrency": list(levels), "requests": 128,
+                       "ignore_eos": True, "prompt_mode": "token_ids", "token_id_range": [1000, 4000]}}
+
+
+def test_the_module_refuses_runs_of_different_workloads(capsys):
+    args = {"baseline": BASE, "candidate": SAME, "baseline_workload": _bench(levels=(4,)),
+            "candidate_workload": _bench(levels=(32,))}
+    result = run_main(args, capsys)
+    assert result["failed"] and result["msg"].startswith("Cannot judge the runs: the runs are of different workloads")
+    assert "concurrency: baseline 4, candidate 32" in result["msg"]
+    # two sweeps compared at one level of both
+    same = run_main({**args, "baseline_workload": _bench(), "candidate_workload": _bench(), "workload_concurrency": 32}, capsys)
+    assert same["decision"] == "pass"
+
+
+def test_the_filter_refuses_runs_of_different_workloads():
+    from ansible.errors import AnsibleFilterError
+
+    gate = gate_filter()
+    with pytest.raises(AnsibleFilterError, match="model: baseline 'a', candidate 'b'"):
+        gate(BASE, SAME, baseline_workload={"model": "a", "concurrency": 32}, candidate_workload={"model": "b", "concurrency": 32})
+    assert gate(BASE, SAME, baseline_workload=_bench(), candidate_workload=_bench())["decision"] == "pass"
