@@ -16,6 +16,8 @@ import json
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import KernelUpgradeError, validate_version
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import COMMIT_TIMEOUT_S
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import HEALTH_RESULT, JOURNAL
 
 SCRIPT = "/usr/local/libexec/gpufleet-boot-health"
@@ -28,8 +30,10 @@ FILES = (CONFIG, SERVICE, TIMER)
 
 def render_config(target: str, old: str, commit_timeout: int, driver_modules: list[str], gpu_required: bool,
                   vllm_unit: str, vllm_grace: int, journal: str, result: str) -> str:
-    if commit_timeout < 120:
-        raise ValueError(f"commit_timeout {commit_timeout} s is shorter than a boot and a health check (at least 120 s)")
+    low, high = COMMIT_TIMEOUT_S
+    if not low <= commit_timeout <= high:
+        raise ValueError(f"commit_timeout {commit_timeout} s is not {low} to {high} s: at least a boot and a health check, "
+                         "at most a day (an uncommitted candidate must revert by itself)")
     cfg: dict[str, Any] = {"target": target, "old": old, "commit_timeout": int(commit_timeout),
                            "driver_modules": list(driver_modules), "gpu_required": bool(gpu_required),
                            "vllm_unit": vllm_unit, "vllm_grace": int(vllm_grace), "journal": journal, "result": result,
@@ -101,6 +105,13 @@ def execute(p: dict, fs, cmds, check_mode: bool, warn=None) -> dict:
     if p["state"] == "present":
         if not p["target"]:
             raise BootHealthError("target is required with state=present: the candidate kernel release")
+        try:
+            validate_version(p["target"], "target")
+            if p["old"]:
+                validate_version(p["old"], "old")
+        except KernelUpgradeError as err:
+            raise BootHealthError(f"{err} It is written into the boot-health unit (ConditionKernelVersion=); "
+                                  "nothing was changed.") from None
         if not fs.exists(SCRIPT):
             raise BootHealthError(f"the check script {SCRIPT} is not on the host: copy "
                                   "roles/kernel_upgrade/files/gpufleet-boot-health.py there first (the role does)")

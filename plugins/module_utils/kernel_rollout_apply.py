@@ -20,7 +20,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import (
     DPKG_STATUS, boot_id, dump, health_result, installed_packages, load_journal, running_kernel, save_journal,
-    saved_default,
+    saved_default, uptime,
 )
 
 EVENTS = ["start", "locked", "benchmarked", "audited", "pinned", "installed", "rebooted", "verified", "committed",
@@ -52,7 +52,7 @@ def execute(p: dict, fs: HostFS, check_mode: bool, now: float | None = None) -> 
         journal = load_journal(fs, p["journal"])
         lease_actions = renew_lease(p, fs, check_mode, now)
         obs = {"event": p["event"], "data": p["data"] or {}, "preflight": p["preflight"] or {}, "running": running, "default": default,
-               "boot_id": boot_id(fs), "now": now, "target": p["target"], "run_id": p["run_id"],
+               "boot_id": boot_id(fs), "uptime": uptime(fs), "now": now, "target": p["target"], "run_id": p["run_id"],
                "installed_packages": installed_packages(fs.read_optional(DPKG_STATUS)), "health": health_result(fs),
                "settings": {"reboot_ok": p["reboot_ok"], "check_mode": check_mode, "lock": p["lock"],
                             "lock_packages": p["lock_packages"], "verify_pcie": p["verify_pcie"],

@@ -33,6 +33,7 @@ Stages, in order (see docs/roles/kernel_upgrade.md for the diagram):
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import CANDIDATE_MIN_RUNS, GateError, decide
@@ -60,6 +61,9 @@ DRIVER_PREFIXES = ("nvidia-driver", "nvidia-kernel-", "nvidia-dkms-", "nvidia-op
                    "linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatures-nvidia-")
 DRIVER_SUFFIXES = ("-dkms",)
 UU_DROPIN = "/etc/apt/apt.conf.d/51gpufleet-kernel-lock"
+# Seconds an uncommitted candidate may go without a contact of the controller before its boot-health
+# unit reverts it: long enough for a boot and a health check, short enough to ever come.
+COMMIT_TIMEOUT_S = (120, 86400)
 
 
 class FlowError(ValueError):
@@ -129,10 +133,26 @@ def _stamp(journal: dict[str, Any], obs: dict[str, Any], stage: str, note: str) 
     return journal
 
 
+def commit_timeout(settings: dict[str, Any]) -> int:
+    """The ``commit_timeout`` setting, bounded; FlowError (nothing changed) outside COMMIT_TIMEOUT_S."""
+    value, (low, high) = settings.get("commit_timeout", 1800), COMMIT_TIMEOUT_S
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+            not low <= value <= high:
+        raise FlowError(f"commit_timeout {value!r} is not {low} to {high} seconds (a boot and a health check at least, "
+                        "a day at most: an uncommitted candidate must revert by itself): set "
+                        "kernel_upgrade_commit_timeout in that range; nothing was changed")
+    return int(value)
+
+
 def _deadline(journal: dict[str, Any], obs: dict[str, Any]) -> None:
     """While the host may run the candidate uncommitted, each contact pushes the host-local commit
-    deadline: the boot-health unit reboots into the saved default once it passes."""
-    journal["commit_deadline"] = obs["now"] + int(obs["settings"].get("commit_timeout", 1800))
+    deadline: the boot-health unit reboots into the saved default once it passes. The unit reads
+    ``deadline`` (this boot's id, seconds since this boot: a wall clock that jumps moves nothing);
+    ``commit_deadline`` (epoch seconds) is for people and is not read by the unit."""
+    timeout = commit_timeout(obs["settings"])
+    journal["commit_deadline"] = obs["now"] + timeout
+    journal["deadline"] = {"boot_id": obs["boot_id"], "uptime": float(obs.get("uptime") or 0.0) + timeout,
+                           "timeout": timeout}
 
 
 def _verdict(journal: dict[str, Any], obs: dict[str, Any], decision: str, reason: str) -> tuple[dict, dict]:
@@ -258,15 +278,15 @@ def new_journal(obs: dict[str, Any]) -> dict[str, Any]:
             "target_installed_before": bool(pre.get("target_installed")), "started_at": obs["now"],
             "dkms_modules": list(pre.get("dkms_modules") or []),
             "updated_at": obs["now"], "stage": None, "baseline": None, "candidate": None, "findings_before": None,
-            "gate": None, "verdict": None, "boot_id": None, "commit_deadline": None, "health": None,
+            "gate": None, "verdict": None, "boot_id": None, "commit_deadline": None, "deadline": None, "health": None,
             "verify": None, "finished": False, "history": []}
 
 
 # ---- the machine -----------------------------------------------------------------------------------
 def step(journal: dict[str, Any] | None, obs: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """One transition. ``obs``: event, data, preflight (this run's kernel_upgrade_preflight result),
-    running, default, boot_id, now, target, run_id, settings, installed_packages, health (the
-    boot-health unit's last result, or None).
+    running, default, boot_id, uptime (seconds since this boot), now, target, run_id, settings,
+    installed_packages, health (the boot-health unit's last result, or None).
 
     Returns the journal to write (``None``: nothing to write) and the next action. Raises FlowError
     for an observation that contradicts the journal (the module refuses, nothing changed).
@@ -274,6 +294,7 @@ def step(journal: dict[str, Any] | None, obs: dict[str, Any]) -> tuple[dict[str,
     event = obs["event"]
     if event not in EVENTS:
         raise FlowError(f"unknown event {event!r}: one of {', '.join(EVENTS)}")
+    commit_timeout(obs["settings"])
     if journal is not None:
         journal = copy.deepcopy(journal)
     if journal is None or journal.get("finished"):
@@ -457,7 +478,7 @@ def arm_boot(journal, obs):
     _deadline(journal, obs)
     _stamp(journal, obs, "boot_once", f"one-shot boot into {journal['target']} from boot {obs['boot_id']}")
     return journal, {"name": "boot_once", "version": journal["target"], "old": journal["old"],
-                     "commit_timeout": int(obs["settings"].get("commit_timeout", 1800))}
+                     "commit_timeout": commit_timeout(obs["settings"])}
 
 
 def after_boot(journal, obs):

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
@@ -79,6 +80,15 @@ def running_kernel(fs: HostFS) -> str:
 
 def boot_id(fs: HostFS) -> str:
     return (fs.read_optional("/proc/sys/kernel/random/boot_id") or "").strip()
+
+
+def uptime(fs: HostFS) -> float | None:
+    """Seconds since this boot (/proc/uptime), for the boot-relative commit deadline; None when unreadable."""
+    try:
+        value = float((fs.read_optional("/proc/uptime") or "").split()[0])
+    except (IndexError, ValueError):
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def saved_default(fs: HostFS) -> tuple[str | None, str | None]:

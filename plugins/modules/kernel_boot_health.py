@@ -32,15 +32,21 @@ options:
     choices: [present, absent]
     default: present
   target:
-    description: The candidate kernel release (required with O(state=present)).
+    description:
+      - The candidate kernel release (required with O(state=present)), as C(uname -r) prints it - major.minor, then only
+        letters, digits and C(. _ + ~ -), 64 characters at most (it is written into the units; a space, newline or
+        glob is refused).
     type: str
   old:
     description: The old kernel release (the saved default the host returns to), for the record.
     type: str
     default: ""
   commit_timeout:
-    description: Seconds after the controller's last contact (or after boot, whichever is later) before an uncommitted
-      candidate reverts. At least 120.
+    description:
+      - Seconds after the controller's last contact (or after boot, whichever is later) before an uncommitted
+        candidate reverts. 120 to 86400.
+      - The deadline is measured on the candidate boot's own clock (seconds since boot, with the boot id the controller
+        recorded in the journal), never on the wall clock; a deadline the check cannot read reverts, as a passed one does.
     type: int
     default: 1800
   driver_modules:

@@ -79,8 +79,11 @@ options:
     choices: [auto, always, never]
     default: auto
   commit_timeout:
-    description: Seconds from the controller's last contact after which the boot-health unit reboots an uncommitted
-      candidate into the saved default.
+    description:
+      - Seconds from the controller's last contact after which the boot-health unit reboots an uncommitted candidate
+        into the saved default. 120 to 86400 (outside, the step is refused and nothing is changed).
+      - Every contact records the deadline in the journal as C(deadline) (this boot's id and seconds since this boot),
+        which the unit compares with its own uptime, never with the wall clock.
     type: int
     default: 1800
   gate:
