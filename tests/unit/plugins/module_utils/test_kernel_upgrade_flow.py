@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import kernel_upgrade_flow as flow
-from tests.unit.plugins.module_utils.flow_sim import NEW, OLD, SETTINGS, Host, drive
+from tests.unit.plugins.module_utils.flow_sim import NEW, OLD, SETTINGS, Host, drive, role_steps
 
 HERE = Path(__file__).resolve().parent
 CASES = yaml.safe_load((HERE / "test_kernel_upgrade_flow.yaml").read_text())["test_cases"]
@@ -260,6 +260,47 @@ def test_a_controller_killed_after_any_action_is_finished_by_a_plain_rerun(scena
         assert baselines == expected
         assert host.history[-1]["baseline"]["samples"] == reference.history[-1]["baseline"]["samples"]
     assert host.reboots <= reference.reboots + 1
+
+
+def kill_points(scenario: str) -> list[tuple[int, int]]:
+    """(action number, tasks done) for every task boundary of every action of the scenario's run."""
+    return [(i, k) for i, action in enumerate(reference_actions(scenario), 1) for k in range(len(role_steps(action["name"])))]
+
+
+def test_a_controller_killed_at_every_task_never_leaves_a_candidate_unguarded(capsys):
+    """The controller dies after every task of every action (the role's own task order), then a run
+    resumes: at once, or after the boot-health unit acted (``lost``). At the kill the host must never run
+    an uncommitted candidate without an armed boot-health unit (0 unguarded), and every run must end on the
+    old kernel, or on the new one committed with a pass. On 39940dd the rollback removed the unit before
+    its reboot: killed between the two, a rejected candidate ran with nothing to revert it."""
+    counts = {"runs": 0, "unguarded": 0, "reverted_by_unit": 0}
+    unguarded = []
+    for scenario in sorted(OUTCOME):
+        for point in kill_points(scenario):
+            for lost in (False, True):
+                host = Host(**SCENARIOS[scenario])
+                result = drive(host, kill=point, lost=lost)
+                counts["runs"] += 1
+                counts["reverted_by_unit"] += result["fired"]
+                if result["unguarded"]:
+                    counts["unguarded"] += 1
+                    unguarded.append((scenario, point, lost))
+                finish = result["finish"]
+                kernel = NEW if finish["ok"] else OLD
+                assert (host.running, host.default, host.unit) == (kernel, kernel, None), (scenario, point, lost, finish)
+                assert finish["decision"] != "pass" or host.history[-1]["verdict"]["decision"] == "pass"
+                assert host.journal is None, (scenario, point, lost)
+    with capsys.disabled():
+        print(f"\nrollout kill test: {counts['runs']} kills (every task of every action, resumed at once or after "
+              f"the boot-health unit acted), {counts['unguarded']} unguarded candidates, "
+              f"{counts['reverted_by_unit']} reverted by the unit")
+    assert counts["unguarded"] == 0, f"{counts['unguarded']} of {counts['runs']} kills left a candidate unguarded: {unguarded[:6]}"
+
+
+def test_the_rollback_removes_the_boot_health_unit_only_after_its_reboot():
+    effects = [t["effect"] for t in role_steps("rollback")]
+    assert effects.index("boot_default") < effects.index("reboot") < effects.index("unit_absent")
+    assert effects.index("unit_absent") < effects.index("report")
 
 
 def test_lock_packages_and_the_unattended_upgrades_blacklist():
