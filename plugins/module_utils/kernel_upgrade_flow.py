@@ -285,8 +285,9 @@ def new_journal(obs: dict[str, Any]) -> dict[str, Any]:
 # ---- the machine -----------------------------------------------------------------------------------
 def step(journal: dict[str, Any] | None, obs: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """One transition. ``obs``: event, data, preflight (this run's kernel_upgrade_preflight result),
-    running, default, boot_id, uptime (seconds since this boot), now, target, run_id, settings,
-    installed_packages, health (the boot-health unit's last result, or None).
+    running, default, boot_id, uptime (seconds since this boot), now, target, run_id, take_over (why
+    this run may resume another run's journal, or empty), settings, installed_packages, health (the
+    boot-health unit's last result, or None).
 
     Returns the journal to write (``None``: nothing to write) and the next action. Raises FlowError
     for an observation that contradicts the journal (the module refuses, nothing changed).
@@ -304,6 +305,9 @@ def step(journal: dict[str, Any] | None, obs: dict[str, Any]) -> tuple[dict[str,
             f"an upgrade to {journal['target']} (run {journal.get('run_id') or '?'}) is in progress at stage "
             f"{journal['stage']}, but this run asks for {obs['target']}: nothing is changed. Run again with "
             f"kernel_upgrade_target: {journal['target']} to finish (or roll back) that upgrade first."))
+    refusal = take_over(journal, obs)
+    if refusal:
+        return journal, refusal
     if event == "error":
         return on_error(journal, obs)
     if event == "start" and obs["settings"].get("check_mode"):
@@ -318,6 +322,25 @@ def step(journal: dict[str, Any] | None, obs: dict[str, Any]) -> tuple[dict[str,
         raise FlowError(f"event {event!r} arrived at stage {journal['stage']}: it belongs to stage "
                         f"{' or '.join(EXPECTED_STAGE.get(event, ('none',)))}; nothing was changed")
     return handler(journal, obs)
+
+
+def take_over(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any] | None:
+    """A journal belongs to the run that started it (``run_id``). Another run resumes it only at its start
+    and by an explicit take-over (``obs["take_over"]``: why - it holds the host's lease, or it named this
+    journal's run); the journal then names the new run and keeps the take-over. Returns the refusal, or None."""
+    owner, run, why = journal.get("run_id") or "", obs.get("run_id") or "", obs.get("take_over") or ""
+    if owner == run:
+        return None
+    if not why or obs["event"] != "start":
+        return finish("refused", (
+            f"the upgrade to {journal['target']} in progress at stage {journal['stage']} belongs to run "
+            f"{owner or '(no run id)'}, not to this run ({run or 'no run id'}): nothing was changed. Resume it from a "
+            "run that holds the host's lease (playbooks/kernel_upgrade.yml takes over the lease of a run that died), "
+            f"or take it over explicitly (kernel_rollout_step take_over: {owner or '(empty)'}) once that run is gone."))
+    journal["run_id"] = run
+    journal.setdefault("taken_over", []).append({"from": owner, "by": run, "at": obs["now"], "stage": journal["stage"],
+                                                 "why": why})
+    return None
 
 
 def step_fresh(obs: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -701,5 +724,5 @@ def record_facts(journal: dict[str, Any] | None, action: dict[str, Any]) -> dict
     return {"stage": j.get("stage") or "start", "old": j.get("old"), "baseline": j.get("baseline") or {},
             "candidate": j.get("candidate") or {}, "gate": gate, "locked": j.get("locked") or [],
             "server_after_rollback": j.get("server_after_rollback"), "journal_run_id": j.get("run_id"),
-            "resumed": j.get("resumed") or [], "decision": action.get("decision", ""),
+            "resumed": j.get("resumed") or [], "taken_over": j.get("taken_over") or [], "decision": action.get("decision", ""),
             "reason": action.get("reason", "")}
