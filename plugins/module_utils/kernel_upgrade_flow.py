@@ -296,6 +296,7 @@ def step(journal: dict[str, Any] | None, obs: dict[str, Any]) -> tuple[dict[str,
     if event not in EVENTS:
         raise FlowError(f"unknown event {event!r}: one of {', '.join(EVENTS)}")
     commit_timeout(obs["settings"])
+    check_event(obs)
     if journal is not None:
         journal = copy.deepcopy(journal)
     if journal is None or journal.get("finished"):
@@ -698,8 +699,138 @@ HANDLERS = {"audited": on_audited, "pinned": on_pinned, "installed": on_installe
             "rolled_back": on_rolled_back}
 
 
+# ---- the shapes the flow reads: journal records and event data, checked before any step ------------------
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _numlike(value: Any) -> bool:
+    """A finite number, or its text (values templated by the controller arrive as text)."""
+    if isinstance(value, str):
+        try:
+            return math.isfinite(float(value))
+        except ValueError:
+            return False
+    return _num(value)
+
+
+def _count(value: Any) -> bool:
+    """A count: an int >= 0, or its digits."""
+    if isinstance(value, str):
+        return value.strip().isdigit()
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _list(item=None):
+    return lambda value: isinstance(value, list) and (item is None or all(item(v) for v in value))
+
+
+def _dict(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _opt(pred):
+    return lambda value: value is None or pred(value)
+
+
+def _samples(value: Any) -> bool:
+    """Runs of one level (a list), or ``{level: runs}``."""
+    if isinstance(value, dict):
+        return all(_count(k) and _list(_numlike)(v) for k, v in value.items())
+    return _list(_numlike)(value)
+
+
+def _runs(value: Any) -> bool:
+    """Contaminated runs: a list of run indices, or ``{level: [index]}``."""
+    if isinstance(value, dict):
+        return all(_count(k) and _list(_numlike)(v) for k, v in value.items())
+    return _list(_numlike)(value)
+
+
+# field: (check, what it must be); a field that is absent is not checked (older journals, optional data)
+SIDE_FIELDS = {"samples": (_list(_num), "a list of finite numbers"), "files": (_list(_str), "a list of paths"),
+               "contaminated": (_list(_str), "a list of run indices as text"), "rounds": (_count, "a count"),
+               "failed": (_opt(_count), "a count"), "requests": (_opt(_count), "a count"),
+               "concurrency": (_opt(_count), "a concurrency level"), "kernel": (_opt(_str), "a kernel release")}
+VERDICT_FIELDS = {"decision": (lambda v: v in DECISIONS, f"one of {', '.join(DECISIONS)}"),
+                  "reason": (_str, "text"), "at": (_opt(_num), "epoch seconds")}
+
+
+def _side(value: Any) -> bool:
+    return isinstance(value, dict) and all(k in value for k in ("samples", "files", "contaminated"))
+
+
+JOURNAL_FIELDS = {
+    "run_id": (_str, "text"), "old_entry": (_opt(_str), "a GRUB entry id"), "package": (_opt(_str), "a package name"),
+    "target_installed_before": (_opt(lambda v: isinstance(v, bool)), "true or false"),
+    "started_at": (_opt(_num), "epoch seconds"), "updated_at": (_opt(_num), "epoch seconds"),
+    "dkms_modules": (_opt(_list(_str)), "a list of module names"),
+    "baseline": (_opt(_side), "a benchmark side (samples, files, contaminated)"),
+    "candidate": (_opt(_side), "a benchmark side (samples, files, contaminated)"),
+    "findings_before": (_opt(_list(_str)), "a list of code@device"), "gate": (_opt(_dict), "the gate's answer"),
+    "baseline_gate": (_opt(_dict), "the gate's answer"), "verdict": (_opt(_dict), "a verdict (decision, reason)"),
+    "boot_id": (_opt(_str), "a boot id"), "commit_deadline": (_opt(_num), "epoch seconds"),
+    "deadline": (_opt(_dict), "a deadline record (boot_id, uptime)"), "health": (_opt(_dict), "the boot-health result"),
+    "verify": (_opt(_dict), "the verification"), "finished": (lambda v: isinstance(v, bool), "true or false"),
+    "history": (_list(_dict), "a list of records"), "resumed": (_list(_dict), "a list of records"),
+    "taken_over": (_list(_dict), "a list of records"), "locked": (_opt(_list(_str)), "a list of package names"),
+}
+# event: {data field: (check, what it must be)}
+EVENT_FIELDS = {
+    "benchmarked": {"label": (_opt(_str), "baseline or candidate"), "samples": (_opt(_samples), "runs: a list of "
+                    "numbers, or {level: [numbers]}"), "contaminated": (_opt(_runs), "run indices, or {level: [index]}"),
+                    "concurrency": (_opt(_count), "a concurrency level (0: the highest)"), "kernel": (_opt(_str), "a "
+                    "kernel release"), "files": (_opt(_list(_str)), "a list of paths"), "failed": (_opt(_count), "a "
+                    "count"), "requests": (_opt(_count), "a count")},
+    "audited": {"findings": (_opt(_list(_dict)), "a list of findings")},
+    "verified": {"cmdline_missing": (_opt(_list(_str)), "a list of kernel arguments"),
+                 "findings_after": (_opt(_list(_dict)), "a list of findings"), "vllm": (_opt(_dict), "vllm_ready's answer")},
+    "installed": {"preflight": (_opt(_dict), "kernel_upgrade_preflight's answer"), "install": (_opt(_dict), "apt's answer")},
+    "committed": {"locked": (_opt(_list(_str)), "a list of package names")},
+    "rolled_back": {"locked": (_opt(_list(_str)), "a list of package names")},
+    "locked": {"locked": (_opt(_list(_str)), "a list of package names")},
+    "error": {"msg": (_opt(_str), "text")},
+}
+# nested data fields that reach text: {event: (field, {sub-field: check})}
+EVENT_NESTED = {"verified": ("vllm", {"msg": _opt(_str)}), "installed": ("preflight", {"msg": _opt(_str)})}
+PREFLIGHT_FIELDS = {"msg": (_opt(_str), "text"), "running_entry": (_opt(_str), "a GRUB entry id"),
+                    "package": (_opt(_str), "a package name"), "dkms_modules": (_opt(_list(_str)), "a list of module names")}
+
+
+def bad_field(record: dict[str, Any], fields: dict[str, tuple]) -> tuple[str, str] | None:
+    """(field, what it must be) of the first field of ``record`` that is not what ``fields`` says; None when all are."""
+    for key, (check, what) in fields.items():
+        if key in record and not check(record[key]):
+            return key, what
+    return None
+
+
+def check_event(obs: dict[str, Any]) -> None:
+    """The event's data and the preflight result, of the shape the flow reads; FlowError naming the field."""
+    event, data, pre = obs["event"], obs.get("data"), obs.get("preflight")
+    for name, record, fields in (("data", data, EVENT_FIELDS.get(event, {})), ("preflight", pre, PREFLIGHT_FIELDS)):
+        if not isinstance(record, dict):
+            raise FlowError(f"the {event} event's {name} is {type(record).__name__}, not a dict: nothing was changed")
+        bad = bad_field(record, fields)
+        if bad:
+            raise FlowError(f"the {event} event's {name} field {bad[0]!r} is {record[bad[0]]!r}, not {bad[1]}: refused, "
+                            "nothing was changed")
+    field, nested = EVENT_NESTED.get(event, ("", {}))
+    inner = data.get(field) if field else None
+    for key, check in nested.items():
+        if isinstance(inner, dict) and key in inner and not check(inner[key]):
+            raise FlowError(f"the {event} event's data field '{field}.{key}' is {inner[key]!r}, not text: refused, "
+                            "nothing was changed")
+
+
 def check_journal(journal: Any, path: str) -> dict[str, Any]:
-    """A parsed journal, validated; FlowError with the fix when it cannot be trusted."""
+    """A parsed journal, validated against the shape every step reads (JOURNAL_FIELDS, SIDE_FIELDS,
+    VERDICT_FIELDS and what each stage needs), so that no step meets a field it cannot use; FlowError
+    with the file, the field and the fix when it cannot be trusted."""
     fix = (f"Nothing was changed. Look at {path}: if the host runs its saved default (uname -r; grub-editenv "
            f"/boot/grub/grubenv list) and no upgrade should be in progress, move it away (mv {path} {path}.broken) "
            "and run again; otherwise repair it from the host's records under /var/lib/gpufleet/kernel_upgrade.")
@@ -712,8 +843,22 @@ def check_journal(journal: Any, path: str) -> dict[str, Any]:
             raise FlowError(f"the upgrade journal {path} lacks {key!r}. {fix}")
     if journal["stage"] not in STAGES:
         raise FlowError(f"the upgrade journal {path} has stage {journal['stage']!r}, not one of {', '.join(STAGES)}. {fix}")
-    if journal["stage"] != "baseline" and not (journal.get("baseline") or {}).get("samples"):
-        raise FlowError(f"the upgrade journal {path} is at stage {journal['stage']} but holds no baseline samples. {fix}")
+    for prefix, record, fields in (("", journal, JOURNAL_FIELDS), ("baseline.", journal.get("baseline"), SIDE_FIELDS),
+                                   ("candidate.", journal.get("candidate"), SIDE_FIELDS),
+                                   ("verdict.", journal.get("verdict"), VERDICT_FIELDS)):
+        bad = bad_field(record or {}, fields)
+        if bad:
+            raise FlowError(f"the upgrade journal {path} has field '{prefix}{bad[0]}' = {(record or {})[bad[0]]!r}, not "
+                            f"{bad[1]}. {fix}")
+    stage = journal["stage"]
+    if stage in TERMINAL and not journal.get("finished"):
+        raise FlowError(f"the upgrade journal {path} is at the final stage {stage} but not finished. {fix}")
+    if stage != "baseline" and not (journal.get("baseline") or {}).get("samples"):
+        raise FlowError(f"the upgrade journal {path} is at stage {stage} but holds no baseline samples. {fix}")
+    if stage == "baseline" and not journal.get("finished") and not journal.get("baseline"):
+        raise FlowError(f"the upgrade journal {path} is at stage baseline but holds no baseline. {fix}")
+    if stage == "verdict" and not all(k in (journal.get("verdict") or {}) for k in ("decision", "reason")):
+        raise FlowError(f"the upgrade journal {path} is at stage verdict but holds no verdict (decision, reason). {fix}")
     return journal
 
 

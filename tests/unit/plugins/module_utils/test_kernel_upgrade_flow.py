@@ -334,6 +334,109 @@ def test_a_journal_that_cannot_be_trusted_is_refused_with_the_fix(bad, text):
     assert text in str(err.value) and "Nothing was changed" in str(err.value) and ".broken" in str(err.value)
 
 
+BAD_VALUES = [None, "x", "", 1, -1, 1.5, float("nan"), float("inf"), True, [], {}, [1], ["x"], {"a": 1}, [None], [{}]]
+EVENT_DATA = {
+    "benchmarked": {"label": "candidate", "samples": [1000.0, 1001.0, 999.0, 1002.0], "kernel": NEW, "files": ["/b.json"],
+                    "concurrency": 4, "contaminated": [], "failed": 0, "requests": 128},
+    "audited": {"findings": [{"code": "link_downgraded", "device": "0000:01:00.0"}]},
+    "verified": {"cmdline_missing": [], "findings_after": [], "vllm": {"checked": True, "ok": False, "msg": "down"}},
+    "installed": {"preflight": {"ok": False, "msg": "no module"}, "install": {"failed": True, "rc": 100, "msg": "E: x"}},
+    "committed": {"locked": ["linux-image-" + NEW]}, "rolled_back": {"locked": [], "server": "serving"},
+    "error": {"msg": "task failed"}, "pinned": {}, "rebooted": {}, "locked": {"locked": []}, "start": {},
+}
+
+
+def stage_journals() -> list[dict]:
+    """One journal of each stage (and of each verdict) the simulated runs write."""
+    out, seen = [], set()
+    for scenario in ("pass", "regression", "failed_boot", "verify_failed"):
+        host = Recorder(**SCENARIOS[scenario])
+        drive(host)
+        for journal in host.writes:
+            key = (journal["stage"], (journal.get("verdict") or {}).get("decision"))
+            if key not in seen and not journal.get("finished"):
+                seen.add(key)
+                out.append(journal)
+    return out
+
+
+def damaged(journal: dict):
+    """The journal with one field (top level, or of baseline/candidate/verdict/deadline) set to each bad value."""
+    for key in sorted(journal):
+        nested = journal[key] if isinstance(journal[key], dict) else {}
+        for sub in [None] + sorted(nested):
+            for value in BAD_VALUES:
+                bad = copy.deepcopy(journal)
+                if sub is None:
+                    bad[key] = value
+                else:
+                    bad[key][sub] = value
+                yield f"{key}{'.' + sub if sub else ''}={value!r}", bad
+
+
+def host_of(journal: dict) -> tuple[str, str, int]:
+    on_new = journal["stage"] in ("booted", "candidate") or (journal["stage"] == "verdict" and journal["verdict"]["decision"]
+                                                             in ("pass", "regression", "verify_failed"))
+    return (NEW, OLD, 2) if on_new else (OLD, OLD, 1)
+
+
+def test_a_damaged_journal_is_refused_never_a_traceback():
+    """Valid JSON of the wrong shape, one field at a time, at every stage: every step either goes on or
+    raises FlowError (the module's "refused, nothing changed"); on 39940dd 1,045 of these raised
+    TypeError, KeyError, AttributeError or ValueError (a traceback)."""
+    crashes, runs = [], 0
+    for journal in stage_journals():
+        running, default, boot = host_of(journal)
+        for what, bad in damaged(journal):
+            for event in ("start",) + tuple(e for e, stages in flow.EXPECTED_STAGE.items() if journal["stage"] in stages):
+                runs += 1
+                obs = observation({"obs": {"event": event, "data": EVENT_DATA[event]}}, (running, default, boot))
+                try:
+                    flow.step(flow.check_journal(bad, "journal.json"), obs)
+                except flow.FlowError:
+                    pass
+                except Exception as err:  # pylint: disable=broad-except  # the point: nothing else may escape
+                    crashes.append(f"{journal['stage']} {what} {event}: {type(err).__name__}: {err}")
+    assert runs > 1000
+    assert not crashes, f"{len(crashes)} of {runs} damaged journals raised: {crashes[:8]}"
+
+
+def test_malformed_event_data_is_refused_naming_the_field():
+    with pytest.raises(flow.FlowError, match=r"the benchmarked event's data field 'samples' is \['x'\], not runs"):
+        flow.check_event({"event": "benchmarked", "data": {"samples": ["x"]}, "preflight": {}})
+    with pytest.raises(flow.FlowError, match=r"data field 'vllm.msg' is 5, not text"):
+        flow.check_event({"event": "verified", "data": {"vllm": {"msg": 5}}, "preflight": {}})
+
+
+def test_malformed_event_data_never_raises_a_traceback():
+    """Every data field of every event, set to each bad value: FlowError naming the field, or a step that
+    goes on; never a traceback (on 39940dd: float('x') of a sample, ' '.join of numbers, str + int)."""
+    crashes, runs = [], 0
+    journals = {j["stage"]: j for j in stage_journals() if not j.get("verdict") or j["verdict"]["decision"] == "pass"}
+    for event, data in EVENT_DATA.items():
+        stages = flow.EXPECTED_STAGE.get(event) or ("candidate",)
+        journal = journals.get(stages[-1])
+        running, default, boot = host_of(journal)
+        for key in sorted(data) or ["msg"]:
+            inner = data.get(key) if isinstance(data.get(key), dict) else {}
+            for sub in [None] + sorted(inner):
+                for value in BAD_VALUES:
+                    bad = copy.deepcopy(data)
+                    if sub is None:
+                        bad[key] = value
+                    else:
+                        bad[key][sub] = value
+                    runs += 1
+                    obs = observation({"obs": {"event": event, "data": bad}}, (running, default, boot))
+                    try:
+                        flow.step(copy.deepcopy(journal), obs)
+                    except flow.FlowError:
+                        pass  # kernel_rollout_step: refused, nothing written
+                    except Exception as err:  # pylint: disable=broad-except
+                        crashes.append(f"{event} {key}{'.' + sub if sub else ''}={value!r}: {type(err).__name__}: {err}")
+    assert not crashes, f"{len(crashes)} of {runs} malformed payloads raised: {crashes[:8]}"
+
+
 @pytest.mark.parametrize("data,expected", [
     ({"samples": {"4": [1.0, 2.0], "16": [3.0, 4.0]}, "contaminated": {"16": [1]}}, (16, [3.0, 4.0], ["1"])),
     ({"samples": {"4": [1.0, 2.0], "16": [3.0, 4.0]}, "concurrency": 4, "contaminated": {"16": [1]}}, (4, [1.0, 2.0], [])),
