@@ -382,8 +382,8 @@ def host_of(journal: dict) -> tuple[str, str, int]:
 
 def test_a_damaged_journal_is_refused_never_a_traceback():
     """Valid JSON of the wrong shape, one field at a time, at every stage: every step either goes on or
-    raises FlowError (the module's "refused, nothing changed"); on 39940dd 1,045 of these raised
-    TypeError, KeyError, AttributeError or ValueError (a traceback)."""
+    raises FlowError (the module's "refused, nothing changed"); on 39940dd 557 of these 29,152 steps
+    raised AttributeError, TypeError, KeyError or ValueError (a traceback)."""
     crashes, runs = [], 0
     for journal in stage_journals():
         running, default, boot = host_of(journal)
@@ -410,7 +410,8 @@ def test_malformed_event_data_is_refused_naming_the_field():
 
 def test_malformed_event_data_never_raises_a_traceback():
     """Every data field of every event, set to each bad value: FlowError naming the field, or a step that
-    goes on; never a traceback (on 39940dd: float('x') of a sample, ' '.join of numbers, str + int)."""
+    goes on; never a traceback (on 39940dd 134 of these 480 raised: int('x') of a level, float('x') of a
+    sample, ' '.join of numbers, str + int)."""
     crashes, runs = [], 0
     journals = {j["stage"]: j for j in stage_journals() if not j.get("verdict") or j["verdict"]["decision"] == "pass"}
     for event, data in EVENT_DATA.items():
