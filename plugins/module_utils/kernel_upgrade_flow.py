@@ -761,7 +761,12 @@ VERDICT_FIELDS = {"decision": (lambda v: v in DECISIONS, f"one of {', '.join(DEC
 
 
 def _side(value: Any) -> bool:
-    return isinstance(value, dict) and all(k in value for k in ("samples", "files", "contaminated"))
+    return isinstance(value, dict) and "samples" in value
+
+
+def _growing(value: Any) -> bool:
+    """A side that more rounds are added to (the baseline before the pin, the candidate)."""
+    return value is None or all(k in value for k in ("samples", "files", "contaminated"))
 
 
 JOURNAL_FIELDS = {
@@ -769,8 +774,8 @@ JOURNAL_FIELDS = {
     "target_installed_before": (_opt(lambda v: isinstance(v, bool)), "true or false"),
     "started_at": (_opt(_num), "epoch seconds"), "updated_at": (_opt(_num), "epoch seconds"),
     "dkms_modules": (_opt(_list(_str)), "a list of module names"),
-    "baseline": (_opt(_side), "a benchmark side (samples, files, contaminated)"),
-    "candidate": (_opt(_side), "a benchmark side (samples, files, contaminated)"),
+    "baseline": (_opt(_side), "a benchmark side (samples)"),
+    "candidate": (_opt(lambda v: _side(v) and _growing(v)), "a benchmark side (samples, files, contaminated)"),
     "findings_before": (_opt(_list(_str)), "a list of code@device"), "gate": (_opt(_dict), "the gate's answer"),
     "baseline_gate": (_opt(_dict), "the gate's answer"), "verdict": (_opt(_dict), "a verdict (decision, reason)"),
     "boot_id": (_opt(_str), "a boot id"), "commit_deadline": (_opt(_num), "epoch seconds"),
@@ -855,8 +860,9 @@ def check_journal(journal: Any, path: str) -> dict[str, Any]:
         raise FlowError(f"the upgrade journal {path} is at the final stage {stage} but not finished. {fix}")
     if stage != "baseline" and not (journal.get("baseline") or {}).get("samples"):
         raise FlowError(f"the upgrade journal {path} is at stage {stage} but holds no baseline samples. {fix}")
-    if stage == "baseline" and not journal.get("finished") and not journal.get("baseline"):
-        raise FlowError(f"the upgrade journal {path} is at stage baseline but holds no baseline. {fix}")
+    if stage == "baseline" and not journal.get("finished") and not (journal.get("baseline") and _growing(journal["baseline"])):
+        raise FlowError(f"the upgrade journal {path} is at stage baseline but holds no baseline (samples, files, "
+                        f"contaminated). {fix}")
     if stage == "verdict" and not all(k in (journal.get("verdict") or {}) for k in ("decision", "reason")):
         raise FlowError(f"the upgrade journal {path} is at stage verdict but holds no verdict (decision, reason). {fix}")
     return journal
