@@ -717,7 +717,7 @@ def _numlike(value: Any) -> bool:
 def _count(value: Any) -> bool:
     """A count: an int >= 0, or its digits."""
     if isinstance(value, str):
-        return value.strip().isdigit()
+        return value.strip().isdecimal()
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
