@@ -98,7 +98,7 @@ def systemctl(cmds, *args: str) -> list[str]:
     return cmds.argv([cmds.find("systemctl", required=True) if not cmds.chrooted else "systemctl", *args])
 
 
-def guarded_target(fs, config_text: str | None) -> str:
+def guarded_target(config_text: str | None) -> str:
     """The candidate the installed unit guards (its configuration's target), or ''."""
     try:
         cfg = json.loads(config_text or "")
@@ -111,7 +111,7 @@ def guarded_target(fs, config_text: str | None) -> str:
 def check_removal(fs, config_text: str | None) -> None:
     """The unit may go only once its candidate no longer runs uncommitted: BootHealthError while the host
     runs the guarded candidate and the saved default does not boot it (a rollback reboots first)."""
-    target = guarded_target(fs, config_text)
+    target = guarded_target(config_text)
     running = (fs.read_optional("/proc/sys/kernel/osrelease") or "").strip()
     if target and running == target and saved_default(fs)[0] != target:
         raise BootHealthError(f"the host runs the candidate kernel {target} uncommitted (the saved GRUB default does not "

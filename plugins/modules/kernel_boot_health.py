@@ -18,7 +18,9 @@ description:
     O(commit_timeout) of its last contact, when the GPU driver module is not loaded, when C(nvidia-smi) fails, or when
     the inference server's unit failed. A host the controller cannot reach thus returns to the old kernel by itself.
   - O(state=present) also removes the previous check's result file, so that an earlier revert is never read as this one.
-  - With O(state=absent) (after the commit and after a rollback), disables the timer and removes the files.
+  - With O(state=absent) (after the commit and after a rollback), disables the timer and removes the files. It is refused,
+    and nothing is changed, while the host runs the guarded candidate and the saved GRUB default does not boot it (the
+    unit would be all that can revert it): the rollback reboots into the old kernel first.
   - Files are written durably (temp file, fsync, rename, fsync of the directory).
 author:
   - gpufleet.inference contributors (@gpufleet)
