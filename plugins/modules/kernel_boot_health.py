@@ -20,7 +20,7 @@ description:
   - O(state=present) also removes the previous check's result file, so that an earlier revert is never read as this one.
   - With O(state=absent) (after the commit and after a rollback), disables the timer and removes the files. It is refused,
     and nothing is changed, while the host runs the guarded candidate and the saved GRUB default does not boot it (the
-    unit would be all that can revert it): the rollback reboots into the old kernel first.
+    unit would be all that can revert it); the rollback reboots into the old kernel first.
   - Files are written durably (temp file, fsync, rename, fsync of the directory).
 author:
   - gpufleet.inference contributors (@gpufleet)
