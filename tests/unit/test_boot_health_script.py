@@ -177,3 +177,27 @@ def test_main_with_a_config_that_is_not_an_object_does_nothing(tmp_path, monkeyp
     monkeypatch.setenv("GPUFLEET_BOOT_HEALTH_ROOT", str(tmp_path))
     assert bh.main(["x", "/etc/gpufleet/boot-health.json"]) == 1
     assert "not a JSON object with a target" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bad", [{"driver_modules": "nvidia"}, {"driver_modules": [1]}, {"journal": 5}, {"vllm_unit": []},
+                                 {"grubenv": {}}])
+def test_main_fails_closed_on_a_configuration_it_cannot_use(tmp_path, monkeypatch, bad):
+    """A field of the wrong type crashed gather() in every timer run on 39940dd: the candidate was never reverted."""
+    write(tmp_path, "/etc/gpufleet/boot-health.json", json.dumps({**CFG, "vllm_unit": "", **bad}))
+    write(tmp_path, "/proc/sys/kernel/osrelease", NEW + "\n")
+    write(tmp_path, "/proc/uptime", "200.0 100.0\n")
+    write(tmp_path, "/boot/grub/grubenv", f"# GRUB Environment Block\nsaved_entry={OLD_ENTRY}\n")
+    monkeypatch.setenv("GPUFLEET_BOOT_HEALTH_ROOT", str(tmp_path))
+    assert bh.main(["x", "/etc/gpufleet/boot-health.json"]) == 0
+    result = json.loads((tmp_path / "var/lib/gpufleet/kernel_upgrade/boot-health.json").read_text())
+    assert result["action"] == "revert" and "the configuration cannot be used" in result["reasons"][0]
+
+
+def test_a_committed_candidate_with_an_unusable_configuration_is_left_alone(tmp_path, monkeypatch):
+    write(tmp_path, "/etc/gpufleet/boot-health.json", json.dumps(dict(CFG, journal=5)))
+    write(tmp_path, "/proc/sys/kernel/osrelease", NEW + "\n")
+    write(tmp_path, "/proc/uptime", "200.0 100.0\n")
+    write(tmp_path, "/boot/grub/grubenv", f"# GRUB Environment Block\nsaved_entry={NEW_ENTRY}\n")
+    monkeypatch.setenv("GPUFLEET_BOOT_HEALTH_ROOT", str(tmp_path))
+    assert bh.main(["x", "/etc/gpufleet/boot-health.json"]) == 0
+    assert not (tmp_path / "var/lib/gpufleet/kernel_upgrade/boot-health.json").exists()

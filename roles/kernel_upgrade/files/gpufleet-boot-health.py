@@ -16,7 +16,8 @@ GRUB boots the saved default (the old kernel), when:
   least in any case. A host the controller cannot reach returns to the known-good kernel by itself;
 * the deadline cannot be read (no journal, no record, a value that is not a finite number, a record
   farther ahead than any ``commit_timeout``, a ``commit_timeout`` outside 120..86400 s, /proc/uptime
-  unreadable): the check fails closed, exactly as if the deadline had passed;
+  unreadable, a configuration field of the wrong type): the check fails closed, exactly as if the
+  deadline had passed;
 * the GPU driver module is not loaded for this kernel where the old kernel used it;
 * ``nvidia-smi`` does not answer where a GPU driver is used;
 * the inference server's unit failed, or is not active after ``vllm_grace`` seconds.
@@ -54,9 +55,22 @@ def finite(value) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def config_problem(cfg: dict) -> str:
+    """What makes the configuration unusable (a field of the wrong type), or ''."""
+    for key, kind in (("driver_modules", list), ("journal", str), ("result", str), ("grubenv", str),
+                      ("nvidia_smi", str), ("vllm_unit", str), ("old", str)):
+        if cfg.get(key) is not None and not isinstance(cfg[key], kind):
+            return f"{key} {cfg[key]!r} is not a {kind.__name__}"
+    if not all(isinstance(m, str) for m in cfg.get("driver_modules") or []):
+        return f"driver_modules {cfg['driver_modules']!r} are not names"
+    return ""
+
+
 def deadline(state: dict, cfg: dict) -> tuple[float | None, str]:
     """(the commit deadline in seconds since this boot, where it comes from); None: it cannot be read."""
     low, high = COMMIT_TIMEOUT_S
+    if cfg.get("problem"):
+        return None, f"the configuration cannot be used: {cfg['problem']}"
     timeout = finite(cfg.get("commit_timeout"))
     if timeout is None or not low <= timeout <= high:
         return None, f"commit_timeout {cfg.get('commit_timeout')!r} of the configuration is not {low} to {high} s"
@@ -201,6 +215,8 @@ def main(argv: list[str]) -> int:
     if not isinstance(cfg, dict) or not isinstance(cfg.get("target"), str):
         print(f"gpufleet-boot-health: {config} is not a JSON object with a target; nothing done", file=sys.stderr)
         return 1
+    if config_problem(cfg):  # under the candidate (ConditionKernelVersion): judge nothing else, fail closed
+        cfg = {"target": cfg["target"], "problem": config_problem(cfg)}
     state = gather(cfg, root)
     verdict = assess(state, cfg)
     print(f"gpufleet-boot-health: {verdict['action']}: {'; '.join(verdict['reasons'])}")
