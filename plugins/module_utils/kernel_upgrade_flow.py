@@ -12,7 +12,12 @@ The role only executes actions: package installs, reboots and module calls.
 
 The journal (``/var/lib/gpufleet/kernel_upgrade/journal.json``) is the host's memory of one
 upgrade. ``None`` means no upgrade is in progress. It is written before every step after which
-the controller can be lost, and moved to the history when the upgrade ends.
+the controller can be lost, and moved to the history when the upgrade ends. It belongs to the run
+that started it (``run_id``); another run resumes it only by a take-over at its start (``take_over``).
+``check_journal`` and ``check_event`` check the shape of every field a step reads before any step, so
+that a damaged journal or event is refused (FlowError), never half-read. While the candidate may run
+uncommitted, every contact records the commit ``deadline`` as this boot's id and seconds since this
+boot, which the host's boot-health unit compares with its own uptime (never with the wall clock).
 
 Stages, in order (see docs/roles/kernel_upgrade.md for the diagram):
 
