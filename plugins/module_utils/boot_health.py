@@ -16,7 +16,11 @@ import json
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import HEALTH_RESULT, JOURNAL
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import KernelUpgradeError, validate_version
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import COMMIT_TIMEOUT_S
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import (
+    HEALTH_RESULT, JOURNAL, saved_default,
+)
 
 SCRIPT = "/usr/local/libexec/gpufleet-boot-health"
 CONFIG = "/etc/gpufleet/boot-health.json"
@@ -28,8 +32,10 @@ FILES = (CONFIG, SERVICE, TIMER)
 
 def render_config(target: str, old: str, commit_timeout: int, driver_modules: list[str], gpu_required: bool,
                   vllm_unit: str, vllm_grace: int, journal: str, result: str) -> str:
-    if commit_timeout < 120:
-        raise ValueError(f"commit_timeout {commit_timeout} s is shorter than a boot and a health check (at least 120 s)")
+    low, high = COMMIT_TIMEOUT_S
+    if not low <= commit_timeout <= high:
+        raise ValueError(f"commit_timeout {commit_timeout} s is not {low} to {high} s: at least a boot and a health check, "
+                         "at most a day (an uncommitted candidate must revert by itself)")
     cfg: dict[str, Any] = {"target": target, "old": old, "commit_timeout": int(commit_timeout),
                            "driver_modules": list(driver_modules), "gpu_required": bool(gpu_required),
                            "vllm_unit": vllm_unit, "vllm_grace": int(vllm_grace), "journal": journal, "result": result,
@@ -92,6 +98,27 @@ def systemctl(cmds, *args: str) -> list[str]:
     return cmds.argv([cmds.find("systemctl", required=True) if not cmds.chrooted else "systemctl", *args])
 
 
+def guarded_target(config_text: str | None) -> str:
+    """The candidate the installed unit guards (its configuration's target), or ''."""
+    try:
+        cfg = json.loads(config_text or "")
+    except ValueError:
+        return ""
+    target = cfg.get("target") if isinstance(cfg, dict) else None
+    return target if isinstance(target, str) else ""
+
+
+def check_removal(fs, config_text: str | None) -> None:
+    """The unit may go only once its candidate no longer runs uncommitted: BootHealthError while the host
+    runs the guarded candidate and the saved default does not boot it (a rollback reboots first)."""
+    target = guarded_target(config_text)
+    running = (fs.read_optional("/proc/sys/kernel/osrelease") or "").strip()
+    if target and running == target and saved_default(fs)[0] != target:
+        raise BootHealthError(f"the host runs the candidate kernel {target} uncommitted (the saved GRUB default does not "
+                              "boot it): removing its boot-health unit would leave nothing to revert it. Nothing was "
+                              "changed. Reboot into the saved default first (the role's rollback does), or commit it.")
+
+
 def execute(p: dict, fs, cmds, check_mode: bool, warn=None) -> dict:
     """Write (or remove) the boot-health unit and its configuration, enable (or disable) the timer; the
     result with ``actions`` and the ``diff``. Raises BootHealthError."""
@@ -101,6 +128,13 @@ def execute(p: dict, fs, cmds, check_mode: bool, warn=None) -> dict:
     if p["state"] == "present":
         if not p["target"]:
             raise BootHealthError("target is required with state=present: the candidate kernel release")
+        try:
+            validate_version(p["target"], "target")
+            if p["old"]:
+                validate_version(p["old"], "old")
+        except KernelUpgradeError as err:
+            raise BootHealthError(f"{err} It is written into the boot-health unit (ConditionKernelVersion=); "
+                                  "nothing was changed.") from None
         if not fs.exists(SCRIPT):
             raise BootHealthError(f"the check script {SCRIPT} is not on the host: copy "
                                   "roles/kernel_upgrade/files/gpufleet-boot-health.py there first (the role does)")
@@ -129,6 +163,7 @@ def execute(p: dict, fs, cmds, check_mode: bool, warn=None) -> dict:
         actions += [{"action": "run", "argv": argv} for argv in commands]
         after = {path: wanted[path].rstrip("\n") for path in FILES}
     else:
+        check_removal(fs, before[CONFIG])
         present = [path for path in FILES if before[path] is not None]
         commands = []
         if fs.exists(WANTS):

@@ -1,14 +1,15 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What gpufleet.inference.kernel_rollout_step executes: read the host (kernel_upgrade_journal.py), renew
-the host's lease (host_lease.py), take one step of the state machine (kernel_upgrade_flow.py) and write the
-journal it returns. A refused step is a result (``next_action`` finish/refused), not an error; FlowError and
-HostFSError from the reads and writes are raised, never fail_json-ed here.
+"""What gpufleet.inference.kernel_rollout_step executes: read the host (kernel_upgrade_journal.py), check
+the host's lease (host_lease.py), take one step of the state machine (kernel_upgrade_flow.py), then renew the
+lease and write the journal it returns. A refused step is a result (``next_action`` finish/refused), not an
+error, and writes nothing; HostFSError from the reads and writes is raised, never fail_json-ed here.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -20,29 +21,68 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_journal import (
     DPKG_STATUS, boot_id, dump, health_result, installed_packages, load_journal, running_kernel, save_journal,
-    saved_default,
+    saved_default, uptime,
 )
 
 EVENTS = ["start", "locked", "benchmarked", "audited", "pinned", "installed", "rebooted", "verified", "committed",
           "rolled_back", "error"]
 
 
-def renew_lease(p: dict, fs: HostFS, check_mode: bool, now: float) -> list[dict[str, Any]]:
-    """Renew this run's lease (``lease_run_id``) at every step; LeaseError when another run holds it."""
-    if not p["lease_run_id"]:
-        return []
+def read_lease(fs: HostFS) -> dict[str, Any] | None:
+    """The host's lease (host_lease's parser), or None; LeaseError when it cannot be trusted (an expiry that
+    is not a finite time included, which host_lease's own checks could not compare)."""
     path = lease_utils.LEASE
     current = lease_utils.parse(fs.read_text(path, default=""), path)
+    expires = current and current.get("expires_at")
+    if current is not None and (isinstance(expires, bool) or not math.isfinite(expires)):
+        raise lease_utils.LeaseError(f"the lease {path} has expires_at {expires!r}, not a time: nothing was changed. If "
+                                     f"no run holds this host, remove it (rm {path}) and run again.")
+    return current
+
+
+def plan_lease(p: dict, current: dict[str, Any] | None, check_mode: bool, now: float) -> tuple[dict | None, str]:
+    """(the lease to write, what happened to it) for this step; (None, '') when nothing is written.
+
+    With ``lease_run_id`` this run's lease is renewed (LeaseError when another run holds it). Without, no
+    lease is written, but a live lease of another run (not ``run_id``) still refuses: a step outside the
+    playbook must not change a host that a running rollout holds."""
+    if not p["lease_run_id"]:
+        if current is not None and current["expires_at"] > now and current["run_id"] != p["run_id"]:
+            raise lease_utils.LeaseError(
+                f"this host is held by {lease_utils.describe(current, now)}, and this step holds no lease "
+                "(lease_run_id is empty): nothing was changed. Wait for that run to end, or run the upgrade through "
+                "playbooks/kernel_upgrade.yml, which takes the host's lease.")
+        return None, ""
     if check_mode and current is None:
-        return []  # a check-mode run took its lease only on paper: another run's lease would still refuse it
-    lease, what = lease_utils.plan(current, "renewed", p["lease_run_id"], now, p["lease_ttl"])
-    if not check_mode:
-        fs.write_durable(path, lease_utils.render(lease), 0o644)
-    return [{"action": "renew_lease", "path": path, "what": what}]
+        return None, "acquired"  # a check-mode run took its lease only on paper: another run's lease would still refuse it
+    return lease_utils.plan(current, "renewed", p["lease_run_id"], now, p["lease_ttl"])
+
+
+def take_over_reason(p: dict, journal: dict[str, Any] | None, lease_what: str) -> str:
+    """Why this run may resume a journal another run started: it holds the host's lease under its own run id,
+    or it names that journal's run in ``take_over``; '' when it may not."""
+    if journal is None:
+        return ""
+    if p["lease_run_id"] and p["lease_run_id"] == p["run_id"] and lease_what:
+        return f"run {p['run_id']} holds the host's lease ({lease_what})"
+    if p.get("take_over") and p["take_over"] == (journal.get("run_id") or ""):
+        return f"take_over: {p['take_over']} was asked for"
+    return ""
+
+
+def observe(p: dict, fs: HostFS, check_mode: bool, now: float, running: str, default: str | None) -> dict[str, Any]:
+    return {"event": p["event"], "data": p["data"] or {}, "preflight": p["preflight"] or {}, "running": running,
+            "default": default, "boot_id": boot_id(fs), "uptime": uptime(fs), "now": now, "target": p["target"],
+            "run_id": p["run_id"], "installed_packages": installed_packages(fs.read_optional(DPKG_STATUS)),
+            "health": health_result(fs),
+            "settings": {"reboot_ok": p["reboot_ok"], "check_mode": check_mode, "lock": p["lock"],
+                         "lock_packages": p["lock_packages"], "verify_pcie": p["verify_pcie"], "headers": p["headers"],
+                         "commit_timeout": p["commit_timeout"], "gate": p["gate"] or {}}}
 
 
 def execute(p: dict, fs: HostFS, check_mode: bool, now: float | None = None) -> dict[str, Any]:
-    """One step: observe the host, decide, write the journal (outside check mode), return the next action."""
+    """One step: observe the host, decide, then (outside check mode, and only when the step is not refused)
+    renew the lease and write the journal; the next action. A refused step writes nothing."""
     now = time.time() if now is None else now
     running = running_kernel(fs)
     default, saved = saved_default(fs)
@@ -50,20 +90,20 @@ def execute(p: dict, fs: HostFS, check_mode: bool, now: float | None = None) -> 
     try:
         validate_version(p["target"], "target")
         journal = load_journal(fs, p["journal"])
-        lease_actions = renew_lease(p, fs, check_mode, now)
-        obs = {"event": p["event"], "data": p["data"] or {}, "preflight": p["preflight"] or {}, "running": running, "default": default,
-               "boot_id": boot_id(fs), "now": now, "target": p["target"], "run_id": p["run_id"],
-               "installed_packages": installed_packages(fs.read_optional(DPKG_STATUS)), "health": health_result(fs),
-               "settings": {"reboot_ok": p["reboot_ok"], "check_mode": check_mode, "lock": p["lock"],
-                            "lock_packages": p["lock_packages"], "verify_pcie": p["verify_pcie"],
-                            "headers": p["headers"],
-                            "commit_timeout": p["commit_timeout"], "gate": p["gate"] or {}}}
+        lease, what = plan_lease(p, read_lease(fs), check_mode, now)
+        obs = dict(observe(p, fs, check_mode, now, running, default), take_over=take_over_reason(p, journal, what))
         new, action = step(journal, obs)
     except (FlowError, lease_utils.LeaseError, KernelUpgradeError) as err:
         action = finish("refused", str(err))
-        return dict(base, changed=False, next_action=action, journal=None, record=record_facts(None, action),
+        new = journal = None
+    if action.get("decision") == "refused":
+        return dict(base, changed=False, next_action=action, journal=None, record=record_facts(journal, action),
                     actions=[], diff={})
-    actions = list(lease_actions)
+    actions = [{"action": "renew_lease", "path": lease_utils.LEASE, "what": what}] if lease else []
+    if lease and not check_mode:
+        fs.write_durable(lease_utils.LEASE, lease_utils.render(lease), 0o644)
+    if new and len(new.get("taken_over") or []) > len((journal or {}).get("taken_over") or []):
+        actions.append(dict(new["taken_over"][-1], action="take_over_journal"))
     if new is not None and new != journal:
         if check_mode:
             actions.append({"action": "write_journal", "path": p["journal"], "stage": new["stage"]})

@@ -56,7 +56,12 @@ DRIVER_FILE_RE = re.compile(r"^(?P<name>[A-Za-z0-9_-]+)\.ko(\.(xz|zst|gz))?$")
 BOOT_FILES = ("vmlinuz-{v}", "initrd.img-{v}", "System.map-{v}", "config-{v}")
 BOOT_SPACE_FACTOR = 1.3
 BOOT_SPACE_SLACK = 16 * 1024 * 1024
-VERSION_RE = re.compile(r"^[0-9][A-Za-z0-9._+~-]*$")
+# A kernel release as uname -r prints it: major.minor, then letters, digits and . _ + ~ - (64 at most, the
+# kernel's own limit). No space, newline or glob: the release reaches systemd units
+# (ConditionKernelVersion=) and GRUB entries.
+VERSION_RE = re.compile(r"[0-9]+\.[0-9]+[A-Za-z0-9._+~-]{0,60}")
+VERSION_FORM = ("major.minor, then only letters, digits and . _ + ~ - (no space, newline or glob), 64 characters at "
+                "most, for example 6.1.0-56-cloud-amd64")
 
 
 class KernelUpgradeError(ValueError):
@@ -68,9 +73,9 @@ def check(name: str, ok: bool, reason: str, fix: str = "") -> dict[str, Any]:
 
 
 def validate_version(version: str, what: str = "kernel version") -> str:
-    if not isinstance(version, str) or not VERSION_RE.match(version):
-        raise KernelUpgradeError(f"{what} {version!r} is not a kernel release as uname -r prints it "
-                                 "(for example 6.1.0-56-cloud-amd64): set it to the release of the target kernel.")
+    if not isinstance(version, str) or not VERSION_RE.fullmatch(version):
+        raise KernelUpgradeError(f"{what} {version!r} is not a kernel release as uname -r prints it ({VERSION_FORM}): "
+                                 "set it to the release of the kernel.")
     return version
 
 

@@ -12,7 +12,12 @@ The role only executes actions: package installs, reboots and module calls.
 
 The journal (``/var/lib/gpufleet/kernel_upgrade/journal.json``) is the host's memory of one
 upgrade. ``None`` means no upgrade is in progress. It is written before every step after which
-the controller can be lost, and moved to the history when the upgrade ends.
+the controller can be lost, and moved to the history when the upgrade ends. It belongs to the run
+that started it (``run_id``); another run resumes it only by a take-over at its start (``take_over``).
+``check_journal`` and ``check_event`` check the shape of every field a step reads before any step, so
+that a damaged journal or event is refused (FlowError), never half-read. While the candidate may run
+uncommitted, every contact records the commit ``deadline`` as this boot's id and seconds since this
+boot, which the host's boot-health unit compares with its own uptime (never with the wall clock).
 
 Stages, in order (see docs/roles/kernel_upgrade.md for the diagram):
 
@@ -33,6 +38,7 @@ Stages, in order (see docs/roles/kernel_upgrade.md for the diagram):
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import (
@@ -62,6 +68,9 @@ DRIVER_PREFIXES = ("nvidia-driver", "nvidia-kernel-", "nvidia-dkms-", "nvidia-op
                    "linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatures-nvidia-")
 DRIVER_SUFFIXES = ("-dkms",)
 UU_DROPIN = "/etc/apt/apt.conf.d/51gpufleet-kernel-lock"
+# Seconds an uncommitted candidate may go without a contact of the controller before its boot-health
+# unit reverts it: long enough for a boot and a health check, short enough to ever come.
+COMMIT_TIMEOUT_S = (120, 86400)
 
 
 class FlowError(ValueError):
@@ -131,10 +140,26 @@ def _stamp(journal: dict[str, Any], obs: dict[str, Any], stage: str, note: str) 
     return journal
 
 
+def commit_timeout(settings: dict[str, Any]) -> int:
+    """The ``commit_timeout`` setting, bounded; FlowError (nothing changed) outside COMMIT_TIMEOUT_S."""
+    value, (low, high) = settings.get("commit_timeout", 1800), COMMIT_TIMEOUT_S
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+            not low <= value <= high:
+        raise FlowError(f"commit_timeout {value!r} is not {low} to {high} seconds (a boot and a health check at least, "
+                        "a day at most: an uncommitted candidate must revert by itself): set "
+                        "kernel_upgrade_commit_timeout in that range; nothing was changed")
+    return int(value)
+
+
 def _deadline(journal: dict[str, Any], obs: dict[str, Any]) -> None:
     """While the host may run the candidate uncommitted, each contact pushes the host-local commit
-    deadline: the boot-health unit reboots into the saved default once it passes."""
-    journal["commit_deadline"] = obs["now"] + int(obs["settings"].get("commit_timeout", 1800))
+    deadline: the boot-health unit reboots into the saved default once it passes. The unit reads
+    ``deadline`` (this boot's id, seconds since this boot: a wall clock that jumps moves nothing);
+    ``commit_deadline`` (epoch seconds) is for people and is not read by the unit."""
+    timeout = commit_timeout(obs["settings"])
+    journal["commit_deadline"] = obs["now"] + timeout
+    journal["deadline"] = {"boot_id": obs["boot_id"], "uptime": float(obs.get("uptime") or 0.0) + timeout,
+                           "timeout": timeout}
 
 
 def _verdict(journal: dict[str, Any], obs: dict[str, Any], decision: str, reason: str) -> tuple[dict, dict]:
@@ -292,14 +317,15 @@ def new_journal(obs: dict[str, Any]) -> dict[str, Any]:
             "target_installed_before": bool(pre.get("target_installed")), "started_at": obs["now"],
             "dkms_modules": list(pre.get("dkms_modules") or []),
             "updated_at": obs["now"], "stage": None, "baseline": None, "candidate": None, "findings_before": None,
-            "gate": None, "verdict": None, "boot_id": None, "commit_deadline": None, "health": None,
+            "gate": None, "verdict": None, "boot_id": None, "commit_deadline": None, "deadline": None, "health": None,
             "verify": None, "finished": False, "history": []}
 
 
 # ---- the machine -----------------------------------------------------------------------------------
 def step(journal: dict[str, Any] | None, obs: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """One transition. ``obs``: event, data, preflight (this run's kernel_upgrade_preflight result),
-    running, default, boot_id, now, target, run_id, settings, installed_packages, health (the
+    running, default, boot_id, uptime (seconds since this boot), now, target, run_id, take_over (why
+    this run may resume another run's journal, or empty), settings, installed_packages, health (the
     boot-health unit's last result, or None).
 
     Returns the journal to write (``None``: nothing to write) and the next action. Raises FlowError
@@ -308,6 +334,8 @@ def step(journal: dict[str, Any] | None, obs: dict[str, Any]) -> tuple[dict[str,
     event = obs["event"]
     if event not in EVENTS:
         raise FlowError(f"unknown event {event!r}: one of {', '.join(EVENTS)}")
+    commit_timeout(obs["settings"])
+    check_event(obs)
     if journal is not None:
         journal = copy.deepcopy(journal)
     if journal is None or journal.get("finished"):
@@ -317,6 +345,9 @@ def step(journal: dict[str, Any] | None, obs: dict[str, Any]) -> tuple[dict[str,
             f"an upgrade to {journal['target']} (run {journal.get('run_id') or '?'}) is in progress at stage "
             f"{journal['stage']}, but this run asks for {obs['target']}: nothing is changed. Run again with "
             f"kernel_upgrade_target: {journal['target']} to finish (or roll back) that upgrade first."))
+    refusal = take_over(journal, obs)
+    if refusal:
+        return journal, refusal
     if event == "error":
         return on_error(journal, obs)
     if event == "start" and obs["settings"].get("check_mode"):
@@ -331,6 +362,25 @@ def step(journal: dict[str, Any] | None, obs: dict[str, Any]) -> tuple[dict[str,
         raise FlowError(f"event {event!r} arrived at stage {journal['stage']}: it belongs to stage "
                         f"{' or '.join(EXPECTED_STAGE.get(event, ('none',)))}; nothing was changed")
     return handler(journal, obs)
+
+
+def take_over(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any] | None:
+    """A journal belongs to the run that started it (``run_id``). Another run resumes it only at its start
+    and by an explicit take-over (``obs["take_over"]``: why - it holds the host's lease, or it named this
+    journal's run); the journal then names the new run and keeps the take-over. Returns the refusal, or None."""
+    owner, run, why = journal.get("run_id") or "", obs.get("run_id") or "", obs.get("take_over") or ""
+    if owner == run:
+        return None
+    if not why or obs["event"] != "start":
+        return finish("refused", (
+            f"the upgrade to {journal['target']} in progress at stage {journal['stage']} belongs to run "
+            f"{owner or '(no run id)'}, not to this run ({run or 'no run id'}): nothing was changed. Resume it from a "
+            "run that holds the host's lease (playbooks/kernel_upgrade.yml takes over the lease of a run that died), "
+            f"or take it over explicitly (kernel_rollout_step take_over: {owner or '(empty)'}) once that run is gone."))
+    journal["run_id"] = run
+    journal.setdefault("taken_over", []).append({"from": owner, "by": run, "at": obs["now"], "stage": journal["stage"],
+                                                 "why": why})
+    return None
 
 
 def step_fresh(obs: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -499,7 +549,7 @@ def arm_boot(journal, obs):
     _deadline(journal, obs)
     _stamp(journal, obs, "boot_once", f"one-shot boot into {journal['target']} from boot {obs['boot_id']}")
     return journal, {"name": "boot_once", "version": journal["target"], "old": journal["old"],
-                     "commit_timeout": int(obs["settings"].get("commit_timeout", 1800))}
+                     "commit_timeout": commit_timeout(obs["settings"])}
 
 
 def after_boot(journal, obs):
@@ -705,8 +755,143 @@ HANDLERS = {"audited": on_audited, "pinned": on_pinned, "installed": on_installe
             "rolled_back": on_rolled_back}
 
 
+# ---- the shapes the flow reads: journal records and event data, checked before any step ------------------
+def _num(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _numlike(value: Any) -> bool:
+    """A finite number, or its text (values templated by the controller arrive as text)."""
+    if isinstance(value, str):
+        try:
+            return math.isfinite(float(value))
+        except ValueError:
+            return False
+    return _num(value)
+
+
+def _count(value: Any) -> bool:
+    """A count: an int >= 0, or its digits."""
+    if isinstance(value, str):
+        return value.strip().isdecimal()
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _list(item=None):
+    return lambda value: isinstance(value, list) and (item is None or all(item(v) for v in value))
+
+
+def _dict(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
+def _opt(pred):
+    return lambda value: value is None or pred(value)
+
+
+def _samples(value: Any) -> bool:
+    """Runs of one level (a list), or ``{level: runs}``."""
+    if isinstance(value, dict):
+        return all(_count(k) and _list(_numlike)(v) for k, v in value.items())
+    return _list(_numlike)(value)
+
+
+def _runs(value: Any) -> bool:
+    """Contaminated runs: a list of run indices, or ``{level: [index]}``."""
+    if isinstance(value, dict):
+        return all(_count(k) and _list(_numlike)(v) for k, v in value.items())
+    return _list(_numlike)(value)
+
+
+# field: (check, what it must be); a field that is absent is not checked (older journals, optional data)
+SIDE_FIELDS = {"samples": (_list(_num), "a list of finite numbers"), "files": (_list(_str), "a list of paths"),
+               "contaminated": (_list(_str), "a list of run indices as text"), "rounds": (_count, "a count"),
+               "failed": (_opt(_count), "a count"), "requests": (_opt(_count), "a count"),
+               "concurrency": (_opt(_count), "a concurrency level"), "kernel": (_opt(_str), "a kernel release")}
+VERDICT_FIELDS = {"decision": (lambda v: v in DECISIONS, f"one of {', '.join(DECISIONS)}"),
+                  "reason": (_str, "text"), "at": (_opt(_num), "epoch seconds")}
+
+
+def _side(value: Any) -> bool:
+    return isinstance(value, dict) and "samples" in value
+
+
+def _growing(value: Any) -> bool:
+    """A side that more rounds are added to (the baseline before the pin, the candidate)."""
+    return value is None or all(k in value for k in ("samples", "files", "contaminated"))
+
+
+JOURNAL_FIELDS = {
+    "run_id": (_str, "text"), "old_entry": (_opt(_str), "a GRUB entry id"), "package": (_opt(_str), "a package name"),
+    "target_installed_before": (_opt(lambda v: isinstance(v, bool)), "true or false"),
+    "started_at": (_opt(_num), "epoch seconds"), "updated_at": (_opt(_num), "epoch seconds"),
+    "dkms_modules": (_opt(_list(_str)), "a list of module names"),
+    "baseline": (_opt(_side), "a benchmark side (samples)"),
+    "candidate": (_opt(lambda v: _side(v) and _growing(v)), "a benchmark side (samples, files, contaminated)"),
+    "findings_before": (_opt(_list(_str)), "a list of code@device"), "gate": (_opt(_dict), "the gate's answer"),
+    "baseline_gate": (_opt(_dict), "the gate's answer"), "verdict": (_opt(_dict), "a verdict (decision, reason)"),
+    "boot_id": (_opt(_str), "a boot id"), "commit_deadline": (_opt(_num), "epoch seconds"),
+    "deadline": (_opt(_dict), "a deadline record (boot_id, uptime)"), "health": (_opt(_dict), "the boot-health result"),
+    "verify": (_opt(_dict), "the verification"), "finished": (lambda v: isinstance(v, bool), "true or false"),
+    "history": (_list(_dict), "a list of records"), "resumed": (_list(_dict), "a list of records"),
+    "taken_over": (_list(_dict), "a list of records"), "locked": (_opt(_list(_str)), "a list of package names"),
+}
+# event: {data field: (check, what it must be)}
+EVENT_FIELDS = {
+    "benchmarked": {"label": (_opt(_str), "baseline or candidate"), "samples": (_opt(_samples), "runs: a list of "
+                    "numbers, or {level: [numbers]}"), "contaminated": (_opt(_runs), "run indices, or {level: [index]}"),
+                    "concurrency": (_opt(_count), "a concurrency level (0: the highest)"), "kernel": (_opt(_str), "a "
+                    "kernel release"), "files": (_opt(_list(_str)), "a list of paths"), "failed": (_opt(_count), "a "
+                    "count"), "requests": (_opt(_count), "a count")},
+    "audited": {"findings": (_opt(_list(_dict)), "a list of findings")},
+    "verified": {"cmdline_missing": (_opt(_list(_str)), "a list of kernel arguments"),
+                 "findings_after": (_opt(_list(_dict)), "a list of findings"), "vllm": (_opt(_dict), "vllm_ready's answer")},
+    "installed": {"preflight": (_opt(_dict), "kernel_upgrade_preflight's answer"), "install": (_opt(_dict), "apt's answer")},
+    "committed": {"locked": (_opt(_list(_str)), "a list of package names")},
+    "rolled_back": {"locked": (_opt(_list(_str)), "a list of package names")},
+    "locked": {"locked": (_opt(_list(_str)), "a list of package names")},
+    "error": {"msg": (_opt(_str), "text")},
+}
+# nested data fields that reach text: {event: (field, {sub-field: check})}
+EVENT_NESTED = {"verified": ("vllm", {"msg": _opt(_str)}), "installed": ("preflight", {"msg": _opt(_str)})}
+PREFLIGHT_FIELDS = {"msg": (_opt(_str), "text"), "running_entry": (_opt(_str), "a GRUB entry id"),
+                    "package": (_opt(_str), "a package name"), "dkms_modules": (_opt(_list(_str)), "a list of module names")}
+
+
+def bad_field(record: dict[str, Any], fields: dict[str, tuple]) -> tuple[str, str] | None:
+    """(field, what it must be) of the first field of ``record`` that is not what ``fields`` says; None when all are."""
+    for key, (check, what) in fields.items():
+        if key in record and not check(record[key]):
+            return key, what
+    return None
+
+
+def check_event(obs: dict[str, Any]) -> None:
+    """The event's data and the preflight result, of the shape the flow reads; FlowError naming the field."""
+    event, data, pre = obs["event"], obs.get("data"), obs.get("preflight")
+    for name, record, fields in (("data", data, EVENT_FIELDS.get(event, {})), ("preflight", pre, PREFLIGHT_FIELDS)):
+        if not isinstance(record, dict):
+            raise FlowError(f"the {event} event's {name} is {type(record).__name__}, not a dict: nothing was changed")
+        bad = bad_field(record, fields)
+        if bad:
+            raise FlowError(f"the {event} event's {name} field {bad[0]!r} is {record[bad[0]]!r}, not {bad[1]}: refused, "
+                            "nothing was changed")
+    field, nested = EVENT_NESTED.get(event, ("", {}))
+    inner = data.get(field) if field else None
+    for key, check in nested.items():
+        if isinstance(inner, dict) and key in inner and not check(inner[key]):
+            raise FlowError(f"the {event} event's data field '{field}.{key}' is {inner[key]!r}, not text: refused, "
+                            "nothing was changed")
+
+
 def check_journal(journal: Any, path: str) -> dict[str, Any]:
-    """A parsed journal, validated; FlowError with the fix when it cannot be trusted."""
+    """A parsed journal, validated against the shape every step reads (JOURNAL_FIELDS, SIDE_FIELDS,
+    VERDICT_FIELDS and what each stage needs), so that no step meets a field it cannot use; FlowError
+    with the file, the field and the fix when it cannot be trusted."""
     fix = (f"Nothing was changed. Look at {path}: if the host runs its saved default (uname -r; grub-editenv "
            f"/boot/grub/grubenv list) and no upgrade should be in progress, move it away (mv {path} {path}.broken) "
            "and run again; otherwise repair it from the host's records under /var/lib/gpufleet/kernel_upgrade.")
@@ -719,8 +904,23 @@ def check_journal(journal: Any, path: str) -> dict[str, Any]:
             raise FlowError(f"the upgrade journal {path} lacks {key!r}. {fix}")
     if journal["stage"] not in STAGES:
         raise FlowError(f"the upgrade journal {path} has stage {journal['stage']!r}, not one of {', '.join(STAGES)}. {fix}")
-    if journal["stage"] != "baseline" and not (journal.get("baseline") or {}).get("samples"):
-        raise FlowError(f"the upgrade journal {path} is at stage {journal['stage']} but holds no baseline samples. {fix}")
+    for prefix, record, fields in (("", journal, JOURNAL_FIELDS), ("baseline.", journal.get("baseline"), SIDE_FIELDS),
+                                   ("candidate.", journal.get("candidate"), SIDE_FIELDS),
+                                   ("verdict.", journal.get("verdict"), VERDICT_FIELDS)):
+        bad = bad_field(record or {}, fields)
+        if bad:
+            raise FlowError(f"the upgrade journal {path} has field '{prefix}{bad[0]}' = {(record or {})[bad[0]]!r}, not "
+                            f"{bad[1]}. {fix}")
+    stage = journal["stage"]
+    if stage in TERMINAL and not journal.get("finished"):
+        raise FlowError(f"the upgrade journal {path} is at the final stage {stage} but not finished. {fix}")
+    if stage != "baseline" and not (journal.get("baseline") or {}).get("samples"):
+        raise FlowError(f"the upgrade journal {path} is at stage {stage} but holds no baseline samples. {fix}")
+    if stage == "baseline" and not journal.get("finished") and not (journal.get("baseline") and _growing(journal["baseline"])):
+        raise FlowError(f"the upgrade journal {path} is at stage baseline but holds no baseline (samples, files, "
+                        f"contaminated). {fix}")
+    if stage == "verdict" and not all(k in (journal.get("verdict") or {}) for k in ("decision", "reason")):
+        raise FlowError(f"the upgrade journal {path} is at stage verdict but holds no verdict (decision, reason). {fix}")
     return journal
 
 
@@ -731,5 +931,5 @@ def record_facts(journal: dict[str, Any] | None, action: dict[str, Any]) -> dict
     return {"stage": j.get("stage") or "start", "old": j.get("old"), "baseline": j.get("baseline") or {},
             "candidate": j.get("candidate") or {}, "gate": gate, "locked": j.get("locked") or [],
             "server_after_rollback": j.get("server_after_rollback"), "journal_run_id": j.get("run_id"),
-            "resumed": j.get("resumed") or [], "decision": action.get("decision", ""),
+            "resumed": j.get("resumed") or [], "taken_over": j.get("taken_over") or [], "decision": action.get("decision", ""),
             "reason": action.get("reason", "")}

@@ -14,11 +14,13 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.grub import GRUB_CFG, GRUBENV, parse_grub_cfg, read_grubenv, resolve_saved
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import KernelUpgradeError, validate_version
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import FlowError, check_journal
 
 STATE_DIR = "/var/lib/gpufleet/kernel_upgrade"
@@ -39,12 +41,19 @@ def load_journal(fs: HostFS, path: str = JOURNAL) -> dict[str, Any] | None:
                         "(become: true); if the file system is damaged, repair it first.") from None
     try:
         data = json.loads(text or "")
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:
         raise FlowError(f"the upgrade journal {path} is not valid JSON ({err}): nothing was changed. If the host runs "
                         f"its saved default (uname -r; grub-editenv {GRUBENV} list) and no upgrade should be in "
                         f"progress, move it away (mv {path} {path}.broken) and run again; otherwise repair it from "
                         f"the records under {STATE_DIR}.") from None
-    return check_journal(data, path)
+    journal = check_journal(data, path)
+    try:  # its releases reach GRUB and the boot-health unit
+        validate_version(journal["target"], f"the upgrade journal {path}'s target")
+        validate_version(journal["old"], f"the upgrade journal {path}'s old kernel")
+    except KernelUpgradeError as err:
+        raise FlowError(f"{err} Nothing was changed: move the journal away (mv {path} {path}.broken) if no upgrade "
+                        "should be in progress, or repair it.") from None
+    return journal
 
 
 def dump(journal: dict[str, Any]) -> str:
@@ -79,6 +88,15 @@ def running_kernel(fs: HostFS) -> str:
 
 def boot_id(fs: HostFS) -> str:
     return (fs.read_optional("/proc/sys/kernel/random/boot_id") or "").strip()
+
+
+def uptime(fs: HostFS) -> float | None:
+    """Seconds since this boot (/proc/uptime), for the boot-relative commit deadline; None when unreadable."""
+    try:
+        value = float((fs.read_optional("/proc/uptime") or "").split()[0])
+    except (IndexError, ValueError):
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
 
 
 def saved_default(fs: HostFS) -> tuple[str | None, str | None]:

@@ -18,7 +18,9 @@ description:
     O(commit_timeout) of its last contact, when the GPU driver module is not loaded, when C(nvidia-smi) fails, or when
     the inference server's unit failed. A host the controller cannot reach thus returns to the old kernel by itself.
   - O(state=present) also removes the previous check's result file, so that an earlier revert is never read as this one.
-  - With O(state=absent) (after the commit and after a rollback), disables the timer and removes the files.
+  - With O(state=absent) (after the commit and after a rollback), disables the timer and removes the files. It is refused,
+    and nothing is changed, while the host runs the guarded candidate and the saved GRUB default does not boot it (the
+    unit would be all that can revert it); the rollback reboots into the old kernel first.
   - Files are written durably (temp file, fsync, rename, fsync of the directory).
 author:
   - gpufleet.inference contributors (@gpufleet)
@@ -32,15 +34,21 @@ options:
     choices: [present, absent]
     default: present
   target:
-    description: The candidate kernel release (required with O(state=present)).
+    description:
+      - The candidate kernel release (required with O(state=present)), as C(uname -r) prints it - major.minor, then only
+        letters, digits and C(. _ + ~ -), 64 characters at most (it is written into the units; a space, newline or
+        glob is refused).
     type: str
   old:
     description: The old kernel release (the saved default the host returns to), for the record.
     type: str
     default: ""
   commit_timeout:
-    description: Seconds after the controller's last contact (or after boot, whichever is later) before an uncommitted
-      candidate reverts. At least 120.
+    description:
+      - Seconds after the controller's last contact (or after boot, whichever is later) before an uncommitted
+        candidate reverts. 120 to 86400.
+      - The deadline is measured on the candidate boot's own clock (seconds since boot, with the boot id the controller
+        recorded in the journal), never on the wall clock; a deadline the check cannot read reverts, as a passed one does.
     type: int
     default: 1800
   driver_modules:

@@ -25,7 +25,16 @@ description:
     More candidate runs follow while its C(runs_needed) is above 0 (measured only, the gated level alone); its answer
     is then final, and a final C(inconclusive) rolls back. Failed requests and short outputs of each side reach it.
   - With O(lease_run_id) set, every step renews the host's lease (C(gpufleet.inference.host_lease)) and refuses when this
-    run no longer holds it.
+    run no longer holds it. With O(lease_run_id) empty no lease is written, but a live lease of another run (one that is
+    not O(run_id)) still refuses the step, naming its holder.
+  - A refused step writes nothing (neither the lease nor the journal).
+  - The journal belongs to the run that started it (its C(run_id)). Another run resumes it only by a take-over, at its
+    V(start) - when it holds the host's lease under its own run id (O(lease_run_id) = O(run_id), as
+    C(playbooks/kernel_upgrade.yml) does after taking over the lease of a run that died), or when O(take_over) names
+    the journal's run. The journal then names the new run and keeps the take-over (C(taken_over)); RV(actions) says it.
+    Any other run is refused and nothing is changed.
+  - A journal that is valid JSON but not of the expected shape (a field of the wrong type, a stage without what it
+    needs), and event data of the wrong shape, are refused with the file and the field named; nothing is changed.
 author:
   - gpufleet.inference contributors (@gpufleet)
 extends_documentation_fragment:
@@ -79,8 +88,11 @@ options:
     choices: [auto, always, never]
     default: auto
   commit_timeout:
-    description: Seconds from the controller's last contact after which the boot-health unit reboots an uncommitted
-      candidate into the saved default.
+    description:
+      - Seconds from the controller's last contact after which the boot-health unit reboots an uncommitted candidate
+        into the saved default. 120 to 86400 (outside, the step is refused and nothing is changed).
+      - Every contact records the deadline in the journal as C(deadline) (this boot's id and seconds since this boot),
+        which the unit compares with its own uptime, never with the wall clock.
     type: int
     default: 1800
   gate:
@@ -93,7 +105,14 @@ options:
     type: path
     default: /var/lib/gpufleet/kernel_upgrade/journal.json
   lease_run_id:
-    description: Renew the host's lease for this run at every step (empty - no lease).
+    description: Renew the host's lease for this run at every step (empty - no lease is written; a live lease of another
+      run still refuses).
+    type: str
+    default: ""
+  take_over:
+    description:
+      - The run id of an unfinished journal this run takes over although it did not start it (that run must be gone).
+        Not needed where this run holds the host's lease (O(lease_run_id) = O(run_id)).
     type: str
     default: ""
   lease_ttl:
@@ -155,8 +174,8 @@ default_version:
 actions:
   description:
     - What was written (or would be in check mode), in order. C(renew_lease) (the lease's C(path), C(what) happened to
-      it), C(write_journal) (the journal's C(path) and its new C(stage)); when the upgrade ends, C(archive_journal) (the
-      C(path) in the history) and C(remove_journal).
+      it), C(take_over_journal) (C(from), C(by), C(why), C(stage)), C(write_journal) (the journal's C(path) and its new
+      C(stage)); when the upgrade ends, C(archive_journal) (the C(path) in the history) and C(remove_journal).
   returned: always
   type: list
   elements: dict
@@ -186,6 +205,7 @@ def main():
             gate=dict(type="dict", default={}),
             journal=dict(type="path", default="/var/lib/gpufleet/kernel_upgrade/journal.json"),
             lease_run_id=dict(type="str", default=""),
+            take_over=dict(type="str", default=""),
             lease_ttl=dict(type="int", default=7200),
             preflight=dict(type="dict", default={}),
             root=dict(type="path", default="/"),

@@ -2,14 +2,27 @@
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """A host and a controller for kernel_upgrade_flow.step(), in memory: the host keeps its kernel,
-GRUB default, boot id, journal and history; the controller executes each action as the role does
-and reports the event. A crash drops the controller's memory between an action and its report."""
+GRUB default (and a pending one-shot entry), boot id, uptime, journal, history and the boot-health
+unit; the controller executes each action task by task, in the order of the role's own task file
+(roles/kernel_upgrade/tasks/action_<name>.yml, read here), and reports the event that file reports.
+
+A kill stops the controller after any task of any action (the host keeps what those tasks did) and a
+new run starts with event start; a controller ``lost`` for good lets the boot-health unit act first,
+as it does on a host nobody contacts: it reverts an armed, uncommitted candidate."""
 
 from __future__ import annotations
 
 import copy
+import functools
+import os
+
+import yaml
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import step
+from tests.helpers import REPO
+
+TASKS = os.path.join(REPO, "roles", "kernel_upgrade", "tasks")
+INCLUDES = {"lock.yml": "lock", "benchmark.yml": "benchmark", "step.yml": "report", "vllm_check.yml": "vllm"}
 
 OLD = "6.1.0-50-cloud-amd64"
 NEW = "6.1.0-56-cloud-amd64"
@@ -22,6 +35,33 @@ PACKAGES = [f"linux-image-{OLD}", "linux-image-cloud-amd64", "nvidia-driver", "n
             "openssh-server"]
 
 
+def task_effect(task: dict) -> str:
+    """What a task of the role does to the simulated host: boot_default/boot_once (kernel_boot_entry),
+    unit_present/unit_absent (kernel_boot_health), reboot, install (apt), lock, benchmark, report,
+    vllm, or other (reads: pcie_facts, preflight checks, copies)."""
+    if "gpufleet.inference.kernel_boot_entry" in task:
+        return "boot_" + task["gpufleet.inference.kernel_boot_entry"]["boot"]
+    if "gpufleet.inference.kernel_boot_health" in task:
+        return "unit_" + task["gpufleet.inference.kernel_boot_health"].get("state", "present")
+    if "ansible.builtin.reboot" in task:
+        return "reboot"
+    if "ansible.builtin.apt" in task:
+        return "install"
+    include = (task.get("ansible.builtin.include_tasks") or {}).get("file")
+    return INCLUDES.get(include, "other") if include else "other"
+
+
+@functools.lru_cache(maxsize=None)
+def role_steps(action: str) -> tuple[dict, ...]:
+    """The tasks of roles/kernel_upgrade/tasks/action_<action>.yml, in order: effect, its ``when``
+    (the flow's reboot flag is the only condition the simulated host evaluates) and, for the report,
+    the event it sends."""
+    with open(os.path.join(TASKS, f"action_{action}.yml"), encoding="utf-8") as fh:
+        tasks = yaml.safe_load(fh)
+    return tuple({"name": t.get("name", "?"), "effect": task_effect(t), "when": str(t.get("when") or ""),
+                  "event": (t.get("vars") or {}).get("__kernel_upgrade_event")} for t in tasks)
+
+
 class Host:
     def __init__(self, speed_new: float = 1.0, boots: bool = True, verify_ok: bool = True, post_ok: bool = True,
                  foreign_load: str = "", inconclusive_speeds: list[float] | None = None,
@@ -29,7 +69,11 @@ class Host:
                  cand_failed: int = 0, workloads: dict | None = None):
         self.running = OLD
         self.default = OLD
+        self.once: str | None = None  # a pending one-shot GRUB entry (grub-reboot)
+        self.unit: str | None = None  # the boot-health unit: the candidate it guards, or None
+        self.health: dict | None = None  # the unit's last result (a revert)
         self.boot = 0
+        self.boot_at = 1_795_990_000.0
         self.journal = None
         self.history: list[dict] = []
         self.held: list[str] = []
@@ -56,9 +100,9 @@ class Host:
     def observe(self, event: str, data: dict, settings: dict | None = None) -> dict:
         self.now += 10
         return {"event": event, "data": data, "preflight": self.pre, "running": self.running, "default": self.default,
-                "boot_id": f"boot-{self.boot}", "now": self.now, "target": NEW, "run_id": "run1",
-                "installed_packages": sorted(PACKAGES + [f"linux-image-{v}" for v in self.installed]),
-                "health": None, "settings": settings or SETTINGS}
+                "boot_id": f"boot-{self.boot}", "uptime": self.now - self.boot_at, "now": self.now, "target": NEW,
+                "run_id": "run1", "installed_packages": sorted(PACKAGES + [f"linux-image-{v}" for v in self.installed]),
+                "health": self.health, "settings": settings or SETTINGS}
 
     def write(self, journal):
         if journal is None:
@@ -69,101 +113,142 @@ class Host:
         else:
             self.journal = copy.deepcopy(journal)
 
-    def reboot(self, once: str | None = None):
+    def reboot(self):
+        """GRUB boots the pending one-shot entry once (the saved default when that kernel does not come
+        up), else the saved default."""
+        once, self.once = self.once, None
         self.boot += 1
         self.reboots += 1
-        if once and not self.boots:
-            self.running = self.default
-        else:
-            self.running = once or self.default
+        self.boot_at = self.now
+        self.running = once if once and (once != NEW or self.boots) else self.default
+
+    def unguarded(self) -> bool:
+        """The candidate runs uncommitted (not the saved default) and no boot-health unit guards it."""
+        return self.running == NEW and self.default != NEW and self.unit != NEW
+
+    def unit_fires(self) -> bool:
+        """The boot-health unit on a host no controller contacts: an armed, uncommitted candidate is
+        rebooted into the saved default, with the result file the next run reads."""
+        if self.running != NEW or self.default == NEW or self.unit != NEW:
+            return False
+        self.health = {"action": "revert", "target": NEW, "old": OLD, "reasons": ["not committed (simulated)"]}
+        self.reboot()
+        return True
 
     def preflight(self) -> dict:
         return {"ok": True, "msg": "preflight passed", "running_entry": f"adv>{self.running}",
                 "package": f"linux-image-{NEW}", "target_installed": NEW in self.installed}
 
-    def execute(self, action: dict) -> tuple[str, dict]:
-        """Do what the role does for ``action``; the event and data to report."""
+    def benchmark(self, action: dict) -> dict:
+        label = action["label"]
+        self.benchmarks.append({"label": label, "kernel": self.running, "default": self.default})
+        speed = self.speed_new if self.running == NEW else 1.0
+        done = self.runs_done.get((label, self.running), 0)
+        pattern = self.patterns[label]
+        runs = [BASE_RUNS[(done + i) % len(BASE_RUNS)] * pattern[(done + i) % len(pattern)]
+                for i in range(action["runs"])]
+        self.runs_done[(label, self.running)] = done + len(runs)
+        if self.running == NEW and self.inconclusive_speeds:
+            speed = self.inconclusive_speeds.pop(0) if len(self.inconclusive_speeds) > 1 else self.inconclusive_speeds[0]
+        contaminated = list(range(len(runs))) if self.foreign_load == label else []
+        self.benchmarks[-1].update(runs=action["runs"], measured_only=action.get("measured_only", False),
+                                   concurrency=action.get("concurrency"))
+        data = {"label": label, "samples": [v * speed for v in runs], "kernel": self.running,
+                "files": [f"/var/lib/gpufleet/benchmarks/{label}-{len(self.benchmarks)}.json"],
+                "concurrency": 4, "contaminated": contaminated,
+                "failed": self.cand_failed if label == "candidate" else 0, "requests": 32 * len(runs)}
+        if self.workloads.get(label):
+            model, level = self.workloads[label]
+            data.update(samples={str(level): data["samples"]}, concurrency=0,
+                        server={"model": model, "root": f"/models/{model}", "max_model_len": 4096},
+                        config={"model": None, "prompt_tokens": 1024, "output_tokens": 128, "concurrency": [level],
+                                "requests": 32, "seed": action["seed"], "ignore_eos": True,
+                                "prompt_mode": "token_ids", "token_id_range": [1000, 4000],
+                                "measured_only": action.get("measured_only", False)})
+        return data
+
+    def report(self, action: dict, measured: dict | None) -> dict:
+        """The data the action's report sends."""
         name = action["name"]
-        if name == "lock":
-            self.held = list(action["hold"])
-            return "locked", {}
+        findings = [{"code": "link_downgraded", "device": "0000:01:00.0"}]
         if name == "benchmark":
-            label = action["label"]
-            self.benchmarks.append({"label": label, "kernel": self.running, "default": self.default})
-            speed = self.speed_new if self.running == NEW else 1.0
-            done = self.runs_done.get((label, self.running), 0)
-            pattern = self.patterns[label]
-            runs = [BASE_RUNS[(done + i) % len(BASE_RUNS)] * pattern[(done + i) % len(pattern)]
-                    for i in range(action["runs"])]
-            self.runs_done[(label, self.running)] = done + len(runs)
-            if self.running == NEW and self.inconclusive_speeds:
-                speed = self.inconclusive_speeds.pop(0) if len(self.inconclusive_speeds) > 1 else self.inconclusive_speeds[0]
-            contaminated = list(range(len(runs))) if self.foreign_load == label else []
-            self.benchmarks[-1].update(runs=action["runs"], measured_only=action.get("measured_only", False),
-                                       concurrency=action.get("concurrency"))
-            data = {"label": label, "samples": [v * speed for v in runs], "kernel": self.running,
-                    "files": [f"/var/lib/gpufleet/benchmarks/{label}-{len(self.benchmarks)}.json"],
-                    "concurrency": 4, "contaminated": contaminated,
-                    "failed": self.cand_failed if label == "candidate" else 0,
-                    "requests": 32 * len(runs)}
-            if self.workloads.get(label):
-                model, level = self.workloads[label]
-                data.update(samples={str(level): data["samples"]}, concurrency=0,
-                            server={"model": model, "root": f"/models/{model}", "max_model_len": 4096},
-                            config={"model": None, "prompt_tokens": 1024, "output_tokens": 128, "concurrency": [level],
-                                    "requests": 32, "seed": action["seed"], "ignore_eos": True,
-                                    "prompt_mode": "token_ids", "token_id_range": [1000, 4000],
-                                    "measured_only": action.get("measured_only", False)})
-            return "benchmarked", data
+            return measured
         if name == "audit":
-            return "audited", {"findings": [{"code": "link_downgraded", "device": "0000:01:00.0"}]}
-        if name == "pin":
-            self.default = action["version"]
-            return "pinned", {}
+            return {"findings": findings}
         if name == "install":
-            self.installed.add(NEW)
-            return "installed", {"preflight": {"ok": self.post_ok, "msg": "ok" if self.post_ok else "driver: no nvidia module"}}
-        if name == "boot_once":
-            self.reboot(once=action["version"])
-            return "rebooted", {}
+            return {"preflight": {"ok": self.post_ok, "msg": "ok" if self.post_ok else "driver: no nvidia module"}}
         if name == "verify":
-            findings = [{"code": "link_downgraded", "device": "0000:01:00.0"}]
             if not self.verify_ok:
                 findings.append({"code": "aer_errors", "device": "0000:01:00.0"})
-            return "verified", {"cmdline_missing": [], "findings_after": findings,
-                                "vllm": {"checked": True, "ok": True, "msg": ""}}
-        if name == "commit":
-            self.default = action["version"]
+            return {"cmdline_missing": [], "findings_after": findings, "vllm": {"checked": True, "ok": True, "msg": ""}}
+        if name in ("commit", "rollback"):
+            return {"locked": self.held, **({"server": "serving"} if name == "rollback" else {})}
+        return {}
+
+    def apply(self, effect: str, action: dict) -> None:
+        if effect == "boot_default":  # kernel_boot_entry boot: default also drops a pending one-shot entry
+            self.default, self.once = action["version"], None
+        elif effect == "boot_once":
+            self.once = action["version"]
+        elif effect == "unit_present":  # the module also removes the unit's previous result
+            self.unit, self.health = action["version"], None
+        elif effect == "unit_absent":
+            self.unit = None
+        elif effect == "reboot":
+            self.reboot()
+        elif effect == "install":
+            self.installed.add(NEW)
+        elif effect == "lock":
             self.held = list(action["hold"])
-            return "committed", {"locked": self.held}
-        if name == "rollback":
-            self.default = action["version"]
-            if self.running != action["version"]:
-                self.reboot()
-            self.held = list(action["hold"])
-            return "rolled_back", {"locked": self.held, "server": "serving"}
-        raise AssertionError(f"unknown action {action}")
+
+    def execute(self, action: dict, tasks: int | None = None) -> tuple[str, dict] | None:
+        """Do what the role's task file of ``action`` does, task by task; the event and data it reports.
+        With ``tasks`` the controller dies after that many tasks (None is returned; the report is the
+        last task, so ``tasks`` below the count of tasks)."""
+        measured = None
+        for i, task in enumerate(role_steps(action["name"])):
+            if tasks is not None and i == tasks:
+                return None
+            if "next_action.reboot" in task["when"] and not action.get("reboot"):
+                continue
+            if task["effect"] == "benchmark":
+                measured = measured or self.benchmark(action)  # two includes, one of them runs (measured_only)
+            elif task["effect"] == "report":
+                return task["event"], self.report(action, measured)
+            else:
+                self.apply(task["effect"], action)
+        raise AssertionError(f"action_{action['name']}.yml reports nothing")
 
 
-def drive(host: Host, crash_after: int | None = None, max_steps: int = 80) -> dict:
-    """Run the flow to its finish; with ``crash_after`` the controller dies after that many executed
-    actions (the host keeps what they did) and a new run starts with event start. Returns the last
-    finish action and every action seen."""
+def drive(host: Host, crash_after: int | None = None, max_steps: int = 80, kill: tuple[int, int] | None = None,
+          lost: bool = False) -> dict:
+    """Run the flow to its finish. With ``crash_after`` the controller dies after that many executed
+    actions, before their report (the host keeps what they did); with ``kill`` (action number, tasks
+    done) it dies after that many tasks of that action. A new run then starts with event start; with
+    ``lost`` the boot-health unit acts first (the controller came back too late). Returns the last
+    finish action, every action seen, and ``unguarded``: whether the host was left running an
+    uncommitted candidate that no boot-health unit guards when the controller died."""
     actions_done = 0
     seen: list[dict] = []
     event, data = "start", {}
     host.pre = host.preflight()
-    crashed = False
+    crashed = unguarded = fired = False
     for _step in range(max_steps):
         journal, action = step(host.journal, host.observe(event, data))
         host.write(journal)
         seen.append(action)
         if action["name"] == "finish":
-            return {"finish": action, "actions": seen, "crashed": crashed}
-        event, data = host.execute(action)
+            return {"finish": action, "actions": seen, "crashed": crashed, "unguarded": unguarded, "fired": fired}
         actions_done += 1
-        if crash_after is not None and actions_done == crash_after and not crashed:
-            crashed = True
+        if crash_after is not None and not crashed and actions_done == crash_after:
+            kill = (actions_done, len(role_steps(action["name"])) - 1)
+        if kill is not None and not crashed and actions_done == kill[0]:
+            host.execute(action, tasks=kill[1])
+            crashed, unguarded = True, host.unguarded()
+            fired = lost and host.unit_fires()
+            host.now += 10_000 if lost else 0
             event, data = "start", {}
             host.pre = host.preflight()
+            continue
+        event, data = host.execute(action)
     raise AssertionError(f"no finish after {max_steps} steps: {seen[-5:]}")
