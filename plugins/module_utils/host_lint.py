@@ -327,7 +327,8 @@ def gather(fs: HostFS, params: dict) -> dict[str, Any]:
 def finding(code: str, severity: str, where: Setting | dict, message: str, fix: str) -> dict[str, Any]:
     file = where.file if isinstance(where, Setting) else where["file"]
     line = where.line if isinstance(where, Setting) else where.get("line")
-    return {"code": code, "severity": severity, "file": file, "line": line, "message": message, "fix": fix,
+    device = None if isinstance(where, Setting) else where.get("bdf")
+    return {"code": code, "severity": severity, "file": file, "line": line, "device": device, "message": message, "fix": fix,
             "source": SOURCES[code]}
 
 

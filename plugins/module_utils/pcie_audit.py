@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import managed_files
+from ansible_collections.gpufleet.inference.plugins.module_utils import host_lint, managed_files
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.nvml import (
     HAS_PYNVML, NvmlUnavailable, collect as nvml_collect, merge as nvml_merge,
@@ -180,7 +180,7 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
     warnings: list[str] = []
     params = dict({"devices": [], "vendor": None, "device": None, "class_prefix": "03", "exclude_vendors": list(BMC_VENDORS),
                    "include_nvml": "auto", "vfio_wanted": False, "bandwidth_probe": False, "probe_python": None,
-                   "probe_size_mb": 256, "tp_groups": []}, **params)
+                   "probe_size_mb": 256, "tp_groups": [], "host_lint": False, "host_lint_units": ["vllm"]}, **params)
     targets = select_targets(PciWalker(fs), devices=params["devices"], vendor=params["vendor"], device=params["device"],
                              class_prefix=params["class_prefix"], exclude_vendors=params["exclude_vendors"])
     model = build_model(fs, targets)
@@ -247,9 +247,23 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
                 group.append(bdf)
         groups.append(group)
     model["findings"] = find(model, vfio_wanted=params["vfio_wanted"], tp_groups=groups)
+    model["host_lint"] = None
+    if params["host_lint"]:
+        model["host_lint"], lint_findings = lint_host(fs, params, [g["bdf"] for g in model["gpus"]])
+        order = {s: i for i, s in enumerate(host_lint.SEVERITIES)}
+        model["findings"] = sorted(model["findings"] + lint_findings, key=lambda f: order[f["severity"]])
     del model["privileges"]  # who audited is for the messages, not part of the host's facts
     model["findings_summary"] = summary(model["findings"])
     return model, warnings
+
+
+def lint_host(fs: HostFS, params: dict, gpus: list[str]) -> tuple[dict, list[dict]]:
+    """The host lint in the audit's run: ``({files, service_user}, findings)``, each finding in the audit's shape
+    (``devices`` added) with the lint's ``file``, ``line`` and ``source``.
+    With vfio_wanted every audited GPU may be on vfio-pci."""
+    result = host_lint.run(fs, {"units": params["host_lint_units"], "passthrough_devices": gpus if params["vfio_wanted"] else []})
+    findings = [dict(f, devices=[f["device"]] if f["device"] else []) for f in result["findings"]]
+    return {"files": result["files"], "service_user": result["service_user"]}, findings
 
 
 def render_report(host: str, kernel: str, facts: dict) -> str:

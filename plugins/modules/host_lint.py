@@ -78,7 +78,8 @@ actions:
 findings:
   description:
     - Most severe first. C(code) names the rule, C(severity) is C(critical), C(warning) or C(info), C(file) and C(line)
-      say where the setting is (C(line) is null for a sysfs attribute), C(fix) what to do, C(source) what proves it.
+      say where the setting is (C(line) is null for a sysfs attribute), C(device) the GPU's PCI address where the rule
+      is about one (else null), C(fix) what to do, C(source) what proves it.
   returned: success
   type: list
   elements: dict
@@ -87,6 +88,7 @@ findings:
       severity: warning
       file: /etc/nccl.conf
       line: 3
+      device: null
       message: "/etc/nccl.conf:3 sets NCCL_P2P_LEVEL=PCI: not a level name, so NCCL leaves the level unset and uses its
         default, without a warning."
       fix: Use one of LOC, NVL, NVB, C2C, PIX, PXB, P2C, PXN, PHB, SYS (the nccl_env role validates it), or remove the line.

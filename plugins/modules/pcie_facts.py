@@ -102,6 +102,19 @@ options:
     description: Size of each copy in the bandwidth probe, in MiB.
     type: int
     default: 256
+  host_lint:
+    description:
+      - Also lint the tuning the host already carries, in the same module run, as M(gpufleet.inference.host_lint) does
+        (kernel command line, GRUB, C(nccl.conf), the units' environment, C(modprobe.d), C(sysctl.d), the GPUs'
+        drivers); its findings join RV(pcie.findings) with their C(file), C(line) and C(source).
+      - With O(vfio_wanted), GPUs bound to vfio-pci are not reported.
+    type: bool
+    default: false
+  host_lint_units:
+    description: The systemd units whose environment the host lint reads (see M(gpufleet.inference.host_lint) O(units)).
+    type: list
+    elements: str
+    default: [vllm]
   dest:
     description:
       - Keep the audit on the host in this file (under O(root)), as JSON with the keys C(host) (O(dest_host)), C(kernel)
@@ -343,7 +356,8 @@ pcie:
             One of link_below_capability, link_capped, mps_below_path, mps_above_path, aspm_enabled, acs_redirect,
             pair_sys_level, iommu_group_shared, iommu_group_functions, irq_remote_numa, numa_node_unknown, no_hugepages,
             iommu_disabled, iommu_pt_missing, aer_errors, pcie_replays, config_unreadable, config_short, p2p_not_supported,
-            tp_group_spans_sockets, gpu_behind_chipset.
+            tp_group_spans_sockets, gpu_behind_chipset; with O(host_lint), also the codes of
+            M(gpufleet.inference.host_lint).
           type: str
         severity:
           description: C(critical), C(warning) or C(info).
@@ -361,12 +375,25 @@ pcie:
         fix:
           description: What to do about it, in words.
           type: str
+        file:
+          description: The host lint's findings only (O(host_lint)); the file that holds the setting.
+          type: str
+        line:
+          description: The host lint's findings only; the line of RV(pcie.findings[].file), null for a sysfs attribute.
+          type: int
+        source:
+          description: The host lint's findings only; what proves the finding (documentation or source file).
+          type: str
       sample: [{code: acs_redirect, severity: warning, device: "0000:03:00.0", devices: ["0000:03:00.0", "0000:04:00.0"],
                 message: "0000:03:00.0 and 0000:04:00.0 share a PCIe switch (PIX), but ACS P2P redirect ...",
                 fix: "If the GPUs stay on this host, clear RR/CR/EC on exactly 0000:02:00.0, 0000:02:01.0 with gpufleet.inference.pcie_acs ..."}]
     findings_summary:
       description: Number of findings per severity, and in total.
       type: dict
+    host_lint:
+      description: With O(host_lint), the files the lint read and the service user it judged; null without.
+      type: dict
+      sample: {files: [/proc/cmdline, /etc/default/grub, /etc/nccl.conf], service_user: vllm}
     hugepages:
       description: Huge page reservations from C(/proc/meminfo) and C(/sys/kernel/mm/hugepages).
       type: dict
@@ -471,6 +498,8 @@ def main():
             probe_python=dict(type="path"),
             probe_size_mb=dict(type="int", default=256),
             tp_groups=dict(type="list", elements="str", default=[]),
+            host_lint=dict(type="bool", default=False),
+            host_lint_units=dict(type="list", elements="str", default=["vllm"]),
             dest=dict(type="path"),
             dest_host=dict(type="str", default=""),
             dest_kernel=dict(type="str", default=""),
