@@ -51,7 +51,8 @@ SOURCES = {
                      "WARP_SIZE 32, NCCL_SIMPLE_MAX_NTHREADS 512, NCCL_LL_MAX_NTHREADS 512",
     "nccl_conf_syntax": f"{NCCL_SRC} src/misc/param.cc setEnvFile(): '#' only in column 1 starts a comment; the name is "
                         "everything before '=' and the value everything after it, spaces and quotes included",
-    "nvreg_unknown": f"{NVREG_SRC} (NV_DEFINE_REG_ENTRY / NV_DEFINE_REG_STRING_ENTRY: the module's NVreg_* parameters)",
+    "nvreg_unknown": f"{NVREG_SRC} (NV_DEFINE_REG_ENTRY / NV_DEFINE_REG_STRING_ENTRY: the module's NVreg_* parameters); "
+                     "Linux kernel/module/main.c unknown_module_param_cb(): \"unknown parameter '%s' ignored\"",
     "gpu_bound_to_vfio": "Linux Documentation/driver-api/vfio.rst: a device bound to vfio-pci is driven from user space "
                          "(a VM); the host's NVIDIA driver, CUDA and vLLM cannot use it",
     "gpu_in_vfio_ids": "Linux drivers/vfio/pci/vfio_pci.c (ids= module parameter): vfio-pci claims every device of those "
@@ -395,8 +396,8 @@ def rule_kernel(settings: list[Setting]) -> list[dict[str, Any]]:
 def _nvreg(where: Setting, name: str) -> dict[str, Any]:
     return finding(
         "nvreg_unknown", "warning", where,
-        f"{_at(where)} sets '{name}={where.value}' for the nvidia module, which has no such parameter: modprobe fails to "
-        "load the module with an unknown parameter, or (on the command line) the kernel ignores it.",
+        f"{_at(where)} sets '{name}={where.value}' for the nvidia module, which has no such parameter: the kernel logs "
+        "\"nvidia: unknown parameter ... ignored\" and the option does nothing.",
         "Remove it, or use a parameter the driver defines (kernel-open/nvidia/nv-reg.h, or modinfo -p nvidia).")
 
 

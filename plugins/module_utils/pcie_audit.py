@@ -247,7 +247,6 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
                 group.append(bdf)
         groups.append(group)
     model["findings"] = find(model, vfio_wanted=params["vfio_wanted"], tp_groups=groups)
-    model["host_lint"] = None
     if params["host_lint"]:
         model["host_lint"], lint_findings = lint_host(fs, params, [g["bdf"] for g in model["gpus"]])
         order = {s: i for i, s in enumerate(host_lint.SEVERITIES)}

@@ -111,7 +111,7 @@ options:
     type: bool
     default: false
   host_lint_units:
-    description: The systemd units whose environment the host lint reads (see M(gpufleet.inference.host_lint) O(units)).
+    description: The systemd units whose environment the host lint reads (the C(units) option of M(gpufleet.inference.host_lint)).
     type: list
     elements: str
     default: [vllm]
@@ -391,7 +391,7 @@ pcie:
       description: Number of findings per severity, and in total.
       type: dict
     host_lint:
-      description: With O(host_lint), the files the lint read and the service user it judged; null without.
+      description: The files the host lint read and the service user it judged; only with O(host_lint).
       type: dict
       sample: {files: [/proc/cmdline, /etc/default/grub, /etc/nccl.conf], service_user: vllm}
     hugepages:
