@@ -302,7 +302,7 @@ def gather(fs: HostFS, params: dict) -> dict[str, Any]:
     user = params.get("service_user") or unit_user or "root"
     homes = {"root": "/root"}
     passwd = fs.read_optional("/etc/passwd") or ""
-    for name in {user, "root"}:
+    for name in sorted({user, "root"}):
         homes[name] = passwd_home(passwd, name) or homes.get(name)
     text = _read(fs, NCCL_CONF, read)
     settings += nccl_conf(text, NCCL_CONF, 0) if text is not None else []

@@ -370,6 +370,58 @@ def find_config(model: dict) -> list[dict[str, Any]]:
     return out
 
 
+# ---- links under load -------------------------------------------------------------------------
+def classify_link_samples(samples: list, cap: dict) -> dict[str, Any]:
+    """Judge a link's state sampled in time order under load, ``samples`` as ``[speed_gts, width]`` pairs, against
+    ``cap`` (``{speed_gts, width}``, what both ends can do). Returns ``{state, top, changes}``:
+
+    - ``flapping``: the width changed, or the speed dropped after the link had trained up to its highest reading
+      (a marginal slot, riser or cable retraining under load);
+    - ``at_capability``: it reached ``cap`` (an idle link that trains up as the load starts counts here);
+    - ``stays_down``: it never reached ``cap`` under load;
+    - ``no_samples``: nothing to judge.
+    ``top`` is the highest reading, ``changes`` the number of readings that differ from the one before.
+    """
+    pairs = [(float(s[0]), int(s[1])) for s in samples or [] if s and s[0] and s[1]]
+    if not pairs:
+        return {"state": "no_samples", "top": None, "changes": 0}
+    top = max(pairs)
+    changes = sum(1 for a, b in zip(pairs, pairs[1:]) if a != b)
+    reached = pairs.index(top)
+    dropped = any(speed < top[0] for speed, _w in pairs[reached:])
+    if len({w for _s, w in pairs}) > 1 or dropped:
+        state = "flapping"
+    elif top[0] >= (cap.get("speed_gts") or 0) and top[1] >= (cap.get("width") or 0):
+        state = "at_capability"
+    else:
+        state = "stays_down"
+    return {"state": state, "top": list(top), "changes": changes}
+
+
+def judge_under_load(finding: dict[str, Any], samples: list, cap: dict, context: str) -> dict[str, Any]:
+    """A GPU's ``link_below_capability`` finding read again with ``samples`` taken under load (``context`` says
+    which load): an idle downclock becomes ``link_idle_downclock`` (info), a link that stays down keeps its code
+    with the loaded reading in the message, a link that changed during the load is ``link_flapping`` (critical)."""
+    verdict = classify_link_samples(samples, cap)
+    state, top = verdict["state"], verdict["top"]
+    if state == "no_samples":
+        return finding
+    seen = ", ".join(_link_text(s, w) for s, w in samples[:12]) + (" ..." if len(samples) > 12 else "")
+    if state == "flapping":
+        return dict(finding, code="link_flapping", severity="critical", link_under_load=verdict,
+                    message=f"{finding['device']}'s link changed speed or width under load ({context}): {seen}. A link that "
+                            "retrains under load drops throughput and points at a marginal slot, riser or cable.",
+                    fix="Check the AER counters and dmesg for link retraining, reseat the card or riser, and try another "
+                        "slot; keep the host out of serving until the link holds its speed and width under load.")
+    if state == "at_capability":
+        return dict(finding, code="link_idle_downclock", severity="info", link_under_load=verdict,
+                    message=f"{finding['device']}'s link read below capability at rest and trained up to "
+                            f"{_link_text(*top)} under load ({context}): the GPU's idle power saving, not a fault.",
+                    fix="Nothing to fix.")
+    return dict(finding, link_under_load=verdict,
+                message=f"{finding['message']} Under load ({context}) it stays at {_link_text(*top)}: not an idle downclock.")
+
+
 def find(model: dict, vfio_wanted: bool = False, tp_groups=None) -> list[dict[str, Any]]:
     """Every finding for the model, most severe first. ``tp_groups``: lists of GPU BDFs, one per tensor-parallel group."""
     findings = (find_config(model) + find_links(model) + find_mps(model) + find_aspm(model)

@@ -123,7 +123,7 @@ def main():
             root=dict(type="path", default="/"),
             units=dict(type="list", elements="str", default=["vllm"]),
             service_user=dict(type="str"),
-            passthrough_devices=dict(type="list", elements="str", default=[]),
+            passthrough_devices=dict(type="list", elements="str", default=[], no_log=False),
         ),
         supports_check_mode=True,
     )

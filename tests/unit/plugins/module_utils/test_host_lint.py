@@ -39,8 +39,8 @@ CASES = [
     ("pci_noacs", {"/etc/default/grub": 'GRUB_DEFAULT=0\nGRUB_CMDLINE_LINUX="quiet pci=noacs,realloc"'}, None,
      [("/etc/default/grub", 2, "warning")], "Unknown option `noacs'"),
     ("pci_noacs", {}, "ro pci=noacs", [("/proc/cmdline", 1, "warning")], "on the running kernel's command line"),
-    ("pcie_acs_override", {"/etc/default/grub.d/50-acs.cfg": 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX '
-                                                            'pcie_acs_override=downstream,multifunction"'}, None,
+    ("pcie_acs_override",
+     {"/etc/default/grub.d/50-acs.cfg": 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX pcie_acs_override=downstream,multifunction"'}, None,
      [("/etc/default/grub.d/50-acs.cfg", 1, "warning")], "out-of-tree"),
     ("pcie_aspm_off", {"/etc/default/grub": 'GRUB_CMDLINE_LINUX_DEFAULT="quiet splash pcie_aspm=off"'}, "ro pcie_aspm=off",
      [("/etc/default/grub", 1, "warning")], "as the firmware configured it"),
