@@ -85,4 +85,3 @@ def test_without_probe_samples_the_finding_stays(tmp_path):
     degraded_link(tmp_path, link_sta=(2.5, 16))
     facts, _w = pcie_audit.gather(HostFS(str(tmp_path)), {"include_nvml": "never"})
     assert [f["code"] for f in facts["findings"] if f["device"] == "0000:01:00.0"].count("link_below_capability") == 1
-
