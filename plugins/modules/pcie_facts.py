@@ -132,7 +132,9 @@ options:
 notes:
   - Config space is read from C(/sys/bus/pci/devices/*/config); the module never runs C(lspci) or C(setpci).
   - NVIDIA GPUs lower their link speed when idle, so a speed (not width) below capability on an idle GPU is a warning to
-    re-check under load, not proof of a fault.
+    re-check under load, not proof of a fault. With O(bandwidth_probe) the link is read during the probe's copies and
+    the finding judged again (C(link_idle_downclock), C(link_flapping)); the probe does not run while a process holds
+    the GPUs.
   - Without NVML the topology level comes from the sysfs path. Functions below one switch are PIX, below nested switches
     PXB, on one host bridge PHB, on different host bridges NODE, or SYS when their NUMA nodes differ.
 seealso:
@@ -356,8 +358,9 @@ pcie:
             One of link_below_capability, link_capped, mps_below_path, mps_above_path, aspm_enabled, acs_redirect,
             pair_sys_level, iommu_group_shared, iommu_group_functions, irq_remote_numa, numa_node_unknown, no_hugepages,
             iommu_disabled, iommu_pt_missing, aer_errors, pcie_replays, config_unreadable, config_short, p2p_not_supported,
-            tp_group_spans_sockets, gpu_behind_chipset; with O(host_lint), also the codes of
-            M(gpufleet.inference.host_lint).
+            tp_group_spans_sockets, gpu_behind_chipset; with O(bandwidth_probe), link_idle_downclock and
+            link_flapping (a GPU link below capability at rest, read again under the probe's load); with O(host_lint),
+            also the codes of M(gpufleet.inference.host_lint).
           type: str
         severity:
           description: C(critical), C(warning) or C(info).
@@ -452,6 +455,7 @@ pcie:
           description:
             - Per PCI address, C(h2d_pinned_gbps), C(d2h_pinned_gbps), C(h2d_pageable_gbps), C(d2h_pageable_gbps) (median of
               5 copies after a warm-up), C(theoretical_gbps) and the matching C(*_pct).
+            - C(link_samples), the GPU's link as C([speed GT/s, width]) read after each pinned copy.
           type: dict
       sample: {backend: torch 2.11.0, python: /usr/bin/python3, size_mb: 256, error: null,
                gpus: {"0000:00:06.0": {h2d_pinned_gbps: 55.22, d2h_pinned_gbps: 55.05, h2d_pageable_gbps: 8.37,
