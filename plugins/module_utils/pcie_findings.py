@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.link_samples import classify_link_samples
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import link_bandwidth_gbps, link_generation
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import format_cpulist, parse_cpulist
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_p2p import find_groups, find_nvml_p2p
@@ -371,33 +372,6 @@ def find_config(model: dict) -> list[dict[str, Any]]:
 
 
 # ---- links under load -------------------------------------------------------------------------
-def classify_link_samples(samples: list, cap: dict) -> dict[str, Any]:
-    """Judge a link's state sampled in time order under load, ``samples`` as ``[speed_gts, width]`` pairs, against
-    ``cap`` (``{speed_gts, width}``, what both ends can do). Returns ``{state, top, changes}``:
-
-    - ``flapping``: the width changed, or the speed dropped after the link had trained up to its highest reading
-      (a marginal slot, riser or cable retraining under load);
-    - ``at_capability``: it reached ``cap`` (an idle link that trains up as the load starts counts here);
-    - ``stays_down``: it never reached ``cap`` under load;
-    - ``no_samples``: nothing to judge.
-    ``top`` is the highest reading, ``changes`` the number of readings that differ from the one before.
-    """
-    pairs = [(float(s[0]), int(s[1])) for s in samples or [] if s and s[0] and s[1]]
-    if not pairs:
-        return {"state": "no_samples", "top": None, "changes": 0}
-    top = max(pairs)
-    changes = sum(1 for a, b in zip(pairs, pairs[1:]) if a != b)
-    reached = pairs.index(top)
-    dropped = any(speed < top[0] for speed, _w in pairs[reached:])
-    if len({w for _s, w in pairs}) > 1 or dropped:
-        state = "flapping"
-    elif top[0] >= (cap.get("speed_gts") or 0) and top[1] >= (cap.get("width") or 0):
-        state = "at_capability"
-    else:
-        state = "stays_down"
-    return {"state": state, "top": list(top), "changes": changes}
-
-
 def judge_under_load(finding: dict[str, Any], samples: list, cap: dict, context: str) -> dict[str, Any]:
     """A GPU's ``link_below_capability`` finding read again with ``samples`` taken under load (``context`` says
     which load): an idle downclock becomes ``link_idle_downclock`` (info), a link that stays down keeps its code

@@ -6,11 +6,12 @@ below capability with the link sampled during its copy probe."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_audit
+from ansible_collections.gpufleet.inference.plugins.module_utils import link_samples, pcie_audit
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_findings import classify_link_samples, judge_under_load
 from tests.unit.fakesysfs import degraded_link
@@ -85,3 +86,46 @@ def test_without_probe_samples_the_finding_stays(tmp_path):
     degraded_link(tmp_path, link_sta=(2.5, 16))
     facts, _w = pcie_audit.gather(HostFS(str(tmp_path)), {"include_nvml": "never"})
     assert [f["code"] for f in facts["findings"] if f["device"] == "0000:01:00.0"].count("link_below_capability") == 1
+
+
+# ---- sampling during a benchmark run (link_samples.LinkMonitor) ----------------------------------
+def _set_link(host, bdf, speed, width):
+    host.write(f"{host.dirs[bdf]}/current_link_speed", f"{speed:g} GT/s PCIe")
+    host.write(f"{host.dirs[bdf]}/current_link_width", str(width))
+
+
+def test_path_devices_and_caps_cover_the_gpu_and_its_bridges(tmp_path):
+    host = degraded_link(tmp_path, link_sta=(32.0, 16))
+    fs = HostFS(str(tmp_path))
+    assert link_samples.path_devices(fs, ["0000:01:00.0"]) == ["0000:00:01.0", "0000:01:00.0"]
+    assert link_samples.link_caps(fs, ["0000:01:00.0"]) == {"0000:01:00.0": GEN5_X16}
+    _set_link(host, "0000:01:00.0", 2.5, 16)
+    assert link_samples.read_link(fs, "0000:01:00.0") == [2.5, 16]
+    assert link_samples.read_link(fs, "0000:09:00.0") is None
+
+
+@pytest.mark.parametrize("sequence,state", [
+    ([(2.5, 16), (32.0, 16), (32.0, 16)], "at_capability"),    # idle downclock that trains up under the run
+    ([(16.0, 16), (16.0, 16), (16.0, 16)], "stays_down"),      # a stable downtrain
+    ([(32.0, 16), (16.0, 16), (32.0, 16)], "flapping"),        # changed speed during the run
+    ([(32.0, 16), (32.0, 8), (32.0, 8)], "flapping"),          # changed width during the run
+])
+def test_link_monitor_judges_a_run(tmp_path, sequence, state):
+    host = degraded_link(tmp_path, link_sta=sequence[0])
+    fs = HostFS(str(tmp_path))
+    monitor = link_samples.LinkMonitor(fs, ["0000:01:00.0"], interval=3600)
+
+    async def run():
+        await monitor.start()  # takes the first sample
+        for speed, width in sequence[1:-1]:
+            _set_link(host, "0000:01:00.0", speed, width)
+            monitor.sample()
+        _set_link(host, "0000:01:00.0", *sequence[-1])
+        return await monitor.stop(8)  # takes the last sample
+
+    verdict = asyncio.run(run())
+    monitor.close()
+    assert monitor.samples["0000:01:00.0"] == [list(s) for s in sequence]
+    assert verdict["devices"]["0000:01:00.0"]["state"] == state
+    assert verdict["flapping"] == (["0000:01:00.0"] if state == "flapping" else [])
+    assert verdict["stays_down"] == (["0000:01:00.0"] if state == "stays_down" else [])
