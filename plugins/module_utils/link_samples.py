@@ -132,3 +132,40 @@ class LinkMonitor:
 
     def close(self) -> None:
         """Nothing is held open: sysfs is read per sample."""
+
+
+class WithLinks:
+    """A benchmark's per-run monitor (the InFlightMonitor interface) that also samples the links: its verdict is the
+    server-load verdict (when ``load`` is given) with the links' under ``links``."""
+
+    def __init__(self, load, links: LinkMonitor):
+        self.load = load
+        self.links = links
+
+    async def start(self) -> None:
+        if self.load is not None:
+            await self.load.start()
+        await self.links.start()
+
+    async def stop(self, concurrency: int) -> dict[str, Any]:
+        verdict = dict(await self.load.stop(concurrency)) if self.load is not None else {}
+        verdict["links"] = await self.links.stop(concurrency)
+        return verdict
+
+    def close(self) -> None:
+        if self.load is not None:
+            self.load.close()
+        self.links.close()
+
+
+def flapping_runs(levels: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The measured runs during which a link changed speed or width, each with its tokens/s:
+    ``[{concurrency, repetition, devices, output_throughput}]``."""
+    out = []
+    for level in levels:
+        for rep, run in enumerate(level.get("runs") or []):
+            flapping = (((run.get("server_load") or {}).get("links")) or {}).get("flapping")
+            if flapping:
+                out.append({"concurrency": level["concurrency"], "repetition": run.get("repetition", rep),
+                            "devices": flapping, "output_throughput": run.get("output_throughput")})
+    return out
