@@ -235,6 +235,15 @@ def benchmark_rows(bench: dict[str, Any]) -> list[list[str]]:
 BENCH_HEAD = ["concurrency", "output tok/s (median)", "CV", "runs", "TTFT p50 ms", "TPOT p50 ms", "errors"]
 
 
+def finding_where(f: dict[str, Any]) -> str:
+    """Where a finding is: its device, or the file and line that set it (the host lint's findings), or '-'."""
+    if f.get("device"):
+        return f["device"]
+    if f.get("file"):
+        return f"{f['file']}:{f['line']}" if f.get("line") else f["file"]
+    return "-"
+
+
 def _md_cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -267,10 +276,10 @@ def _markdown_body(fleet: list[dict[str, Any]]) -> str:
                 g["bdf"], g["name"], g["link"] + (" (below capability)" if g["degraded"] else ""),
                 g["numa_node"] if g["numa_node"] is not None else "-", g["driver"] or "none")) + " |")
         if r["findings"]:
-            out += ["", "| severity | device | finding | fix |", "|---|---|---|---|"]
+            out += ["", "| severity | device or file:line | finding | fix |", "|---|---|---|---|"]
             for f in r["findings"]:
                 out.append("| " + " | ".join(_md_cell(c) for c in (
-                    f.get("severity", "?"), f.get("device") or "-", f.get("message", ""), f.get("fix", ""))) + " |")
+                    f.get("severity", "?"), finding_where(f), f.get("message", ""), f.get("fix", ""))) + " |")
         else:
             out += ["", "No findings."]
         if r["benchmark"]:
@@ -333,10 +342,10 @@ def _html_body(fleet: list[dict[str, Any]]) -> str:
                          + _td(g["numa_node"] if g["numa_node"] is not None else "-") + _td(g["driver"] or "none") + "</tr>")
         parts.append("</table>")
         if r["findings"]:
-            parts.append("<table><tr><th>severity</th><th>device</th><th>finding</th><th>fix</th></tr>")
+            parts.append("<table><tr><th>severity</th><th>device or file:line</th><th>finding</th><th>fix</th></tr>")
             for f in r["findings"]:
                 sev = f.get("severity", "info")
-                parts.append("<tr>" + _td(sev, sev) + _td(f.get("device") or "-") + _td(f.get("message", ""))
+                parts.append("<tr>" + _td(sev, sev) + _td(finding_where(f)) + _td(f.get("message", ""))
                              + _td(f.get("fix", "")) + "</tr>")
             parts.append("</table>")
         else:

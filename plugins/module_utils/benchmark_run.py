@@ -20,7 +20,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.inference_sweep
     BenchmarkError, benchmark, check_label, compact_summary, config_from_params, error_failure, plan, probe,
     result_warnings, results_document, results_filename, run,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.link_samples import LinkMonitor, WithLinks, flapping_runs, path_devices
 from ansible_collections.gpufleet.inference.plugins.module_utils.load_monitor import contaminated_runs, for_pool
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker, select_targets
 
 
 def check_params(params: dict[str, Any]):
@@ -35,6 +37,19 @@ def check_params(params: dict[str, Any]):
     except ValueError as err:
         raise Failed(f"Invalid benchmark settings: {err}", changed=False) from None
     return cfg, label
+
+
+def run_monitor(params: dict[str, Any], fs: HostFS):
+    """The per-run monitor factory for inference_sweep.benchmark(): the server's in-flight count (monitor_load) and,
+    with monitor_links, the PCIe links of the GPUs (class 03xx) and of the bridges above them (link_samples)."""
+    load = for_pool if params["monitor_load"] else None
+    if not params.get("monitor_links"):
+        return load
+    devices = path_devices(fs, select_targets(PciWalker(fs), class_prefix="03"))
+
+    def both(pool, headers):
+        return WithLinks(load(pool, headers) if load else None, LinkMonitor(fs, devices))
+    return both
 
 
 def execute(params: dict[str, Any], fs: HostFS, check_mode: bool,
@@ -61,7 +76,7 @@ def execute(params: dict[str, Any], fs: HostFS, check_mode: bool,
         return result
 
     try:
-        outcome = run(benchmark(cfg, monitor=for_pool if params["monitor_load"] else None))
+        outcome = run(benchmark(cfg, monitor=run_monitor(params, fs)))
     except BenchmarkError as err:
         raise failed(str(err)) from None
     doc = results_document(outcome, label=label, host=platform.node(), kernel=kernel, tuning=params["tuning"])
@@ -80,6 +95,12 @@ def execute(params: dict[str, Any], fs: HostFS, check_mode: bool,
 
     for warning in result_warnings(outcome, cfg):
         warn(warning)
+    if params.get("monitor_links"):
+        result["link_flapping"] = flapping_runs(outcome["levels"])
+        for f in result["link_flapping"]:
+            warn(f"Critical: at concurrency {f['concurrency']}, run {f['repetition']} ({f['output_throughput']} output tok/s), "
+                 f"the PCIe link of {', '.join(f['devices'])} changed speed or width: a marginal slot, riser or cable. "
+                 "Its tok/s is not the host's; check AER counters and reseat before trusting a gate on this host.")
     failure = error_failure(outcome, params["max_error_rate"])
     if failure:
         raise failed(failure)

@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import managed_files
+from ansible_collections.gpufleet.inference.plugins.module_utils import host_lint, managed_files, pcie_users
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.nvml import (
     HAS_PYNVML, NvmlUnavailable, collect as nvml_collect, merge as nvml_merge,
@@ -24,21 +24,34 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology im
     BMC_VENDORS, PciWalker, TopologyError, build_model, normalize_bdf, select_targets,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_findings import (
-    find, path_links, privilege_hint, summary)
+    SEVERITIES, find, judge_under_load, path_links, privilege_hint, summary)
 
 
 NVIDIA = "0x10de"
 
 
 # Runs in the probe interpreter (which may hold PyTorch or CuPy but not Ansible): stdlib only,
-# prints one JSON line. argv[1] is {"size_mb", "repeats", "bdfs"}.
+# prints one JSON line. argv[1] is {"size_mb", "repeats", "bdfs"}. While the pinned copies run, the GPU's link
+# (sysfs current_link_speed/width) is read after each copy: its state under load, in "link_samples".
 PROBE_SCRIPT = r'''
 import json, sys, time
 args = json.loads(sys.argv[1])
 size, reps, wanted = int(args["size_mb"]) << 20, int(args["repeats"]), set(args["bdfs"])
 
 
-def rate(copy, sync):
+def link(bdf):
+    base = "/sys/bus/pci/devices/%s/" % bdf
+    try:
+        with open(base + "current_link_speed") as fh:
+            speed = float(fh.read().split()[0])
+        with open(base + "current_link_width") as fh:
+            width = int(fh.read().split()[0])
+        return [speed, width]
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def rate(copy, sync, samples=None, bdf=None):
     copy()
     sync()
     times = []
@@ -47,6 +60,9 @@ def rate(copy, sync):
         copy()
         sync()
         times.append(time.perf_counter() - t0)
+        state = link(bdf) if samples is not None else None
+        if state:
+            samples.append(state)
     return round(size / sorted(times)[len(times) // 2] / 1e9, 2)
 
 
@@ -65,10 +81,11 @@ def with_torch():
             pinned = torch.ones(size, dtype=torch.uint8).pin_memory()
             pageable = torch.ones(size, dtype=torch.uint8)
             sync = torch.cuda.synchronize
-            out[bdf] = {"h2d_pinned_gbps": rate(lambda: dev.copy_(pinned, non_blocking=True), sync),
-                        "d2h_pinned_gbps": rate(lambda: pinned.copy_(dev, non_blocking=True), sync),
+            samples = []
+            out[bdf] = {"h2d_pinned_gbps": rate(lambda: dev.copy_(pinned, non_blocking=True), sync, samples, bdf),
+                        "d2h_pinned_gbps": rate(lambda: pinned.copy_(dev, non_blocking=True), sync, samples, bdf),
                         "h2d_pageable_gbps": rate(lambda: dev.copy_(pageable), sync),
-                        "d2h_pageable_gbps": rate(lambda: pageable.copy_(dev), sync)}
+                        "d2h_pageable_gbps": rate(lambda: pageable.copy_(dev), sync), "link_samples": samples}
             del dev, pinned, pageable
             torch.cuda.empty_cache()
     return "torch " + torch.__version__, out
@@ -90,10 +107,11 @@ def with_cupy():
             pinned[:] = 1
             pageable = numpy.ones(size, dtype=numpy.uint8)
             sync = cupy.cuda.runtime.deviceSynchronize
-            out[bdf] = {"h2d_pinned_gbps": rate(lambda: dev.set(pinned), sync),
-                        "d2h_pinned_gbps": rate(lambda: dev.get(out=pinned), sync),
+            samples = []
+            out[bdf] = {"h2d_pinned_gbps": rate(lambda: dev.set(pinned), sync, samples, bdf),
+                        "d2h_pinned_gbps": rate(lambda: dev.get(out=pinned), sync, samples, bdf),
                         "h2d_pageable_gbps": rate(lambda: dev.set(pageable), sync),
-                        "d2h_pageable_gbps": rate(lambda: dev.get(out=pageable), sync)}
+                        "d2h_pageable_gbps": rate(lambda: dev.get(out=pageable), sync), "link_samples": samples}
             del dev, mem, pinned, pageable
     return "cupy " + cupy.__version__, out
 
@@ -152,11 +170,40 @@ def bandwidth(model: dict, params: dict, run) -> dict:
     result.update(backend=data.get("backend"), error=data.get("error"))
     for bdf, rates in (data.get("gpus") or {}).items():
         theory = path_bandwidth(model, bdf)
+        rates = dict(rates)
+        samples = rates.pop("link_samples", None)
         entry = dict(rates, theoretical_gbps=theory)
         for key, value in rates.items():
             entry[key.replace("_gbps", "_pct")] = round(100.0 * value / theory, 1) if theory and value else None
+        if samples is not None:
+            entry["link_samples"] = samples
         result["gpus"][bdf] = entry
     return result
+
+
+def serving(fs: HostFS, bdfs: list[str]) -> list[str]:
+    """Which processes hold the GPUs now (pcie_users' lines), empty when none does: the audit wakes a GPU with
+    the copy probe only on a host that is not serving."""
+    if fs.root != "/" or not bdfs:
+        return []
+    return pcie_users.users(PciWalker(fs), bdfs)["lines"]
+
+
+def reread_under_load(model: dict, findings: list[dict]) -> list[dict]:
+    """Each GPU's ``link_below_capability`` judged again with the link read during the copy probe (the GPU woken
+    by the load): an idle downclock, a link that stays down, or one that changes under load (pcie_findings)."""
+    gpus = ((model.get("bandwidth") or {}).get("gpus")) or {}
+    out = []
+    for finding in findings:
+        samples = (gpus.get(finding["device"]) or {}).get("link_samples") if finding["code"] == "link_below_capability" else None
+        link = next((lk for lk in path_links(model, finding["device"]) if lk["device"] == finding["device"]), None) if samples else None
+        if link:
+            pcap = link["partner_cap"] or {}
+            cap = {"speed_gts": min(v for v in (link["cap"]["speed_gts"], pcap.get("speed_gts")) if v),
+                   "width": min(v for v in (link["cap"]["width"], pcap.get("width")) if v)}
+            finding = judge_under_load(finding, samples, cap, "the audit's copy probe")
+        out.append(finding)
+    return sorted(out, key=lambda f: (SEVERITIES.index(f["severity"]), f["code"], f["device"] or ""))
 
 
 def process_privileges() -> dict:
@@ -180,7 +227,7 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
     warnings: list[str] = []
     params = dict({"devices": [], "vendor": None, "device": None, "class_prefix": "03", "exclude_vendors": list(BMC_VENDORS),
                    "include_nvml": "auto", "vfio_wanted": False, "bandwidth_probe": False, "probe_python": None,
-                   "probe_size_mb": 256, "tp_groups": []}, **params)
+                   "probe_size_mb": 256, "tp_groups": [], "host_lint": False, "host_lint_units": ["vllm"]}, **params)
     targets = select_targets(PciWalker(fs), devices=params["devices"], vendor=params["vendor"], device=params["device"],
                              class_prefix=params["class_prefix"], exclude_vendors=params["exclude_vendors"])
     model = build_model(fs, targets)
@@ -230,7 +277,10 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
 
     model["bandwidth"] = None
     if params["bandwidth_probe"]:
-        model["bandwidth"] = bandwidth(model, params, run)
+        busy = serving(fs, [g["bdf"] for g in model["gpus"]])
+        model["bandwidth"] = bandwidth(model, params, run) if not busy else {
+            "backend": None, "python": None, "size_mb": params["probe_size_mb"], "gpus": {},
+            "error": f"not run: the GPUs are in use ({'; '.join(busy[:3])}); the probe would compete with the service"}
         if model["bandwidth"]["error"]:
             warnings.append(f"Bandwidth probe: {model['bandwidth']['error']}")
 
@@ -246,10 +296,23 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
                                         "addresses, comma-separated, for example '0000:17:00.0,0000:18:00.0'.")
                 group.append(bdf)
         groups.append(group)
-    model["findings"] = find(model, vfio_wanted=params["vfio_wanted"], tp_groups=groups)
+    model["findings"] = reread_under_load(model, find(model, vfio_wanted=params["vfio_wanted"], tp_groups=groups))
+    if params["host_lint"]:
+        model["host_lint"], lint_findings = lint_host(fs, params, [g["bdf"] for g in model["gpus"]])
+        order = {s: i for i, s in enumerate(host_lint.SEVERITIES)}
+        model["findings"] = sorted(model["findings"] + lint_findings, key=lambda f: order[f["severity"]])
     del model["privileges"]  # who audited is for the messages, not part of the host's facts
     model["findings_summary"] = summary(model["findings"])
     return model, warnings
+
+
+def lint_host(fs: HostFS, params: dict, gpus: list[str]) -> tuple[dict, list[dict]]:
+    """The host lint in the audit's run: ``({files, service_user}, findings)``, each finding in the audit's shape
+    (``devices`` added) with the lint's ``file``, ``line`` and ``source``.
+    With vfio_wanted every audited GPU may be on vfio-pci."""
+    result = host_lint.run(fs, {"units": params["host_lint_units"], "passthrough_devices": gpus if params["vfio_wanted"] else []})
+    findings = [dict(f, devices=[f["device"]] if f["device"] else []) for f in result["findings"]]
+    return {"files": result["files"], "service_user": result["service_user"]}, findings
 
 
 def render_report(host: str, kernel: str, facts: dict) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.link_samples import classify_link_samples
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import link_bandwidth_gbps, link_generation
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import format_cpulist, parse_cpulist
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_p2p import find_groups, find_nvml_p2p
@@ -368,6 +369,31 @@ def find_config(model: dict) -> list[dict[str, Any]]:
                 + (": the capability list is cut off." if not cfg["capabilities_complete"] else ": the extended capabilities (ACS, AER) are hidden."),
                 hint, [bdf]))
     return out
+
+
+# ---- links under load -------------------------------------------------------------------------
+def judge_under_load(finding: dict[str, Any], samples: list, cap: dict, context: str) -> dict[str, Any]:
+    """A GPU's ``link_below_capability`` finding read again with ``samples`` taken under load (``context`` says
+    which load): an idle downclock becomes ``link_idle_downclock`` (info), a link that stays down keeps its code
+    with the loaded reading in the message, a link that changed during the load is ``link_flapping`` (critical)."""
+    verdict = classify_link_samples(samples, cap)
+    state, top = verdict["state"], verdict["top"]
+    if state == "no_samples":
+        return finding
+    seen = ", ".join(_link_text(s, w) for s, w in samples[:12]) + (" ..." if len(samples) > 12 else "")
+    if state == "flapping":
+        return dict(finding, code="link_flapping", severity="critical", link_under_load=verdict,
+                    message=f"{finding['device']}'s link changed speed or width under load ({context}): {seen}. A link that "
+                            "retrains under load drops throughput and points at a marginal slot, riser or cable.",
+                    fix="Check the AER counters and dmesg for link retraining, reseat the card or riser, and try another "
+                        "slot; keep the host out of serving until the link holds its speed and width under load.")
+    if state == "at_capability":
+        return dict(finding, code="link_idle_downclock", severity="info", link_under_load=verdict,
+                    message=f"{finding['device']}'s link read below capability at rest and trained up to "
+                            f"{_link_text(*top)} under load ({context}): the GPU's idle power saving, not a fault.",
+                    fix="Nothing to fix.")
+    return dict(finding, link_under_load=verdict,
+                message=f"{finding['message']} Under load ({context}) it stays at {_link_text(*top)}: not an idle downclock.")
 
 
 def find(model: dict, vfio_wanted: bool = False, tp_groups=None) -> list[dict[str, Any]]:

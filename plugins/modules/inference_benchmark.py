@@ -107,6 +107,15 @@ options:
         its run has C(server_load), RV(contaminated) lists it, and the kernel upgrade's gate answers C(inconclusive).
     type: bool
     default: true
+  monitor_links:
+    description:
+      - During every measured run, read the PCIe link (speed and width, sysfs) of every GPU (class C(03xx)) and of the
+        bridges above it twice a second. A link that changed speed after training up, or changed width, during a run is
+        flapping (a marginal slot, riser or cable). The run's C(server_load.links) says so, RV(link_flapping) lists it
+        with its tokens/s, and the module warns. A link that only trains up as the load starts (NVIDIA GPUs slow an idle
+        link) is no finding.
+    type: bool
+    default: false
   seed:
     description:
       - Seed of the prompts. The same seed gives the same prompts on every host, so baseline and candidate runs see the
@@ -298,6 +307,14 @@ contaminated:
   returned: when benchmarked
   type: dict
   sample: {"8": [], "32": [2, 3]}
+link_flapping:
+  description:
+    - With O(monitor_links), the measured runs during which a PCIe link changed speed or width, each with its
+      C(concurrency), C(repetition), C(devices) and C(output_throughput) (that run's output tokens/s).
+  returned: when benchmarked with O(monitor_links)
+  type: list
+  elements: dict
+  sample: [{concurrency: 32, repetition: 1, devices: ["0000:17:00.0"], output_throughput: 2210.4}]
 samples:
   description: Output tokens/s of every measured run, per concurrency level (a string key); the input of the throughput gate.
   returned: when benchmarked
@@ -394,6 +411,7 @@ ARGUMENT_SPEC = dict(
     settle_runs=dict(type="int", default=3),
     settle_tolerance=dict(type="float", default=0.05),
     monitor_load=dict(type="bool", default=True),
+    monitor_links=dict(type="bool", default=False),
     seed=dict(type="int", default=0),
     ignore_eos=dict(type="bool", default=True),
     prompt_mode=dict(type="str", choices=["token_ids", "text"], default="token_ids"),

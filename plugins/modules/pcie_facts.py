@@ -102,6 +102,19 @@ options:
     description: Size of each copy in the bandwidth probe, in MiB.
     type: int
     default: 256
+  host_lint:
+    description:
+      - Also lint the tuning the host already carries, in the same module run, as M(gpufleet.inference.host_lint) does
+        (kernel command line, GRUB, C(nccl.conf), the units' environment, C(modprobe.d), C(sysctl.d), the GPUs'
+        drivers); its findings join RV(pcie.findings) with their C(file), C(line) and C(source).
+      - With O(vfio_wanted), GPUs bound to vfio-pci are not reported.
+    type: bool
+    default: false
+  host_lint_units:
+    description: The systemd units whose environment the host lint reads (the C(units) option of M(gpufleet.inference.host_lint)).
+    type: list
+    elements: str
+    default: [vllm]
   dest:
     description:
       - Keep the audit on the host in this file (under O(root)), as JSON with the keys C(host) (O(dest_host)), C(kernel)
@@ -119,7 +132,9 @@ options:
 notes:
   - Config space is read from C(/sys/bus/pci/devices/*/config); the module never runs C(lspci) or C(setpci).
   - NVIDIA GPUs lower their link speed when idle, so a speed (not width) below capability on an idle GPU is a warning to
-    re-check under load, not proof of a fault.
+    re-check under load, not proof of a fault. With O(bandwidth_probe) the link is read during the probe's copies and
+    the finding judged again (C(link_idle_downclock), C(link_flapping)); the probe does not run while a process holds
+    the GPUs.
   - Without NVML the topology level comes from the sysfs path. Functions below one switch are PIX, below nested switches
     PXB, on one host bridge PHB, on different host bridges NODE, or SYS when their NUMA nodes differ.
 seealso:
@@ -343,7 +358,9 @@ pcie:
             One of link_below_capability, link_capped, mps_below_path, mps_above_path, aspm_enabled, acs_redirect,
             pair_sys_level, iommu_group_shared, iommu_group_functions, irq_remote_numa, numa_node_unknown, no_hugepages,
             iommu_disabled, iommu_pt_missing, aer_errors, pcie_replays, config_unreadable, config_short, p2p_not_supported,
-            tp_group_spans_sockets, gpu_behind_chipset.
+            tp_group_spans_sockets, gpu_behind_chipset; with O(bandwidth_probe), link_idle_downclock and
+            link_flapping (a GPU link below capability at rest, read again under the probe's load); with O(host_lint),
+            also the codes of M(gpufleet.inference.host_lint).
           type: str
         severity:
           description: C(critical), C(warning) or C(info).
@@ -361,12 +378,25 @@ pcie:
         fix:
           description: What to do about it, in words.
           type: str
+        file:
+          description: The host lint's findings only (O(host_lint)); the file that holds the setting.
+          type: str
+        line:
+          description: The host lint's findings only; the line of RV(pcie.findings[].file), null for a sysfs attribute.
+          type: int
+        source:
+          description: The host lint's findings only; what proves the finding (documentation or source file).
+          type: str
       sample: [{code: acs_redirect, severity: warning, device: "0000:03:00.0", devices: ["0000:03:00.0", "0000:04:00.0"],
                 message: "0000:03:00.0 and 0000:04:00.0 share a PCIe switch (PIX), but ACS P2P redirect ...",
                 fix: "If the GPUs stay on this host, clear RR/CR/EC on exactly 0000:02:00.0, 0000:02:01.0 with gpufleet.inference.pcie_acs ..."}]
     findings_summary:
       description: Number of findings per severity, and in total.
       type: dict
+    host_lint:
+      description: The files the host lint read and the service user it judged; only with O(host_lint).
+      type: dict
+      sample: {files: [/proc/cmdline, /etc/default/grub, /etc/nccl.conf], service_user: vllm}
     hugepages:
       description: Huge page reservations from C(/proc/meminfo) and C(/sys/kernel/mm/hugepages).
       type: dict
@@ -425,6 +455,7 @@ pcie:
           description:
             - Per PCI address, C(h2d_pinned_gbps), C(d2h_pinned_gbps), C(h2d_pageable_gbps), C(d2h_pageable_gbps) (median of
               5 copies after a warm-up), C(theoretical_gbps) and the matching C(*_pct).
+            - C(link_samples), the GPU's link as C([speed GT/s, width]) read after each pinned copy.
           type: dict
       sample: {backend: torch 2.11.0, python: /usr/bin/python3, size_mb: 256, error: null,
                gpus: {"0000:00:06.0": {h2d_pinned_gbps: 55.22, d2h_pinned_gbps: 55.05, h2d_pageable_gbps: 8.37,
@@ -471,6 +502,8 @@ def main():
             probe_python=dict(type="path"),
             probe_size_mb=dict(type="int", default=256),
             tp_groups=dict(type="list", elements="str", default=[]),
+            host_lint=dict(type="bool", default=False),
+            host_lint_units=dict(type="list", elements="str", default=["vllm"]),
             dest=dict(type="path"),
             dest_host=dict(type="str", default=""),
             dest_kernel=dict(type="str", default=""),

@@ -94,3 +94,64 @@ def test_audit_flags_the_lab_topology(lab_vms: list[str], audits: dict[str, dict
         assert {"0000:05:00.0", "0000:06:00.0"} <= codes["iommu_group_shared"]
         pair = next(p for p in pcie["pairs"] if {p["a"], p["b"]} == {"0000:05:00.0", "0000:06:00.0"})
         assert pair["level"] == "PIX", pair  # one switch between them, as nvidia-smi topo -m says
+
+
+# A host "tuned" from copied guides: each file the host lint reads, with what the guides put there. The kernel
+# arguments go into a GRUB drop-in only (update-grub is not run, nothing reboots); the unit is never started.
+COPIED_GUIDE = {
+    "/etc/default/grub.d/60-copied-guide.cfg":
+        'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX pci=noacs pcie_aspm=off pcie_port_pm=off swiotlb=65536"\n',
+    "/etc/nccl.conf": "# from a forum\nNCCL_P2P_LEVEL=PCI\nNCCL_PROTO=LL\nNCCL_NTHREADS=128\nNCCL_ALGO=Tree\n",
+    "/root/.nccl.conf": "NCCL_PROTO=Simple\n",
+    "/etc/systemd/system/copied-guide.service":
+        "[Service]\nEnvironmentFile=-/etc/default/copied-guide.env\nExecStart=/bin/true\n",
+    "/etc/default/copied-guide.env": "USE_HUGEPAGES=1\n",
+    "/etc/modprobe.d/60-copied-guide.conf": "options nvidia NVreg_EnableP2PMode=1\noptions vfio-pci ids={gpu_id}\n",
+    "/etc/sysctl.d/60-copied-guide.conf": "# 64 x 1GB pages for the model\nvm.nr_hugepages = 64\n# enable io_uring\n"
+                                          "kernel.io_uring_disabled = 1\n",
+}
+# code -> (file, line) each finding must name, in the JSON and in fleet.md
+EXPECTED = {
+    "pci_noacs": ("/etc/default/grub.d/60-copied-guide.cfg", 1),
+    "pcie_aspm_off": ("/etc/default/grub.d/60-copied-guide.cfg", 1),
+    "pcie_port_pm_off": ("/etc/default/grub.d/60-copied-guide.cfg", 1),
+    "swiotlb_slabs": ("/etc/default/grub.d/60-copied-guide.cfg", 1),
+    "nccl_p2p_level_unknown": ("/etc/nccl.conf", 2),
+    "nccl_proto_forced": ("/etc/nccl.conf", 3),
+    "nccl_nthreads": ("/etc/nccl.conf", 4),
+    "nccl_algo_forced": ("/etc/nccl.conf", 5),
+    "setting_conflict": ("/root/.nccl.conf", 1),
+    "use_hugepages": ("/etc/default/copied-guide.env", 1),
+    "nvreg_unknown": ("/etc/modprobe.d/60-copied-guide.conf", 1),
+    "gpu_in_vfio_ids": ("/etc/modprobe.d/60-copied-guide.conf", 2),
+    "nr_hugepages_default_size": ("/etc/sysctl.d/60-copied-guide.conf", 2),
+    "io_uring_disabled": ("/etc/sysctl.d/60-copied-guide.conf", 4),
+}
+
+
+def test_audit_lints_a_copied_guide_configuration(lab_vms: list[str], tmp_path) -> None:
+    """lab1 seeded with a copied-guide configuration: the audit (one pcie_facts run with the host lint) reports each
+    rule's finding with its file and line, in the host's JSON and in the fleet report; the files are removed after."""
+    name = lab_vms[0]
+    gpu = "/sys/bus/pci/devices/0000:01:00.0"
+    gpu_id = _ssh(name, f"echo $(cut -c3- {gpu}/vendor):$(cut -c3- {gpu}/device)").strip()
+    try:
+        for path, text in COPIED_GUIDE.items():
+            lab_ssh(name, f"cat > {path}", stdin=text.format(gpu_id=gpu_id))
+        r = run(["ansible-playbook", "-i", "inventories/lab", "playbooks/audit.yml", "-l", name,
+                 "-e", f"gpufleet_report_dir={tmp_path}", "-e", '{"audit_host_lint_units": ["copied-guide"]}'],
+                timeout=900, env=ansible_env())
+        assert r.returncode == 0, f"audit.yml failed:\n{r.stdout[-4000:]}\n{r.stderr[-2000:]}"
+    finally:
+        _ssh(name, "rm -f " + " ".join(COPIED_GUIDE))
+    pcie = json.loads((tmp_path / f"{name}.json").read_text())["pcie"]
+    found = {}
+    for f in pcie["findings"]:
+        if "source" in f:
+            found.setdefault(f["code"], []).append((f["file"], f["line"]))
+    missing = {code: where for code, where in EXPECTED.items() if where not in found.get(code, [])}
+    assert not missing, f"{name}: not found with their file and line: {missing}; found {found}"
+    report = (tmp_path / "fleet.md").read_text()
+    for code, (path, line) in EXPECTED.items():
+        assert f"| {path}:{line} |" in report, f"fleet.md lacks {code} at {path}:{line}"
+    assert "/etc/nccl.conf" in pcie["host_lint"]["files"] and pcie["host_lint"]["service_user"] == "root"

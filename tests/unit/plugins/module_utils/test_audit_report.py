@@ -153,3 +153,15 @@ def test_hosts_not_audited_in_this_run_come_from_the_stored_audits(tmp_path):
     # a name that is not an inventory host is still bad input, stored file or not
     with pytest.raises(KeyError):
         ar.fleet_audits(hostvars, ["gpu1", "gpu9"], audit_dir=str(tmp_path))
+
+
+def test_lint_findings_show_their_file_and_line():
+    lint = {"severity": "warning", "device": None, "file": "/etc/nccl.conf", "line": 3, "code": "nccl_p2p_level_unknown",
+            "message": "/etc/nccl.conf:3 sets NCCL_P2P_LEVEL=PCI", "fix": "use PXB"}
+    sysfs = {"severity": "critical", "device": None, "file": "/sys/bus/pci/devices/0000:17:00.0/driver", "line": None,
+             "message": "bound to vfio-pci", "fix": "rebind"}
+    assert [ar.finding_where(f) for f in (lint, sysfs, {"device": "0000:01:00.0"}, {})] == [
+        "/etc/nccl.conf:3", "/sys/bus/pci/devices/0000:17:00.0/driver", "0000:01:00.0", "-"]
+    md = ar.render_markdown([_entry(findings=[lint])])
+    assert "| warning | /etc/nccl.conf:3 | /etc/nccl.conf:3 sets NCCL_P2P_LEVEL=PCI | use PXB |" in md
+    assert "<td>/etc/nccl.conf:3</td>" in ar.render_html([_entry(findings=[lint])])

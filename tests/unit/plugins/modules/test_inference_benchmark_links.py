@@ -1,0 +1,61 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""inference_benchmark with monitor_links, against the lab inference server: the GPUs' links (a fake sysfs tree) are
+sampled during every measured run, and a link that changes speed during a run is reported with that run's tok/s."""
+
+from __future__ import annotations
+
+import pytest
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.benchmark_run import execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.modules.inference_benchmark import ARGUMENT_SPEC
+from tests.unit.fakesysfs import degraded_link
+from tests.unit.test_lab_inference_server import LabServer
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    server = LabServer(tmp_path_factory.mktemp("model"), "--work", "8", "--step-work", "32", "--max-model-len", "1024")
+    yield server
+    server.stop()
+
+
+class FlappingLink(HostFS):
+    """The GPU's link speed as a marginal riser shows it: every other read of current_link_speed is Gen4."""
+
+    def __init__(self, root, flap: bool):
+        super().__init__(root)
+        self.flap = flap
+        self.reads = 0
+
+    def read_optional(self, host_path):
+        if self.flap and host_path.endswith("0000:01:00.0/current_link_speed"):
+            self.reads += 1
+            return "16.0 GT/s PCIe" if self.reads % 2 == 0 else "32.0 GT/s PCIe"
+        return super().read_optional(host_path)
+
+
+def params(lab, **extra):
+    out = {name: spec.get("default") for name, spec in ARGUMENT_SPEC.items()}
+    out.update(url=lab.url, prompt_tokens=32, output_tokens=8, concurrency=[2], requests=4, warmup=1, repetitions=2,
+               settle_runs=0, monitor_load=False, monitor_links=True)
+    out.update(extra)
+    return out
+
+
+@pytest.mark.parametrize("flap", [False, True])
+def test_links_are_sampled_during_every_run(lab, tmp_path, flap):
+    degraded_link(tmp_path, link_sta=(32.0, 16))
+    warnings = []
+    result = execute(params(lab), FlappingLink(str(tmp_path), flap), check_mode=False, warn=warnings.append)
+    runs = result["benchmark"]["levels"][0]["runs"]
+    assert all(set(run["server_load"]["links"]["devices"]) == {"0000:00:01.0", "0000:01:00.0"} for run in runs)
+    if not flap:
+        assert result["link_flapping"] == [] and not [w for w in warnings if "changed speed or width" in w]
+        assert all(run["server_load"]["links"]["devices"]["0000:01:00.0"]["state"] == "at_capability" for run in runs)
+        return
+    assert [(f["concurrency"], f["devices"]) for f in result["link_flapping"]] == [(2, ["0000:01:00.0"])] * 2
+    assert [f["output_throughput"] for f in result["link_flapping"]] == [run["output_throughput"] for run in runs]
+    assert len([w for w in warnings if w.startswith("Critical: at concurrency 2") and "0000:01:00.0" in w]) == 2
