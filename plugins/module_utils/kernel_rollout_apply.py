@@ -99,9 +99,14 @@ def execute(p: dict, fs: HostFS, check_mode: bool, now: float | None = None) -> 
     if action.get("decision") == "refused":
         return dict(base, changed=False, next_action=action, journal=None, record=record_facts(journal, action),
                     actions=[], diff={})
-    actions = [{"action": "renew_lease", "path": lease_utils.LEASE, "what": what}] if lease else []
     if lease and not check_mode:
-        fs.write_durable(lease_utils.LEASE, lease_utils.render(lease), 0o644)
+        try:  # under the lease's lock, decided again and read back (host_lease): a run that lost it writes nothing
+            lease_utils.renew(fs, p["lease_run_id"], p["lease_ttl"], False, now)
+        except lease_utils.LeaseError as err:
+            action = finish("refused", str(err))
+            return dict(base, changed=False, next_action=action, journal=None, record=record_facts(journal, action),
+                        actions=[], diff={})
+    actions = [{"action": "renew_lease", "path": lease_utils.LEASE, "what": what}] if lease else []
     if new and len(new.get("taken_over") or []) > len((journal or {}).get("taken_over") or []):
         actions.append(dict(new["taken_over"][-1], action="take_over_journal"))
     if new is not None and new != journal:
