@@ -682,6 +682,10 @@ def cmd_restarts(args) -> int:
     next device call when this one reaches its deadline."""
     import h200_restarts as hr
     out = load(args.out, {"starts": [], "settings": vars(args)})
+    # a later call may extend the plan and the pairs (the starts already made keep their index)
+    if out["settings"].get("plan") != args.plan[:len(out["settings"].get("plan") or [])]:
+        raise SystemExit(f"--plan {args.plan} does not extend the stored plan {out['settings'].get('plan')}")
+    out["settings"].update(plan=args.plan, gates=args.gates)
     level = args.concurrency[0]
     requests = args.requests_per_slot * level
     pairs = [tuple(int(x) for x in g.split(":")) for g in args.gates]
