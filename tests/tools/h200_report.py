@@ -306,6 +306,17 @@ def restarts_markdown(folder: str) -> str:
                        f"{'%.4f-%.4f' % tuple(iv) if iv else '-'} | {gg['p_value']:.2g} | {gg['p_value_pass']:.2g} | "
                        f"{g['baseline_runs_used']} + {g['candidate_runs_used']} | {base} |")
         out.append("")
+    prow = pcie_rows(folder)
+    if prow:
+        out += ["### pcie_facts with the bandwidth probe, at rest and during two c=64 runs", "",
+                "| when | GPU | link (NVML) | replays | H2D pinned | D2H pinned | H2D pageable | D2H pageable | tok/s beside |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in prow:
+            out.append(f"| {r['when']} | {r['bdf']} | Gen{r['gen']} x{r['width']} (max Gen{r['gen_max']} x{r['width_max']}) | "
+                       f"{r['replays']} | {r['h2d_pinned_gbps']} GB/s ({r['h2d_pinned_pct']}%) | {r['d2h_pinned_gbps']} GB/s "
+                       f"({r['d2h_pinned_pct']}%) | {r['h2d_pageable_gbps']} GB/s | {r['d2h_pageable_gbps']} GB/s | "
+                       f"{', '.join(format(v, ',.0f') for v in r['beside']) or '-'} |")
+        out.append("")
     rows = all_starts_noise(folder)
     if rows:
         out += ["### Every start of the first profile, all machines (a start on another machine counted as a start)", "",
@@ -317,6 +328,28 @@ def restarts_markdown(folder: str) -> str:
                        f"({n['spread_of_means']:.1%}) | {n['sdd_within_only']:.1%} | {n['sdd_across_restart']:.1%} |")
         out.append("")
     return "\n".join(out)
+
+
+def pcie_rows(folder: str) -> list[dict]:
+    """pcie_facts (bandwidth probe on) at rest and during two c=64 runs (pcie/ of a 7B folder): the link as NVML read it
+    in each, the probe's copy rates, and the tok/s of the runs beside the second."""
+    sub = os.path.join(folder, "pcie")
+    if not os.path.isdir(sub):
+        return []
+    run = load("pcie_run.json", sub)["cells"][0]["runs"]
+    rows = []
+    for when in ("rest", "load"):
+        facts = load(f"pcie_facts_{when}.json", sub)["pcie"]
+        for bdf, g in facts["bandwidth"]["gpus"].items():
+            link = facts["nvml"]["gpus"][bdf]
+            rows.append({"when": when, "bdf": bdf, "gen": link["link_gen_current"], "gen_max": link["link_gen_max"],
+                         "width": link["link_width_current"], "width_max": link["link_width_max"],
+                         "replays": link["pcie_replay_counter"], **{k: g[k] for k in (
+                             "h2d_pinned_gbps", "d2h_pinned_gbps", "h2d_pageable_gbps", "d2h_pageable_gbps", "theoretical_gbps",
+                             "h2d_pinned_pct", "d2h_pinned_pct")},
+                         "beside": [r["output_throughput"] for r in run] if when == "load" else [],
+                         "findings": facts["findings_summary"]})
+    return rows
 
 
 def all_starts_noise(folder: str) -> list[tuple[int, dict]]:

@@ -564,3 +564,14 @@ def test_7b_all_starts_between_start_noise():
         for key, got in (("sd_within", n["sd_within"]), ("sd_between", n["sd_between"]), ("spread", n["spread_of_means"]),
                          ("sdd_across_restart", n["sdd_across_restart"])):
             assert got == pytest.approx(want[key], abs=6e-5), key
+
+
+def test_7b_pcie_link_at_rest_and_under_load():
+    """Issue 38's reading: the GPU link as NVML reports it is Gen5 x16 at rest and during the runs (no downtraining,
+    no replays), the probe's pinned copies at 54-55 GB/s both times (about 87% of 63 GB/s)."""
+    rows = {r["when"]: r for r in h200_report.pcie_rows(B7)}
+    assert sorted(rows) == ["load", "rest"]
+    for r in rows.values():
+        assert (r["gen"], r["width"], r["gen_max"], r["width_max"], r["replays"]) == (5, 16, 5, 16, 0)
+        assert 54 < r["h2d_pinned_gbps"] < 56 and 54 < r["d2h_pinned_gbps"] < 56
+    assert rows["load"]["beside"] == pytest.approx([7564.137, 7560.34])
