@@ -88,7 +88,7 @@ stash)
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current --format=csv
   python3 -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, torch.version.cuda, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__)' 2>&1 | tail -1
   stash
-  [ "${MODEL7B:-0}" = 1 ] && make7b   # the model needs only the image's torch and transformers, not the payload
+  if [ "${MODEL7B:-0}" = 1 ]; then make7b; fi   # the model needs only the image's torch and transformers, not the payload
   ;;
 restarts)
   install_payload || exit 2
@@ -104,11 +104,11 @@ json.dump({f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdi
 PY
   fi
   read -r -a PL <<< "${PLAN:-qwen7b qwen7b qwen7b qwen7b qwen7b_seqs48}"
-  read -r -a GS <<< "${GATES:-0:1 2:3 3:4}"
+  read -r -a GP <<< "${GATES:-0:1 2:3 3:4}"
   read -r -a XL <<< "${EXTRA_LEVELS-16}"
   read -r -a P <<< "${PCU---no-per-chunk-usage}"
   timeout $((DL - $(date +%s) + 10)) taskset -c "${CLIENT_CPUS:-12-15}" "${D[@]}" restarts --out "$W/restarts.json" "${P[@]}" \
-    --rendered-dir "$W/rendered" --logdir "$W" --plan "${PL[@]}" --gates "${GS[@]}" --concurrency "${LEVEL:-64}" \
+    --rendered-dir "$W/rendered" --logdir "$W" --plan "${PL[@]}" --gates "${GP[@]}" --concurrency "${LEVEL:-64}" \
     --requests-per-slot "${SLOTS:-4}" --prompt-tokens "${PROMPT:-512}" --output-tokens "${OUTPUT:-256}" --runs "${RUNS:-8}" \
     --extra-levels "${XL[@]}" --extra-runs "${EXTRA_RUNS:-6}" --start-timeout 400 --deadline "$DL" --warmup 0
   echo "restarts rc=$? at t=$(( $(date +%s) - S ))"
@@ -116,7 +116,7 @@ PY
 run|verify|tune)
   # One work list, resumable: every step skips what an earlier call of this machine finished (results in
   # /tmp/h200) and starts nothing it cannot finish before BUDGET. The same command for every call after
-  # stage1; the first of them carries chunk 02 (the install), the later ones only .h200tree and the scripts.
+  # the stash calls; the first of them carries the chunks not yet stashed (the install), the later ones only .h200tree.
   read -r -a P <<< "${PCU---no-per-chunk-usage}"   # how our client asks in noise, gate and tune (compare runs both)
   T=(taskset -c "${CLIENT_CPUS:-12-15}")       # the clients' CPUs; the server's are the unit's CPUAffinity
   left() { echo $((DL - $(date +%s))); }

@@ -575,3 +575,51 @@ def test_7b_pcie_link_at_rest_and_under_load():
         assert (r["gen"], r["width"], r["gen_max"], r["width_max"], r["replays"]) == (5, 16, 5, 16, 0)
         assert 54 < r["h2d_pinned_gbps"] < 56 and 54 < r["d2h_pinned_gbps"] < 56
     assert rows["load"]["beside"] == pytest.approx([7564.137, 7560.34])
+
+
+
+def test_upgrade_gate_replay_asks_for_runs_it_lacks_and_stops_a_noisy_baseline():
+    """h200_restarts.upgrade_gate follows the kernel upgrade: the baseline judged alone first, then candidate looks."""
+    import h200_restarts as hr
+    quiet = [1000.0, 1004.0, 998.0, 1002.0, 1001.0, 999.0]
+    assert hr.upgrade_gate(quiet[:4], [])["needs"] == {"side": "baseline", "runs": 5}
+    assert hr.upgrade_gate(quiet, quiet[:3])["needs"] == {"side": "candidate", "runs": 4}
+    g = hr.upgrade_gate(quiet, [v * 0.9 for v in quiet[:4]])
+    assert g["decision"] == "regression" and g["candidate_runs_used"] == 4 and g["baseline_runs_used"] == 5
+    noisy = [1000.0, 1300.0, 800.0, 1250.0, 900.0] * 3
+    g = hr.upgrade_gate(noisy, quiet)
+    assert g["decision"] == "inconclusive" and g["stopped_before_change"] and g["baseline_runs_used"] == 15
+    n = hr.between_starts([quiet, quiet])
+    assert n["sd_between"] == 0.0 and n["p_between"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("ids,decoded,ok", [([5, 77, 31999, 152063], "w5 w77 w31999 w152063", True),
+                                            ([], None, False),  # a Qwen2Tokenizer over a word vocabulary
+                                            ([0, 0, 0, 0], "<unk> <unk> <unk> <unk>", False)])
+def test_server_roundtrip_refuses_a_tokenizer_that_encodes_to_nothing(ids, decoded, ok):
+    """The driver asks the started server's own tokenizer, and measures nothing unless the prompt comes back."""
+    import http.server
+    import threading
+    import h200_vllm
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            out = {"tokens": ids} if self.path == "/tokenize" else {"prompt": decoded}
+            assert body["model"] == "qwen7b"
+            data = json.dumps(out).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *_args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        got = h200_vllm.server_roundtrip(f"http://127.0.0.1:{server.server_port}", "qwen7b")
+    finally:
+        server.shutdown()
+    assert got["ok"] is ok and got["ids"] == ids
