@@ -1,4 +1,4 @@
-#!/bin/bash
+#!/usr/bin/env bash
 # Build the vllm 0.26.0 payload for the offline H200 machine, on a PyPI-connected x86-64 box (no device time,
 # about 12 minutes on 2 cores).
 # usage: tests/tools/device_vllm/build_chunks.sh DEST [WORKDIR]

@@ -449,7 +449,6 @@ def test_sixth_session_clients_sent_the_same_prompt_tokens_and_used_less_cpu():
     assert api["ours_text"] < api["ours_no_usage"] and api["ours_no_usage"] == pytest.approx(0.00937, abs=1e-4)
 
 
-
 # ---- DeepSeek-R1-Distill-Qwen-7B's architecture (random weights): server starts, and the gate across a restart -------
 B7 = os.path.join(REPO, "docs", "examples", "h200-vllm-7b")
 with open(os.path.join(B7, "expected.yml"), encoding="utf-8") as _fh:
@@ -575,7 +574,6 @@ def test_7b_pcie_link_at_rest_and_under_load():
         assert (r["gen"], r["width"], r["gen_max"], r["width_max"], r["replays"]) == (5, 16, 5, 16, 0)
         assert 54 < r["h2d_pinned_gbps"] < 56 and 54 < r["d2h_pinned_gbps"] < 56
     assert rows["load"]["beside"] == pytest.approx([7564.137, 7560.34])
-
 
 
 def test_upgrade_gate_replay_asks_for_runs_it_lacks_and_stops_a_noisy_baseline():
