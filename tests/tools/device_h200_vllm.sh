@@ -4,16 +4,20 @@
 # Read-only towards the hardware: no config-space writes, binds, resets or GPU settings; NVLink multicast
 # stays off (the rendered environment must hold the three variables, or the server is not started).
 #
-# Runs from a copy of the worktree (.h200tree in the device tool's checkout) with the vLLM chunks of
-# ../shared/device-vllm carried beside it (.vllmchunks/{01,02,scripts}) and the ansible-core wheels
-# in .h200tree/whl (the role's filter renders the command line on the device too). Phases, one device call
-# each, back to back (the install in /tmp lives only while the machine stays warm):
-#   stage1  probe the machine, stash chunk 01                       (carry .vllmchunks/01 .vllmchunks/scripts)
-#   run     install chunk 02 (first call only), make the model, render and start the baseline server under
+# Runs from a copy of the worktree (.h200tree in the device tool's checkout) with the payload of
+# tests/tools/device_vllm (build_chunks.sh: chunk folders c01.. for every model, m01.. for MoE models only, each
+# at most 17 MiB) carried beside it in .vllmchunks, and the ansible-core wheels in .h200tree/whl (the role's filter
+# renders the command line on the device too). Phases, one device call each, back to back (what is stashed and
+# installed in /tmp lives only while the machine stays warm, 30 s after a call):
+#   stash   probe the machine, stash the carried chunk folders in /tmp/acc (carry as many chunk folders as fit
+#           under the 64 MiB a call carries beside the checkout's tracked files, and .h200tree/tests/tools);
+#           MODEL7B=1 also makes the 7B-architecture model (the image's torch and transformers suffice)
+#   run     install the payload (first call only: every c chunk stashed or carried), make the model, render and start
+#           the baseline server under
 #           setsid on the unit's CPUAffinity, then a resumable work list, in the order of what matters most:
 #           our client (with and without per-chunk usage) beside vllm bench serve, CPU contention (hog),
 #           pcie_facts with the bandwidth probe during a run, noise, max_num_seqs 32 at c=64, the tuning stages
-#           (call it again, back to back, until it has nothing left: carry .vllmchunks/02 the first time)
+#           (call it again, back to back, until it has nothing left)
 #   verify  install and start the baseline as `run` does, then the gate's A/A, CPU contention and --enforce-eager at
 #           short runs (GATE_LEVEL x GATE_SLOTS requests, the cell quiet enough to decide), then our client against
 #           vllm bench serve in ROUNDS paired rounds per level (the fourth session; resumable like `run`; GATE=0 skips
@@ -22,19 +26,25 @@
 #   tune    install and start the baseline as `run` does, then only the measured-tuning stages, resumed from
 #           a stored tune.json (SEED, e.g. docs/examples/h200-vllm/run2/tune.json: its records are kept and the
 #           stages after them run, gated against SEED_CURRENT, default the baseline server at :8000)
+#   restarts  install, make DeepSeek-R1-Distill-Qwen-7B's architecture with random weights (device_vllm/make_qwen7b.py,
+#           refused unless its tokenizer round-trips), render, then h200_vllm.py restarts: the server starts of PLAN
+#           one after another (profiles of h200/profiles.yml, default four qwen7b then qwen7b_seqs48), RUNS whole runs
+#           each at LEVEL (64) with PROMPT/OUTPUT tokens (512/256) and SLOTS requests per slot (4), more while the kernel
+#           upgrade's gate over a pair of GATES asks for them, then EXTRA_RUNS at EXTRA_LEVELS (16); resumable: call
+#           it again, back to back, until it has nothing left (the server of an unfinished start keeps running)
 # (The first H200 session's phases `main` and `gate` are in git history at 68c555b, docs/gpu_h200.md.)
 # Settings: BUDGET (s of work before the phase stops starting new runs, default 540), ROUNDS (compare, 3),
 # TABLE_LEVELS (tune: the levels each stage is also measured at, default "16 64 256"),
 # PCU (our client's per-chunk usage in noise/gate/tune, default --no-per-chunk-usage), CLIENT_CPUS (12-15).
 #   usage (device tool, from the checkout root): cd .h200tree && OUT=$OUT bash tests/tools/device_h200_vllm.sh PHASE
 set -u
-PHASE=${1:?phase: stage1, run, verify or tune}
+PHASE=${1:?phase: stash, run, verify, tune or restarts}
 OUT=${OUT:?set OUT to the output directory}
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)          # .h200tree
 CHUNKS=${CHUNKS:-$ROOT/../.vllmchunks}
 S=$(date +%s); DL=$((S + ${BUDGET:-540}))
 # shellcheck source=/dev/null
-source "$CHUNKS/scripts/common.sh"                  # NVLink multicast off, hub offline, PYTHONPATH=/tmp/site
+source "$ROOT/tests/tools/device_vllm/common.sh"    # NVLink multicast off, hub offline, PYTHONPATH=/tmp/site
 export PYTHONPATH=/tmp/site:/tmp/ansite:$ROOT/.collections LC_ALL=C.UTF-8 LANG=C.UTF-8 PYTHONUNBUFFERED=1
 W=/tmp/h200; mkdir -p "$W"
 exec > >(tee -a "$OUT/phase-$PHASE.log") 2>&1
@@ -50,16 +60,63 @@ mkdir -p .collections/ansible_collections/gpufleet
 ln -sfn ../../.. .collections/ansible_collections/gpufleet/inference
 D=(python3 tests/tools/h200_vllm.py)
 
+# the carried chunk folders into /tmp/acc (each holds SHA256SUMS; install.py checks every piece)
+stash() {
+  mkdir -p /tmp/acc
+  for d in "$CHUNKS"/[cm][0-9]*; do [ -d "$d" ] && cp "$d"/* /tmp/acc/; done
+  echo "stashed: $(cd /tmp/acc && ls | tr '\n' ' ')"
+}
+install_payload() {
+  [ -d /tmp/site/vllm ] && return 0
+  stash
+  python3 "$ROOT/tests/tools/device_vllm/install.py" /tmp/acc /tmp/site || return 2
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ansite "$ROOT"/whl/*.whl
+}
+
+make7b() {
+  if [ ! -f /tmp/model7b/config.json ]; then
+    python3 tests/tools/device_vllm/make_qwen7b.py /tmp/model7b /tmp/tok7b 2>&1 | grep -v Writing
+    [ "${PIPESTATUS[0]}" = 0 ] || { rm -rf /tmp/model7b; echo "make_qwen7b failed"; return 2; }
+  fi
+  cp /tmp/model7b.made.json "$W/model7b.json"
+  echo "model at t=$(( $(date +%s) - S ))"
+}
+
 case $PHASE in
-stage1)
-  (cd "$ROOT/.." && bash .vllmchunks/scripts/stage1.sh)
-  ls -la /opt/torch/.venv/bin/python* "$(dirname "$(dirname "$(command -v python3)")")"/pyvenv.cfg 2>&1
-  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+stash)
+  echo "== probe $(date -u)"; uname -r; nproc; free -g | head -2; df -h /tmp | tail -1
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current --format=csv
+  python3 -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, torch.version.cuda, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__)' 2>&1 | tail -1
+  stash
+  if [ "${MODEL7B:-0}" = 1 ]; then make7b; fi   # the model needs only the image's torch and transformers, not the payload
+  ;;
+restarts)
+  install_payload || exit 2
+  echo "installed at t=$(( $(date +%s) - S ))"
+  make7b || exit 2
+  if [ ! -f "$W/rendered.json" ]; then
+    "${D[@]}" render --host-vars tests/tools/h200/host_vars.yml --profiles tests/tools/h200/profiles.yml --out "$W/rendered" || exit 2
+    python3 - "$W/rendered" "$W/rendered.json" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+json.dump({f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.startswith("qwen7b")},
+          open(sys.argv[2], "w"), indent=1)
+PY
+  fi
+  read -r -a PL <<< "${PLAN:-qwen7b qwen7b qwen7b qwen7b qwen7b_seqs48}"
+  read -r -a GP <<< "${GATES:-0:1 2:3 3:4}"
+  read -r -a XL <<< "${EXTRA_LEVELS-16}"
+  read -r -a P <<< "${PCU---no-per-chunk-usage}"
+  timeout $((DL - $(date +%s) + 10)) taskset -c "${CLIENT_CPUS:-12-15}" "${D[@]}" restarts --out "$W/restarts.json" "${P[@]}" \
+    --rendered-dir "$W/rendered" --logdir "$W" --plan "${PL[@]}" --gates "${GP[@]}" --concurrency "${LEVEL:-64}" \
+    --requests-per-slot "${SLOTS:-4}" --prompt-tokens "${PROMPT:-512}" --output-tokens "${OUTPUT:-256}" --runs "${RUNS:-8}" \
+    --extra-levels "${XL[@]}" --extra-runs "${EXTRA_RUNS:-6}" --start-timeout 400 --deadline "$DL" --warmup 0
+  echo "restarts rc=$? at t=$(( $(date +%s) - S ))"
   ;;
 run|verify|tune)
   # One work list, resumable: every step skips what an earlier call of this machine finished (results in
   # /tmp/h200) and starts nothing it cannot finish before BUDGET. The same command for every call after
-  # stage1; the first of them carries chunk 02 (the install), the later ones only .h200tree and the scripts.
+  # the stash calls; the first of them carries the chunks not yet stashed (the install), the later ones only .h200tree.
   read -r -a P <<< "${PCU---no-per-chunk-usage}"   # how our client asks in noise, gate and tune (compare runs both)
   T=(taskset -c "${CLIENT_CPUS:-12-15}")       # the clients' CPUs; the server's are the unit's CPUAffinity
   left() { echo $((DL - $(date +%s))); }
@@ -70,12 +127,8 @@ run|verify|tune)
       --profiles tests/tools/h200/profiles.yml --host-vars tests/tools/h200/host_vars.yml --logdir "$W" --concurrency 64 \
       --requests-per-slot 4 --table-levels "${TL[@]}" --deadline "$DL"
   }
-  if [ ! -d /tmp/site/vllm ]; then
-    [ -f /tmp/acc/C.so ] || { echo "chunk 01 missing: the machine was not kept warm; run stage1 again"; exit 2; }
-    cp "$CHUNKS"/02/* /tmp/acc/ && python3 "$CHUNKS/scripts/install.py" || exit 2
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/ansite whl/*.whl || exit 2
-  fi
-  [ -f /tmp/model/config.json ] || python3 "$CHUNKS/scripts/make_model.py" /tmp/model 2>&1 | grep -v Writing
+  install_payload || exit 2
+  [ -f /tmp/model/config.json ] || python3 tests/tools/device_vllm/make_model.py /tmp/model 2>&1 | grep -v Writing
   if [ ! -f "$W/rendered.json" ]; then
     "${D[@]}" render --host-vars tests/tools/h200/host_vars.yml --profiles tests/tools/h200/profiles.yml --out "$W/rendered" || exit 2
     python3 - "$W/rendered" "$W/rendered.json" <<'PY'
@@ -164,5 +217,5 @@ PY
   [ "$(left)" -gt 130 ] && timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" noise --out "$W/noise.json" "${R[@]}" "${P[@]}" \
       --concurrency 16 --lengths 32 --runs 8 --deadline $((DL - 120))
   ;;
-*) echo "unknown phase $PHASE: stage1, run, verify or tune"; exit 2 ;;
+*) echo "unknown phase $PHASE: stash, run, verify, tune or restarts"; exit 2 ;;
 esac

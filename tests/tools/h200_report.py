@@ -11,6 +11,10 @@ test tests/unit/plugins/module_utils/test_h200_replay.py checks these against ex
 
     . scripts/lib.sh; gpufleet_env
     python tests/tools/h200_report.py [docs/examples/h200-vllm] [--trials 2000]
+
+A folder with restarts*.json (h200_vllm.py restarts; docs/examples/h200-vllm-7b/) prints instead, per file, the runs
+of each server start, the noise within and between starts (h200_restarts.between_starts) and the kernel upgrade's
+gate loop over each stored pair of starts (h200_restarts.upgrade_gate).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-for _path in (os.path.join(REPO, ".collections"), REPO, os.path.join(REPO, "tests", "benchmarks")):
+for _path in (os.path.join(REPO, ".collections"), REPO, os.path.join(REPO, "tests", "benchmarks"), HERE):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
@@ -202,12 +206,180 @@ def markdown(folder: str = DIR, trials: int = 2000) -> str:
     return "\n".join(out) + "\n"
 
 
+# ---- the 7B-distill architecture: noise between server starts and the kernel upgrade's gate across a restart ----------
+def _cv_sample(values) -> float:
+    m = sum(values) / len(values)
+    return (sum((v - m) ** 2 for v in values) / (len(values) - 1)) ** 0.5 / m if len(values) > 1 else 0.0
+
+
+def restart_files(folder: str) -> list[str]:
+    """The restarts*.json of a folder (h200_vllm.py restarts), one per device machine, in name order."""
+    return sorted(f for f in os.listdir(folder) if f.startswith("restarts") and f.endswith(".json"))
+
+
+def restart_rows(data: dict) -> list[dict]:
+    """One row per server start and level: runs, mean, CV, range, the start's ready time."""
+    rows = []
+    for st in data["starts"]:
+        for level, runs in sorted(st["levels"].items(), key=lambda kv: -int(kv[0])):
+            values = [r["output_throughput"] for r in runs]
+            if not values:
+                continue
+            rows.append({"start": st["index"], "profile": st["profile"], "level": int(level), "runs": len(values),
+                         "requests": runs[0]["requests"], "run_s": sorted(r["duration_s"] for r in runs)[len(runs) // 2],
+                         "mean": sum(values) / len(values), "cv": _cv_sample(values), "min": min(values), "max": max(values),
+                         "errors": sum(r["errors"] for r in runs),
+                         "ready_s": (st.get("ready") or {}).get("since_start_s")})
+    return rows
+
+
+def restart_noise(data: dict, level: int, profile: str) -> dict | None:
+    """h200_restarts.between_starts over the starts of ``profile`` at ``level`` (two or more, two runs each)."""
+    import h200_restarts as hr
+    starts = [[r["output_throughput"] for r in st["levels"].get(str(level), [])] for st in data["starts"]
+              if st["profile"] == profile]
+    starts = [s for s in starts if len(s) >= 2]
+    return hr.between_starts(starts) if len(starts) >= 2 else None
+
+
+def restart_gates(data: dict) -> list[dict]:
+    """The kernel upgrade's gate loop (h200_restarts.upgrade_gate, the role's defaults) over each --gates pair."""
+    import h200_restarts as hr
+    level = str(data["settings"]["concurrency"][0])
+    by = {st["index"]: st for st in data["starts"]}
+    out = []
+    # the pairs of the settings, and those the driver gated (a later call may have added pairs to the plan)
+    pairs = [tuple(int(x) for x in p.split(":")) for p in data["settings"].get("gates") or []]
+    pairs += [(g["baseline_start"], g["candidate_start"]) for g in data.get("gates") or []]
+    for b, c in sorted(set(pairs), key=pairs.index):
+        if b not in by or c not in by:
+            continue
+        runs = [[r["output_throughput"] for r in by[i]["levels"].get(level, [])] for i in (b, c)]
+        g = hr.upgrade_gate(*runs)
+        out.append({"baseline_start": b, "candidate_start": c, "baseline_profile": by[b]["profile"],
+                    "candidate_profile": by[c]["profile"], "level": int(level), **g})
+    return out
+
+
+def restarts_markdown(folder: str) -> str:
+    out = []
+    for name in restart_files(folder):
+        data = load(name, folder)
+        s = data["settings"]
+        out += [f"### {name}: server starts, {s['prompt_tokens']}/{s['output_tokens']} tokens, "
+                f"{s['requests_per_slot']} requests per slot", "",
+                "| start | profile | ready after | c | requests/run | run length | runs | mean tok/s | CV | min-max | errors |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in restart_rows(data):
+            out.append(f"| {r['start']} | {r['profile']} | {r['ready_s']:.0f} s | {r['level']} | {r['requests']} | "
+                       f"{r['run_s']:.1f} s | {r['runs']} | {r['mean']:,.0f} | {r['cv']:.2%} | {r['min']:,.0f}-{r['max']:,.0f} | "
+                       f"{r['errors']} |")
+        out += ["", "| c | starts (runs) | sd within a start | sd between starts | F test p (no between-start variance) | "
+                    "start means (spread) | smallest detectable drop, within-start noise only | the same with the between-start sd |",
+                "|---|---|---|---|---|---|---|---|"]
+        profile = data["starts"][0]["profile"]
+        for level in sorted({int(k) for st in data["starts"] for k in st["levels"]}, reverse=True):
+            n = restart_noise(data, level, profile)
+            if not n:
+                continue
+            out.append(f"| {level} | {n['starts']} ({n['runs']}) | {n['sd_within']:.2%} | {n['sd_between']:.2%} | "
+                       f"{n['p_between']:.2g} | {', '.join(format(m, ',.0f') for m in n['start_means'])} "
+                       f"({n['spread_of_means']:.1%}) | {n['sdd_within_only']:.1%} | {n['sdd_across_restart']:.1%} |")
+        out += ["", "| baseline start -> candidate start | verdict | decided_by | ratio | interval | p (drop) | p (pass) | "
+                    "runs used (baseline + candidate) | baseline CV, smallest detectable drop |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for g in restart_gates(data):
+            head = f"| {g['baseline_start']} ({g['baseline_profile']}) -> {g['candidate_start']} ({g['candidate_profile']}) |"
+            bg = g.get("baseline_gate") or {}
+            base = (f"{bg['cv']:.2%}, {bg['smallest_detectable_drop']:.1%}" if "cv" in bg else "-")
+            if g.get("needs"):
+                out.append(f"{head} not decided: {g['needs']['runs']} {g['needs']['side']} runs needed, fewer stored | - | - "
+                           f"| - | - | - | - | {base} |")
+                continue
+            gg = g.get("gate") or {}
+            if not gg:
+                out.append(f"{head} {g['decision']} (stopped before the change) | {bg.get('decided_by')} | - | - | - | - | "
+                           f"{g['baseline_runs_used']} + 0 | {base} |")
+                continue
+            iv = gg.get("interval")
+            out.append(f"{head} **{g['decision']}** | {gg.get('decided_by')} | {gg['ratio']:.4f} | "
+                       f"{'%.4f-%.4f' % tuple(iv) if iv else '-'} | {gg['p_value']:.2g} | {gg['p_value_pass']:.2g} | "
+                       f"{g['baseline_runs_used']} + {g['candidate_runs_used']} | {base} |")
+        out.append("")
+    prow = pcie_rows(folder)
+    if prow:
+        out += ["### pcie_facts with the bandwidth probe, at rest and during two c=64 runs", "",
+                "| when | GPU | link (NVML) | replays | H2D pinned | D2H pinned | H2D pageable | D2H pageable | tok/s beside |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in prow:
+            out.append(f"| {r['when']} | {r['bdf']} | Gen{r['gen']} x{r['width']} (max Gen{r['gen_max']} x{r['width_max']}) | "
+                       f"{r['replays']} | {r['h2d_pinned_gbps']} GB/s ({r['h2d_pinned_pct']}%) | {r['d2h_pinned_gbps']} GB/s "
+                       f"({r['d2h_pinned_pct']}%) | {r['h2d_pageable_gbps']} GB/s | {r['d2h_pageable_gbps']} GB/s | "
+                       f"{', '.join(format(v, ',.0f') for v in r['beside']) or '-'} |")
+        out.append("")
+    rows = all_starts_noise(folder)
+    if rows:
+        out += ["### Every start of the first profile, all machines (a start on another machine counted as a start)", "",
+                "| c | starts (runs) | sd within a start | sd between starts | F test p | start means (spread) | "
+                "smallest detectable drop, within only | with the between-start sd |", "|---|---|---|---|---|---|---|---|"]
+        for level, n in rows:
+            out.append(f"| {level} | {n['starts']} ({n['runs']}) | {n['sd_within']:.2%} | {n['sd_between']:.2%} | "
+                       f"{n['p_between']:.2g} | {', '.join(format(m, ',.0f') for m in n['start_means'])} "
+                       f"({n['spread_of_means']:.1%}) | {n['sdd_within_only']:.1%} | {n['sdd_across_restart']:.1%} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def pcie_rows(folder: str) -> list[dict]:
+    """pcie_facts (bandwidth probe on) at rest and during two c=64 runs (pcie/ of a 7B folder): the link as NVML read it
+    in each, the probe's copy rates, and the tok/s of the runs beside the second."""
+    sub = os.path.join(folder, "pcie")
+    if not os.path.isdir(sub):
+        return []
+    run = load("pcie_run.json", sub)["cells"][0]["runs"]
+    rows = []
+    for when in ("rest", "load"):
+        facts = load(f"pcie_facts_{when}.json", sub)["pcie"]
+        for bdf, g in facts["bandwidth"]["gpus"].items():
+            link = facts["nvml"]["gpus"][bdf]
+            rows.append({"when": when, "bdf": bdf, "gen": link["link_gen_current"], "gen_max": link["link_gen_max"],
+                         "width": link["link_width_current"], "width_max": link["link_width_max"],
+                         "replays": link["pcie_replay_counter"], **{k: g[k] for k in (
+                             "h2d_pinned_gbps", "d2h_pinned_gbps", "h2d_pageable_gbps", "d2h_pageable_gbps", "theoretical_gbps",
+                             "h2d_pinned_pct", "d2h_pinned_pct")},
+                         "beside": [r["output_throughput"] for r in run] if when == "load" else [],
+                         "findings": facts["findings_summary"]})
+    return rows
+
+
+def all_starts_noise(folder: str) -> list[tuple[int, dict]]:
+    """between_starts over the starts of every restarts*.json of a folder that ran the first file's first profile,
+    per level with two or more such starts."""
+    import h200_restarts as hr
+    files = [load(name, folder) for name in restart_files(folder)]
+    if len(files) < 2:
+        return []
+    profile = files[0]["starts"][0]["profile"]
+    levels = sorted({int(k) for d in files for st in d["starts"] for k in st["levels"]}, reverse=True)
+    out = []
+    for level in levels:
+        starts = [[r["output_throughput"] for r in st["levels"].get(str(level), [])] for d in files for st in d["starts"]
+                  if st["profile"] == profile]
+        starts = [s for s in starts if len(s) >= 2]
+        if len(starts) >= 2:
+            out.append((level, hr.between_starts(starts)))
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     p.add_argument("folder", nargs="?", default=DIR)
     p.add_argument("--trials", type=int, default=2000)
     args = p.parse_args()
-    sys.stdout.write(markdown(args.folder, args.trials))
+    if restart_files(args.folder):
+        sys.stdout.write(restarts_markdown(args.folder))
+    else:
+        sys.stdout.write(markdown(args.folder, args.trials))
     return 0
 
 

@@ -19,6 +19,8 @@ here against the lab stand-in, extras/lab_inference_server.py, through a vllm_se
   false-rollback and 5%-drop detection at that CV.
 * ``gate``: interleaved A/B runs between two servers (or A/A on one), decided by throughput_gate.decide()
   at its defaults, adding candidate runs while it answers inconclusive.
+* ``restarts``: server starts one after another, whole runs of each (noise between starts), the kernel upgrade's
+  gate loop across a restart (h200_restarts.py); the server's tokenizer must round-trip before any run.
 * ``tune``: the measured-tuning stages of a profiles file: each stage's server started beside the current one,
   gated, kept or reverted; the stage table from module_utils/vllm_flag_stages.py.
 
@@ -39,7 +41,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-for _path in (os.path.join(REPO, ".collections"), REPO, os.path.join(REPO, "tests", "benchmarks")):
+for _path in (os.path.join(REPO, ".collections"), REPO, os.path.join(REPO, "tests", "benchmarks"), HERE):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
@@ -650,6 +652,158 @@ def cmd_tune(args) -> int:
     return 0
 
 
+# ---- noise between server starts, and the kernel upgrade's gate across a restart ----------------------------------
+def server_roundtrip(url: str, model: str, words: str = "w5 w77 w31999 w152063") -> dict:
+    """The server's own tokenizer, asked through /tokenize and /detokenize: a prompt of words must come back as a
+    non-empty ID list and decode to itself (a Qwen2Tokenizer built from a word-level vocabulary encodes every word
+    to nothing, and the server then refuses every text prompt)."""
+    def post(path: str, body: dict) -> dict:
+        req = urllib.request.Request(url + path, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return json.load(resp)
+    out: dict = {"prompt": words}
+    try:
+        ids = post("/tokenize", {"model": model, "prompt": words, "add_special_tokens": False}).get("tokens") or []
+        back = post("/detokenize", {"model": model, "tokens": ids}).get("prompt") if ids else None
+        out.update(ids=ids, decoded=back)
+    except OSError as err:
+        out.update(ids=[], decoded=None, error=f"{type(err).__name__}: {err}")
+    out["ok"] = bool(out["ids"]) and (out.get("decoded") or "").strip() == words
+    return out
+
+
+def cmd_restarts(args) -> int:
+    """Server starts one after another (one server on the GPU at a time, as on a host with one model), each with whole
+    runs at the gate's level (and, time permitting, at --extra-levels); resumable from --out.
+
+    Before any run of a start the server's tokenizer must round-trip (server_roundtrip), else nothing is measured.
+    A start's runs at the gate level go on past --runs while the kernel upgrade's gate loop (h200_restarts.upgrade_gate)
+    over a --gates pair would ask for more of them, up to the cap. Servers run under setsid, so a start can go on in the
+    next device call when this one reaches its deadline."""
+    import h200_restarts as hr
+    out = load(args.out, {"starts": [], "settings": vars(args)})
+    # a later call may extend the plan and the pairs (the starts already made keep their index)
+    if out["settings"].get("plan") != args.plan[:len(out["settings"].get("plan") or [])]:
+        raise SystemExit(f"--plan {args.plan} does not extend the stored plan {out['settings'].get('plan')}")
+    out["settings"].update(plan=args.plan, gates=args.gates)
+    level = args.concurrency[0]
+    requests = args.requests_per_slot * level
+    pairs = [tuple(int(x) for x in g.split(":")) for g in args.gates]
+    cap = max(hr.UPGRADE_GATE["max_runs"], args.runs)
+
+    def runs_of(i: int) -> list[float]:
+        return [r["output_throughput"] for r in out["starts"][i]["levels"].get(str(level), [])] if i < len(out["starts"]) else []
+
+    def wants_more(i: int) -> bool:
+        n = len(runs_of(i))
+        if n < args.runs:
+            return True
+        if n >= cap:
+            return False
+        for b, c in pairs:
+            if i in (b, c) and max(b, c) <= i:  # both sides' starts exist by now (this one is the later)
+                need = hr.upgrade_gate(runs_of(b), runs_of(c)).get("needs")
+                if need and (b if need["side"] == "baseline" else c) == i:
+                    return True
+            elif i == b:  # the baseline of a later start: enough for the baseline's own judgement
+                need = hr.upgrade_gate(runs_of(b), []).get("needs")
+                if need and need["side"] == "baseline":
+                    return True
+        return False
+
+    def stop_others(keep: int) -> None:
+        for j, st in enumerate(out["starts"]):
+            if j != keep and st.get("pid") and not st.get("stopped"):
+                stop(st["pid"])
+                st["stopped"] = True
+        dump(args.out, out)
+
+    def left() -> float:
+        return args.deadline - time.time()
+
+    for i, profile in enumerate(args.plan):
+        if i < len(out["starts"]) and out["starts"][i].get("done"):
+            continue
+        if i == len(out["starts"]):
+            if left() < args.start_budget:
+                out["deadline_hit"] = True
+                dump(args.out, out)
+                print(f"restarts: {left():.0f} s left, too little to start server {i} ({profile})", flush=True)
+                return 3
+            stop_others(i)
+            rendered = load(os.path.join(args.rendered_dir, f"{profile}.json"))
+            rec = serve(rendered, os.path.join(args.logdir, f"server-start{i}-{profile}.log"))
+            out["starts"].append({"index": i, "profile": profile, "argv": rendered["argv"], "pid": rec["pid"],
+                                  "url": rendered["ready_url"], "served_model_name": rendered["served_model_name"],
+                                  "started": rec["started"], "cpu_affinity": rec["cpu_affinity"], "levels": {}})
+            dump(args.out, out)
+        st = out["starts"][i]
+        SERVERS[st["url"]] = st["pid"]
+        if not (st.get("ready") or {}).get("ready"):
+            st["ready"] = ready(st["url"], st["pid"], max(5.0, min(args.start_timeout - (time.time() - st["started"]), left())))
+            dump(args.out, out)
+            print("restarts: start", i, profile, st["ready"].get("ready"), st["ready"].get("wait_s"), flush=True)
+            if not st["ready"]["ready"]:
+                if alive(st["pid"]) and time.time() - st["started"] < args.start_timeout:
+                    return 3  # still starting at the deadline: the next call waits on
+                st.update(done=True, error=st["ready"].get("why"))
+                stop(st["pid"])
+                st["stopped"] = True
+                dump(args.out, out)
+                continue
+            st["ready"]["since_start_s"] = round(time.time() - st["started"], 1)
+        if "roundtrip" not in st:
+            st["roundtrip"] = server_roundtrip(st["url"], st["served_model_name"])
+            dump(args.out, out)
+            print("restarts: tokenizer round trip", json.dumps(st["roundtrip"]), flush=True)
+        if not st["roundtrip"]["ok"]:
+            stop(st["pid"])
+            st.update(stopped=True, done=True, error="the server's tokenizer does not round-trip: nothing measured")
+            dump(args.out, out)
+            raise SystemExit(f"start {i}: {st['error']}: {st['roundtrip']}")
+        if "warmup" not in st:
+            st["warmup"] = run_once(st["url"], level, 2 * level, 7, args, warmup=0)["runs"][0]
+            dump(args.out, out)
+        seed = 1000 + 100 * i
+        while wants_more(i):
+            runs = st["levels"].setdefault(str(level), [])
+            need_s = (runs[-1]["duration_s"] if runs else st["warmup"]["duration_s"]) * 1.2 + 3
+            if left() < need_s:
+                out["deadline_hit"] = True
+                dump(args.out, out)
+                return 3
+            runs.append(run_once(st["url"], level, requests, seed + len(runs), args)["runs"][0])
+            dump(args.out, out)
+            print("restarts: start", i, profile, "c", level, len(runs), runs[-1]["output_throughput"], runs[-1]["errors"],
+                  flush=True)
+        for extra in args.extra_levels:
+            runs = st["levels"].setdefault(str(extra), [])
+            while len(runs) < args.extra_runs:
+                need_s = (runs[-1]["duration_s"] * 1.2 + 3) if runs else 20
+                if left() < need_s + args.reserve_s:
+                    break
+                runs.append(run_once(st["url"], extra, args.requests_per_slot * extra, seed + 50 + len(runs), args,
+                                     warmup=extra if not runs else 0)["runs"][0])
+                dump(args.out, out)
+                print("restarts: start", i, profile, "c", extra, len(runs), runs[-1]["output_throughput"], flush=True)
+        st["done"] = True
+        if i < len(args.plan) - 1:
+            stop(st["pid"])
+            st["stopped"] = True
+        dump(args.out, out)
+    # the summaries (h200_report.py recomputes them from the runs)
+    base_starts = [runs_of(i) for i, p in enumerate(args.plan) if p == args.plan[0] and i < len(out["starts"])]
+    if len([s for s in base_starts if len(s) >= 2]) >= 2:
+        out["between_starts"] = hr.between_starts([s for s in base_starts if len(s) >= 2])
+    out["gates"] = [{"baseline_start": b, "candidate_start": c, **hr.upgrade_gate(runs_of(b), runs_of(c))} for b, c in pairs
+                    if c < len(out["starts"])]
+    for g in out["gates"]:
+        print("restarts: gate", g["baseline_start"], "->", g["candidate_start"], g.get("decision"), g.get("needs"),
+              (g.get("gate") or {}).get("ratio"), flush=True)
+    dump(args.out, out)
+    return 0
+
+
 def _terminated(signum, _frame):
     raise SystemExit(128 + signum)
 
@@ -669,7 +823,7 @@ def main() -> int:
     s.add_argument("--record", required=True)
     s.add_argument("--venv")
     s.add_argument("--timeout", type=float, default=400)
-    for name in ("compare", "noise", "gate", "tune"):
+    for name in ("compare", "noise", "gate", "tune", "restarts"):
         q = sub.add_parser(name)
         q.add_argument("--url", default="http://127.0.0.1:8000")
         q.add_argument("--out", required=True)
@@ -710,12 +864,20 @@ def main() -> int:
             q.add_argument("--host-vars", required=True)
             q.add_argument("--table-levels", type=int, nargs="+", default=[16, 64, 256])
             q.add_argument("--set", action="append", default=[])
+        if name == "restarts":
+            q.add_argument("--plan", nargs="+", required=True, help="the rendered profile of each server start, in order")
+            q.add_argument("--gates", nargs="*", default=[], help="BASELINE:CANDIDATE start indices, gated as the kernel upgrade")
+            q.add_argument("--runs", type=int, default=8, help="runs of each start at the gate level (more while a gate asks)")
+            q.add_argument("--extra-levels", type=int, nargs="*", default=[], help="levels measured after the gate level")
+            q.add_argument("--extra-runs", type=int, default=6)
+            q.add_argument("--start-budget", type=float, default=170, help="seconds left needed to start another server")
+            q.add_argument("--reserve-s", type=float, default=0, help="seconds kept back from the extra levels")
     sub.add_parser("vllmbench-worker", help="vllm bench serve runs from stdin (compare starts it)")
     args = p.parse_args()
     if getattr(args, "server_record", "") and os.path.exists(args.server_record):
         SERVERS[args.url] = load(args.server_record)["pid"]
     return {"vllmbench-worker": cmd_vllmbench_worker, "render": cmd_render, "serve": cmd_serve, "compare": cmd_compare, "noise": cmd_noise, "gate": cmd_gate,
-            "tune": cmd_tune}[args.cmd](args)
+            "tune": cmd_tune, "restarts": cmd_restarts}[args.cmd](args)
 
 
 if __name__ == "__main__":
