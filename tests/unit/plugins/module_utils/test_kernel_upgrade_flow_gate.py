@@ -102,12 +102,14 @@ def test_a_journal_of_the_old_release_at_stage_candidate_resumes():
 
 
 def test_negative_failures_are_refused_not_committed():
-    # before: failed -50 gave the candidate a negative failure rate and the upgrade committed
+    # before: failed -50 gave the candidate a negative failure rate and the upgrade committed. The event's
+    # payload is checked before the flow reads it: the step is refused with nothing changed (kernel_rollout_step
+    # reports it as refused), and the candidate it came from stays guarded by its boot-health unit.
     host = Host(cand_failed=-50)
-    result = drive(host)
-    assert result["finish"]["decision"] == "error"
-    assert "failed must be a whole number of requests, 0 or more, got -50" in result["finish"]["reason"]
-    assert (host.running, host.default) == (OLD, OLD)
+    with pytest.raises(flow.FlowError, match="'failed' is -50, not a count: refused, nothing was changed"):
+        drive(host)
+    assert host.running == NEW and host.default == OLD and host.unit == NEW
+    assert host.journal["stage"] == "candidate" and not host.history
 
 
 def test_a_journal_with_a_negative_failure_count_is_refused_by_the_gate():
