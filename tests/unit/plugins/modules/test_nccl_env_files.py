@@ -164,3 +164,16 @@ def test_main_reports_the_read_back_failure(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(nccl_env_files, "HostFS", LossyFS)
     result = run_module(nccl_env_files, dict(_params(), root=str(tmp_path)), capsys)
     assert result["failed"] is True and "does not hold the settings just written" in result["msg"]
+
+
+@pytest.mark.parametrize("over,problem", [
+    ({"conf_content": "NCCL_DEBUG=WARN\n"}, "/etc/nccl.conf lacks NCCL_NVLS_ENABLE=0"),
+    ({"env_content": "NCCL_NVLS_ENABLE=0\n"}, "/etc/gpufleet/nccl.env lacks CUDA_DEVICE_ORDER=PCI_BUS_ID"),
+])
+def test_contents_without_the_settings_are_refused_before_anything_is_written(tmp_path, capsys, over, problem):
+    """Issue 31: a conf lacking NCCL_NVLS_ENABLE=0 used to be written, then the read-back failed with changed: false and
+    blamed another tool (a half-applied run). Now the contents are checked first and the tree stays empty."""
+    result = run_module(nccl_env_files, dict(_params(**over), root=str(tmp_path)), capsys)
+    assert result["failed"] is True and result["changed"] is False
+    assert problem in result["msg"] and "Nothing was written" in result["msg"] and "by another tool" not in result["msg"]
+    assert not list(tmp_path.iterdir())
