@@ -48,6 +48,16 @@ class Failed(Exception):
         self.fields = fields
 
 
+def bounded(name: str, value, low, high, unit: str = ""):
+    """``value`` when it is a number from ``low`` to ``high`` (nan, inf and bools are not); else Failed (nothing changed)
+    naming the parameter, the value and the allowed range. For a module's timeouts, intervals and counts, before any work."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not low <= value <= high:
+        raise Failed(f"{name}={value!r} is out of range: give a number from {low} to {high}{' ' + unit if unit else ''}. "
+                     "Nothing was done.", changed=False)
+    return value
+
+
 def fsync_dir(path: str) -> None:
     """fsync a directory, so that a rename or unlink in it survives a crash."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
