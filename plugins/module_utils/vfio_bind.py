@@ -218,8 +218,7 @@ def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindW
         runtime_full.append(a)
 
     after_states = _predict(states, runtime_full)
-    new_originals = remember(originals, order) if state == "present" else {
-        k: v for k, v in originals.items() if k not in states or after_states[k]["driver"] == VFIO}
+    new_originals = remember(originals, order) if state == "present" else given_back(originals, after_states)
     orig_action = []
     if new_originals != originals and (runtime_full or file_actions):  # bookkeeping only alongside a real change
         orig_action = [{"op": "write", "path": STATE_FILE, "internal": True,
@@ -249,10 +248,10 @@ def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindW
                 fs.write_atomic(a["path"], a["after"])
             else:
                 fs.remove(a["path"])
-        if state == "absent":
-            for a in orig_action:
-                _write_state(fs, a["after"])
         after_states = {bdf: read_state(walker, bdf) for bdf in states}
+        if state == "absent" and orig_action:  # forget only the functions that are back on a driver now
+            new_originals = given_back(originals, after_states)
+            _write_state(fs, json_text(new_originals) if new_originals else None)
         if params["bind_now"] and state == "present":
             wrong = [b for b, s in after_states.items() if s["driver"] != VFIO]
             if wrong:
@@ -290,6 +289,13 @@ def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindW
         "wait_source": wait_source,
         "diff": diff,
     }
+
+
+def given_back(originals: dict, after_states: dict) -> dict:
+    """The originals record after state=absent: an entry is forgotten only when its function is on a driver other than
+    vfio-pci (given back); one left without a driver keeps its entry, so that a later run can still restore it."""
+    return {k: v for k, v in originals.items()
+            if k not in after_states or after_states[k]["driver"] in (None, VFIO)}
 
 
 def json_text(data: dict) -> str:
