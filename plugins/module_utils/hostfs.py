@@ -294,12 +294,45 @@ def advice(name: str, root: str, does: str, err: HostFSError) -> str:
     return f"{head} The module {does}: run it as root (become: true) on the host itself, not in a container."
 
 
+def path_flaw(value, contained: bool) -> str | None:
+    """Why ``value`` cannot be a path a module takes (None when it can); ``contained``: it is a host path under a root
+    other than /, where '..' could lead out of the tree."""
+    if not isinstance(value, str) or not value:
+        return "expected an absolute path"
+    if not value.startswith("/"):
+        return "a relative path: give it absolute, from /"
+    if "\0" in value or "\n" in value or "\r" in value:
+        return "it holds a NUL byte or a line break"
+    if contained and ".." in value.split("/"):
+        return "'..' could lead out of root: give the path without it"
+    return None
+
+
+def refused_path_option(module) -> str | None:
+    """The failure message for the first path option (type path in the module's argument spec) that no run can use, before
+    anything is read or written; None when every one is sound. An empty optional path without a default means unset."""
+    spec = getattr(module, "argument_spec", None) or {}
+    root = module.params.get("root")
+    for name in sorted(n for n, o in spec.items() if o.get("type") == "path"):
+        value, option = module.params.get(name), spec[name]
+        if value is None or (value == "" and option.get("default") is None and not option.get("required")):
+            continue
+        why = path_flaw(value, contained=name != "root" and isinstance(root, str) and root != "/")
+        if why:
+            return f"{name}={value!r} is refused: {why}. Nothing was done."
+    return None
+
+
 def finish(module, name: str, does: str, run, known_error) -> None:
-    """End a host-changing module's run: ``run()`` gives its result (with a ``diff`` entry, if any); a
+    """End a host-changing module's run: a path option no run can use is refused first (refused_path_option); ``run()``
+    gives its result (with a ``diff`` entry, if any); a
     ``known_error`` becomes the message as it is (nothing changed), a HostFSError says which
     module failed under which root and what to do (advice(); ``does``: what it reads and writes). The
     diff is returned in diff mode only."""
     root = module.params.get("root", "/")
+    refused = refused_path_option(module)
+    if refused:
+        module.fail_json(msg=refused, changed=False)
     try:
         result = run()
     except known_error as err:

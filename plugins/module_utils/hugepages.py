@@ -153,7 +153,7 @@ def guard(layout: dict[str, Any], want: dict[int, dict[int, int]], max_percent: 
             problems.append(
                 f"Refusing to reserve huge pages on NUMA node {node}: {parts} is {gib(used)}, {used * 100 / total:.0f}% of the "
                 f"node's {gib(total)}, above max_memory_percent {max_percent} ({gib(limit)}). At most {fits} fit with the "
-                f"rest as it is. Lower the request, or raise max_memory_percent if the host can really spare the memory.")
+                f"rest as it is. Lower the request (pages_2m, pages_1g, per_node), or raise max_memory_percent if the host can really spare the memory.")
     return problems
 
 

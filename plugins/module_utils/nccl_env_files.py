@@ -63,14 +63,14 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None, owner: tuple[
     dirs = [mf.wanted_dir(env_dir, 0o755, owner)]
     files = [mf.wanted_file(params["conf_path"], params["conf_content"], 0o644, owner),
              mf.wanted_file(params["env_file"], params["env_content"], 0o644, owner)]
+    user_conf = params.get("user_conf") or USER_CONF
+    user_conf_exists = fs.exists(user_conf)  # read before any write: a path it cannot read fails with nothing written
     try:
         actions, diff = mf.converge(fs, dirs, files, check_mode)
         if not check_mode:
             check_read_back(params, mf.read_back(fs, files))
     except mf.ManagedFilesError as err:
         raise NcclFilesError(str(err)) from None
-    user_conf = params.get("user_conf") or USER_CONF
-    user_conf_exists = fs.exists(user_conf)
     if user_conf_exists and warn is not None:
         where = f" on {params['host_name']}" if params.get("host_name") else ""
         warn(f"{user_conf} exists{where}: NCCL reads it instead of {params['conf_path']} for processes of root. "

@@ -108,7 +108,7 @@ class Prober:
         except (ValueError, KeyError, TypeError):
             raise NotReady(f"{self.base}/v1/models did not return an OpenAI model list: {text[:200]!r}") from None
         if name not in ids:
-            raise NotReady(f"{self.base}/v1/models lists {ids}, not the served model name {name!r}")
+            raise NotReady(f"{self.base}/v1/models lists {ids}, not the served model name {name!r} (served_model_name)")
         return ids
 
     def completion(self, name: str, prompt: str, max_tokens: int, clock=time.monotonic) -> dict:
