@@ -280,12 +280,13 @@ class HostFS:
             raise HostFSError("remove", host_path, err) from None
 
 
-def advice(name: str, root: str, does: str, err: HostFSError) -> str:
+def advice(name: str, root: str, does: str, err: HostFSError, params: dict | None = None) -> str:
     """The failure message of a HostFSError: which module under which root, the error, and what to do, which depends on
-    why (a refused path, a read-only file system, a file root may not change, or too few rights)."""
+    why (a refused path, with the option it came from, a read-only file system, a file root may not change, or too few
+    rights)."""
     head = f"{name} under root {root} failed: {err}."
     if isinstance(err, HostPathError):
-        return f"{head} Give a path inside the host tree; nothing was written."
+        return f"{head}{source_option(params or {}, err.path)} Give a path inside the host tree; nothing was written."
     if err.errno == errno.EROFS:
         return f"{head} {err.path} is on a read-only file system: remount it read-write (or change the image it comes from)."
     if err.errno == errno.EPERM and os.geteuid() == 0:
@@ -323,6 +324,12 @@ def refused_path_option(module) -> str | None:
     return None
 
 
+def source_option(params: dict, path) -> str:
+    """`` It comes from OPTION.`` for the option whose (string) value the refused ``path`` holds, the longest such value; ``""``."""
+    found = [(len(v), n) for n, v in params.items() if n != "root" and isinstance(v, str) and v and isinstance(path, str) and v in path]
+    return f" It comes from {max(found)[1]}={params[max(found)[1]]!r}." if found else ""
+
+
 def finish(module, name: str, does: str, run, known_error) -> None:
     """End a host-changing module's run: a path option no run can use is refused first (refused_path_option); ``run()``
     gives its result (with a ``diff`` entry, if any); a
@@ -335,12 +342,12 @@ def finish(module, name: str, does: str, run, known_error) -> None:
         module.fail_json(msg=refused, changed=False)
     try:
         result = run()
+    except Failed as err:  # first: a domain error that is also a Failed carries its own fields (changed, actions)
+        module.fail_json(msg=str(err), **err.fields)
     except known_error as err:
         module.fail_json(msg=str(err), changed=False)
-    except Failed as err:
-        module.fail_json(msg=str(err), **err.fields)
     except HostFSError as err:
-        module.fail_json(msg=advice(name, root, does, err))
+        module.fail_json(msg=advice(name, root, does, err, module.params))
     diff = result.pop("diff", None)
     if module._diff and diff:  # pylint: disable=protected-access  # AnsibleModule's diff mode flag
         result["diff"] = diff

@@ -61,7 +61,7 @@ def parse_selector(text: str) -> tuple[str, str]:
     if m:
         return "id", f"{m.group(1)}:{m.group(2)}"
     raise VfioError(
-        f"'{text}' is neither a PCI address nor a vendor:device ID: write an address as DDDD:BB:DD.F "
+        f"devices: '{text}' is neither a PCI address nor a vendor:device ID: write an address as DDDD:BB:DD.F "
         f"(0000:3b:00.0, from 'lspci -D') or an ID as vvvv:dddd (10de:2335, from 'lspci -nn').")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PCI_DEVICES, PciWalker, normalize_bdf
 from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import (
     DRIVERS_PROBE, MODPROBE_CONF, PCI_DRIVERS, STATE_FILE, UDEV_RULES, VFIO, BindWatcher, VfioError, check_groups,
@@ -26,6 +26,14 @@ EINVAL = 22
 def _render_bindings(states: dict) -> str:
     return "".join(f"{bdf}: driver={st['driver'] or 'none'} driver_override={st['driver_override'] or 'none'}\n"
                    for bdf, st in sorted(states.items()))
+
+
+class ApplyFailed(VfioError, Failed):
+    """A kernel step failed after others ran (rolled back where it could be): a VfioError that says changed (the functions
+    were unbound and probed again) and lists the actions, for finish()."""
+
+    def __init__(self, msg: str, **fields):
+        Failed.__init__(self, msg, **fields)
 
 
 def _predict(states: dict, actions: list) -> dict:
@@ -240,7 +248,9 @@ def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindW
                     applier.run(a)
             except VfioError as err:
                 notes = _rollback(fs, applier, states, touched) if state == "present" else []
-                raise VfioError(f"{err}{' Rolled back: ' + '; '.join(notes) + '.' if notes else ''}") from None
+                # the functions were unbound and probed again (reset) even where rolled back: that is a change
+                raise ApplyFailed(f"{err}{' Rolled back: ' + '; '.join(notes) + '.' if notes else ''}", changed=bool(touched),
+                                  actions=[result_action(a, states) for a in runtime_full]) from None
             finally:
                 watcher.close()
         for a in file_actions:

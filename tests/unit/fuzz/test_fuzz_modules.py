@@ -29,13 +29,15 @@ from tests.unit.fuzz.modules import specs
 from tests.unit.plugins.modules.test_vllm_args_ready import FakeVllm
 from tests.unit.plugins.modules.uthelper import target_side
 
-EXAMPLES = 12
+EXAMPLES = int(os.environ.get("GPUFLEET_FUZZ_EXAMPLES", "12"))
 FUZZ = settings(derandomize=True, database=None, deadline=20000, max_examples=EXAMPLES,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 # Modules the fuzz suite finds failing, whose files another fix of issue 31 owns: (test kind, module) -> reason.
 # Remove a line when that fix is merged (strict: the mark fails once the module passes).
 KNOWN_BAD: dict[tuple[str, str], str] = {
+    ("state", "host_lease"): "host_lease: a lease with expires_at NaN gives a traceback (ValueError: cannot convert float NaN "
+                             "to integer) (owned by the lease fix)",
     ("state", "tune_measured"): "tune_measured: a state file of [] or null gives a traceback (AttributeError: 'list' object "
                                 "has no attribute 'get') (owned by the gate fix)",
 }
@@ -68,6 +70,14 @@ def bad_value(draw, name: str, spec: dict, root: str, root_option: bool):
     if "int" in (kind, spec.get("elements")):  # ansible-core 2.19's check_type_int raises OverflowError on +-inf
         return draw(GENERIC.filter(lambda v: not has_inf(v)))
     return draw(GENERIC)
+
+
+def valid(value, spec: dict) -> bool:
+    """A drawn value that is a sound one for its option (a bool for a bool, one of the choices): a failure it leads to is
+    the run's, not the value's, and need not name the option."""
+    if spec.get("type") == "bool" and isinstance(value, bool):
+        return True
+    return bool(spec.get("choices")) and isinstance(value, str) and value in spec["choices"]
 
 
 def has_inf(value) -> bool:
@@ -175,7 +185,7 @@ def test_bad_parameter_values(bench):
         value = bad_value(data.draw, name, bench.options[name], str(bench.call.root), bench.spec.root_option)
         args = dict(bench.base(), **{name: value})
         result, problems = bench.run(args)
-        if result.get("failed") and not bench.base_failed:
+        if result.get("failed") and not bench.base_failed and not valid(value, bench.options[name]):
             aliases = [name] + list(bench.options[name].get("aliases") or [])
             if not names_param(result, aliases):
                 problems.append(f"the failure does not name {name}: {str(result.get('msg'))[:300]}")
