@@ -384,3 +384,11 @@ def test_absent_keeps_the_entry_of_a_function_left_without_a_driver():
                  AUDIO: {"driver": "snd_hda_intel", "module": "snd_hda_intel", "id": "10de:22ba"}}
     after = {GPU: {"driver": None}, AUDIO: {"driver": "snd_hda_intel"}}
     assert vfio_bind_utils.given_back(originals, after) == {GPU: originals[GPU]}
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 1e9, 0])
+def test_a_timeout_out_of_range_is_refused(tmp_path, capsys, timeout):
+    """Issue 31: nan passed the 'timeout <= 0' check."""
+    host = gpu_host(tmp_path)
+    result = run_module(vfio_bind, {"root": str(host.root), "devices": [GPU], "timeout": timeout}, capsys)
+    assert result["failed"] and "timeout must be a positive number of seconds, at most 600" in result["msg"]
