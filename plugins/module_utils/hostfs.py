@@ -203,7 +203,7 @@ class HostFS:
             os.makedirs(parent, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".gpufleet-", dir=parent)
             try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:  # bytes read back as they were
                     fh.write(data)
                     fh.flush()
                     os.fchmod(fh.fileno(), mode)
@@ -347,7 +347,7 @@ def finish(module, name: str, does: str, run, known_error) -> None:
     except known_error as err:
         module.fail_json(msg=str(err), changed=False)
     except HostFSError as err:
-        module.fail_json(msg=advice(name, root, does, err, module.params))
+        module.fail_json(msg=advice(name, root, does, err, module.params), **getattr(err, "fields", {}))
     diff = result.pop("diff", None)
     if module._diff and diff:  # pylint: disable=protected-access  # AnsibleModule's diff mode flag
         result["diff"] = diff

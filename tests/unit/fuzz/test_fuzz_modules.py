@@ -17,6 +17,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 import threading
 
 import pytest
@@ -29,7 +30,7 @@ from tests.unit.fuzz.modules import specs
 from tests.unit.plugins.modules.test_vllm_args_ready import FakeVllm
 from tests.unit.plugins.modules.uthelper import target_side
 
-EXAMPLES = int(os.environ.get("GPUFLEET_FUZZ_EXAMPLES", "12"))
+EXAMPLES = int(os.environ.get("GPUFLEET_FUZZ_EXAMPLES", "20"))
 FUZZ = settings(derandomize=True, database=None, deadline=20000, max_examples=EXAMPLES,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
@@ -149,8 +150,11 @@ class Bench:
             if stray.name not in ("template", "root", "cwd", "outside"):
                 shutil.rmtree(stray) if stray.is_dir() else stray.unlink()
 
-    def run(self, args: dict):
+    def run(self, args: dict, prepare=None):
+        """One call on a fresh copy of the tree, ``prepare(root)`` first (a corrupted state file, an immutable one)."""
         self.fresh()
+        if prepare:
+            prepare(self.call.root)
         result, problems = self.call.run(args)
         return result or {}, problems
 
@@ -203,29 +207,49 @@ def corrupt_texts():
         st.binary(max_size=48).map(lambda b: b.decode("latin-1")))
 
 
-@pytest.mark.parametrize("bench", modules_for("state", WITH_STATE), indirect=True)
-def test_corrupted_and_missing_state_files(bench):
-    """A state file truncated, of the wrong shape, binary, or missing: no traceback, hang, write outside or partial write."""
+IMMUTABLE = "<immutable>"  # the state file (or, where there is none yet, its directory) made immutable: chattr +i
+ROOT_ADVICE = "run it as root (become: true) on the host itself, not in a container"
 
-    @FUZZ
-    @given(st.sampled_from(bench.spec.state), st.one_of(corrupt_texts(), st.none()))
-    def attack(host_path, text):
-        bench.fresh()
-        real = bench.call.root / host_path.lstrip("/")
+
+def chattr(flag: str, path) -> bool:
+    chattr_bin = shutil.which("chattr")
+    return bool(chattr_bin) and subprocess.run([chattr_bin, flag, str(path)], capture_output=True, check=False).returncode == 0
+
+
+def corrupt(host_path: str, text, frozen: list):
+    """The prepare step of one attack: ``text`` written to the state file, or None: the file removed, or IMMUTABLE."""
+    def prepare(root):
+        real = root / host_path.lstrip("/")
         if text is None:
             if real.exists():
                 real.unlink()
+        elif text == IMMUTABLE:
+            target = real if real.exists() else real.parent
+            target.mkdir(parents=True, exist_ok=True) if target == real.parent else None
+            if chattr("+i", target):
+                frozen.append(target)
         else:
             real.parent.mkdir(parents=True, exist_ok=True)
             real.write_bytes(text.encode("utf-8", "surrogateescape"))
-        shutil.rmtree(bench.template)
-        shutil.copytree(bench.call.root, bench.template, symlinks=True)
+    return prepare
+
+
+@pytest.mark.parametrize("bench", modules_for("state", WITH_STATE), indirect=True)
+def test_corrupted_and_missing_state_files(bench):
+    """A state file truncated, of the wrong shape, binary, missing or immutable: no traceback, hang, write outside or
+    partial write; an immutable file is not blamed on a container (the tests run as root)."""
+
+    @FUZZ
+    @given(st.sampled_from(bench.spec.state), st.one_of(corrupt_texts(), st.none(), st.just(IMMUTABLE)))
+    def attack(host_path, text):
+        frozen: list = []
         try:
-            result, problems = bench.run(bench.base())
+            result, problems = bench.run(bench.base(), corrupt(host_path, text, frozen))
         finally:
-            shutil.rmtree(bench.template)
-            bench.template.mkdir()
-            bench.spec.build(bench.template)
+            for path in frozen:
+                chattr("-i", path)
+        if frozen and result.get("failed") and ROOT_ADVICE in str(result.get("msg")) and os.geteuid() == 0:
+            problems.append(f"an immutable {host_path} is blamed on a container: {result.get('msg')}")
         bench.call.record(problems)
         assert not problems, f"{bench.name} with {host_path} = {text!r}: {problems}; result: {json.dumps(result)[:300]}"
 
