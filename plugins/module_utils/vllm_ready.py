@@ -14,6 +14,7 @@ locale), the start log through HostFS, and the path vLLM took from ``vllm_startl
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any, Callable
 
@@ -28,9 +29,13 @@ LIMITS = {"timeout": (1, 86400, "seconds"), "interval": (0.01, 300, "seconds"), 
 
 
 def check_limits(p: dict[str, Any]) -> None:
-    """Failed (nothing done) naming the first number outside its LIMITS range."""
+    """Failed (nothing done) naming the first number outside its LIMITS range, or an api_key no HTTP header can carry."""
     for name, (low, high, unit) in LIMITS.items():
         bounded(name, p[name], low, high, unit)
+    key = p.get("api_key")
+    if key and not re.fullmatch(r"[\x21-\x7e]+", key):
+        raise Failed("api_key holds a space, a control character or a non-ASCII character, which an HTTP Authorization "
+                     "header cannot carry (the key is not shown): give the key the service runs with.", changed=False)
 
 
 class NotReady(Exception):

@@ -217,3 +217,10 @@ def test_numbers_out_of_range_are_refused_before_any_request(name, value, allowe
     result = run_module(vllm_ready, args, capsys)
     assert result["failed"] and result["changed"] is False
     assert result["msg"].startswith(f"{name}=") and allowed in result["msg"] and "exception" not in result
+
+
+@pytest.mark.parametrize("key", ["k" * 16 + "\n", "k" * 16 + "\0", "caf\u00e9" * 4, "two words here, sixteen"])
+def test_an_api_key_no_header_can_carry_is_refused_unshown(key, capsys):
+    """The fuzz suite: a key with a newline was sent and the server closed the connection mid-response."""
+    result = run_module(vllm_ready, {"url": "http://127.0.0.1:9", "served_model_name": "tiny", "api_key": key}, capsys)
+    assert result["failed"] and result["msg"].startswith("api_key holds a space, a control character") and key not in result["msg"]
