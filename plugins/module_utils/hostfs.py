@@ -32,11 +32,8 @@ class HostPathError(HostFSError):
     byte, or one that leads out of ``root`` (through ``..`` or a symlink). Nothing was read or written there."""
 
     def __init__(self, path, why: str):
-        self.op = "use"
-        self.path = path
-        self.errno = None
-        self.strerror = why
-        Exception.__init__(self, f"host path {path!r} refused: {why}")
+        super().__init__("use", path, OSError(why))
+        self.args = (f"host path {path!r} refused: {why}",)
 
 
 class Failed(Exception):

@@ -107,7 +107,8 @@ def specs(vllm_url: str) -> dict[str, Spec]:
     cmd_build, cmd_base = yaml_case(kernel_cmdline, "test_kernel_cmdline.yaml", "dropin_first_owner_writes_dropin_and_runs_update_grub")
     payload_build, payload_base = yaml_case(pcie_payload, "test_pcie_payload.yaml", "max_safe_sets_the_hierarchy_to_the_peer_limit_and_persists",
                                             _payload_builders())
-    vp_build, vp_base = yaml_case(vllm_preflight, "test_vllm_preflight.yaml", "a_hidden_socket_of_the_service_user_is_ours_while_the_unit_is_active", _preflight_builders())
+    vp_build, vp_base = yaml_case(vllm_preflight, "test_vllm_preflight.yaml",
+                                  "a_hidden_socket_of_the_service_user_is_ours_while_the_unit_is_active", _preflight_builders())
     return {
         "bench_history": Spec(bench_history, _nothing, lambda r: {"path": f"{r}/var/lib/gpufleet/history.jsonl", "state": "query"},
                               ["/var/lib/gpufleet/history.jsonl"], root_option=False),
