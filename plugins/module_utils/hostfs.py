@@ -30,6 +30,15 @@ class HostFSError(Exception):
         super().__init__(f"cannot {op} {path}: {self.strerror}")
 
 
+class HostPathError(HostFSError):
+    """A host path a module was given (or built) that the seam refuses: not a string, relative, empty, with a NUL
+    byte, or one that leads out of ``root`` (through ``..`` or a symlink). Nothing was read or written there."""
+
+    def __init__(self, path, why: str):
+        super().__init__("use", path, OSError(why))
+        self.args = (f"host path {path!r} refused: {why}",)
+
+
 class Failed(Exception):
     """A module run that must end in failure, raised below main(): the message, and ``fields``, the extra
     result keys (``changed``, ``rc``, ``stderr``, ...). main() or finish() turns it into fail_json."""
@@ -37,6 +46,16 @@ class Failed(Exception):
     def __init__(self, msg: str, **fields):
         super().__init__(msg)
         self.fields = fields
+
+
+def bounded(name: str, value, low, high, unit: str = ""):
+    """``value`` when it is a number from ``low`` to ``high`` (nan, inf and bools are not); else Failed (nothing changed)
+    naming the parameter, the value and the allowed range. For a module's timeouts, intervals and counts, before any work."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or not low <= value <= high:
+        raise Failed(f"{name}={value!r} is out of range: give a number from {low} to {high}{' ' + unit if unit else ''}. "
+                     "Nothing was done.", changed=False)
+    return value
 
 
 def fsync_dir(path: str) -> None:
@@ -51,16 +70,38 @@ def fsync_dir(path: str) -> None:
 class HostFS:
     """Read and write host files relative to ``root`` (``/`` on a real host)."""
 
-    def __init__(self, root: str = "/"):
-        self.root = os.path.abspath(root or "/")
+    def __init__(self, root: str | None = "/"):
+        root = "/" if root is None else root
+        # A bad root is refused by the first path() (inside the module's finish()), not here.
+        self.refused = None if isinstance(root, str) and root.startswith("/") and "\0" not in root else root
+        self.root = "/" if self.refused is not None else os.path.abspath(root)
+        self._real_root = os.path.realpath(self.root)
 
-    def path(self, host_path: str) -> str:
-        """Map an absolute host path (``/sys/...``) to the real path under root."""
-        if not host_path.startswith("/"):
-            raise ValueError(f"host path must be absolute: {host_path!r}")
+    def path(self, host_path: str, follow: bool = True) -> str:
+        """Map an absolute host path (``/sys/...``) to the real path under root. HostPathError for a path that is not
+        an absolute string, holds a NUL byte, or leads out of root: through ``..`` past the root, or through a symlink
+        (every link but the last one followed when ``follow`` is False, for lstat, readlink, unlink)."""
+        if self.refused is not None:
+            raise HostPathError(self.refused, "root must be an absolute path without NUL bytes ('/' on a real host)")
+        if not isinstance(host_path, str) or not host_path.startswith("/"):
+            raise HostPathError(host_path, "expected an absolute path (starting with /)")
+        if "\0" in host_path:
+            raise HostPathError(host_path, "it holds a NUL byte")
         if self.root == "/":
             return host_path
-        return self.root + host_path
+        parts = [p for p in host_path.split("/") if p not in ("", ".")]
+        if ".." in parts:
+            raise HostPathError(host_path, f"'..' in a host path could lead out of root {self.root}; give the path "
+                                           "without '..'")
+        real = self.root + host_path
+        head, tail = os.path.split(real.rstrip("/") or "/")
+        resolved = os.path.realpath(real) if follow else os.path.join(os.path.realpath(head), tail)
+        if not self._inside(resolved):
+            raise HostPathError(host_path, f"it resolves to {resolved}, outside root {self.root} (a symlink leads out)")
+        return real
+
+    def _inside(self, real_path: str) -> bool:
+        return real_path == self._real_root or real_path.startswith(self._real_root.rstrip("/") + "/")
 
     def unroot(self, real_path: str) -> str:
         """Inverse of path(): the host path for a real path under root."""
@@ -74,7 +115,7 @@ class HostFS:
 
     # ---- reads -------------------------------------------------------------------------
     def exists(self, host_path: str) -> bool:
-        return os.path.lexists(self.path(host_path))
+        return os.path.lexists(self.path(host_path, follow=False))
 
     def isdir(self, host_path: str) -> bool:
         return os.path.isdir(self.path(host_path))
@@ -126,14 +167,14 @@ class HostFS:
 
     def readlink(self, host_path: str) -> str | None:
         try:
-            return os.readlink(self.path(host_path))
+            return os.readlink(self.path(host_path, follow=False))
         except OSError:
             return None
 
     def lstat(self, host_path: str):
         """``os.lstat`` of the path, None when it does not exist."""
         try:
-            return os.lstat(self.path(host_path))
+            return os.lstat(self.path(host_path, follow=False))
         except OSError as err:
             if err.errno in (errno.ENOENT, errno.ENOTDIR):
                 return None
@@ -162,7 +203,7 @@ class HostFS:
             os.makedirs(parent, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=".gpufleet-", dir=parent)
             try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:  # bytes read back as they were
                     fh.write(data)
                     fh.flush()
                     os.fchmod(fh.fileno(), mode)
@@ -202,7 +243,7 @@ class HostFS:
 
     def chown(self, host_path: str, uid: int, gid: int) -> None:
         try:
-            os.lchown(self.path(host_path), uid, gid)
+            os.lchown(self.path(host_path, follow=False), uid, gid)
         except OSError as err:
             raise HostFSError("chown", host_path, err) from None
 
@@ -213,8 +254,9 @@ class HostFS:
     def remove(self, host_path: str) -> bool:
         """Remove a file (the removal made durable with a directory fsync); False when it was not there."""
         try:
-            os.unlink(self.path(host_path))
-            fsync_dir(os.path.dirname(self.path(host_path)))
+            real = self.path(host_path, follow=False)
+            os.unlink(real)
+            fsync_dir(os.path.dirname(real))
             return True
         except FileNotFoundError:
             return False
@@ -224,7 +266,7 @@ class HostFS:
     def remove_tree(self, host_path: str) -> bool:
         """Remove a directory and everything under it (a file too); False when it was not there. Links are
         removed, never followed."""
-        real = self.path(host_path)
+        real = self.path(host_path, follow=False)
         try:
             if os.path.isdir(real) and not os.path.islink(real):
                 shutil.rmtree(real)
@@ -268,21 +310,74 @@ class HostFS:
             os.close(fd)
 
 
+def advice(name: str, root: str, does: str, err: HostFSError, params: dict | None = None) -> str:
+    """The failure message of a HostFSError: which module under which root, the error, and what to do, which depends on
+    why (a refused path, with the option it came from, a read-only file system, a file root may not change, or too few
+    rights)."""
+    head = f"{name} under root {root} failed: {err}."
+    if isinstance(err, HostPathError):
+        return f"{head}{source_option(params or {}, err.path)} Give a path inside the host tree; nothing was written."
+    if err.errno == errno.EROFS:
+        return f"{head} {err.path} is on a read-only file system: remount it read-write (or change the image it comes from)."
+    if err.errno == errno.EPERM and os.geteuid() == 0:
+        return (f"{head} It runs as root, so {err.path} is immutable or append-only (lsattr {err.path}; chattr -i "
+                "allows the change), or a container withholds the capability: run it on the host itself.")
+    return f"{head} The module {does}: run it as root (become: true) on the host itself, not in a container."
+
+
+def path_flaw(value, contained: bool) -> str | None:
+    """Why ``value`` cannot be a path a module takes (None when it can); ``contained``: it is a host path under a root
+    other than /, where '..' could lead out of the tree."""
+    if not isinstance(value, str) or not value:
+        return "expected an absolute path"
+    if not value.startswith("/"):
+        return "a relative path: give it absolute, from /"
+    if "\0" in value or "\n" in value or "\r" in value:
+        return "it holds a NUL byte or a line break"
+    if contained and ".." in value.split("/"):
+        return "'..' could lead out of root: give the path without it"
+    return None
+
+
+def refused_path_option(module) -> str | None:
+    """The failure message for the first path option (type path in the module's argument spec) that no run can use, before
+    anything is read or written; None when every one is sound. An empty optional path without a default means unset."""
+    spec = getattr(module, "argument_spec", None) or {}
+    root = module.params.get("root")
+    for name in sorted(n for n, o in spec.items() if o.get("type") == "path"):
+        value, option = module.params.get(name), spec[name]
+        if value is None or (value == "" and option.get("default") is None and not option.get("required")):
+            continue
+        why = path_flaw(value, contained=name != "root" and isinstance(root, str) and root != "/")
+        if why:
+            return f"{name}={value!r} is refused: {why}. Nothing was done."
+    return None
+
+
+def source_option(params: dict, path) -> str:
+    """`` It comes from OPTION.`` for the option whose (string) value the refused ``path`` holds, the longest such value; ``""``."""
+    found = [(len(v), n) for n, v in params.items() if n != "root" and isinstance(v, str) and v and isinstance(path, str) and v in path]
+    return f" It comes from {max(found)[1]}={params[max(found)[1]]!r}." if found else ""
+
+
 def finish(module, name: str, does: str, run, known_error) -> None:
-    """End a host-changing module's run: ``run()`` gives its result (with a ``diff`` entry, if any); a
+    """End a host-changing module's run: a path option no run can use is refused first (refused_path_option); ``run()``
+    gives its result (with a ``diff`` entry, if any); a
     ``known_error`` becomes the message as it is (nothing changed), a HostFSError says which
-    module failed under which root and how to run it (``does``: what it reads and writes). The
+    module failed under which root and what to do (advice(); ``does``: what it reads and writes). The
     diff is returned in diff mode only."""
     root = module.params.get("root", "/")
+    refused = refused_path_option(module)
+    if refused:
+        module.fail_json(msg=refused, changed=False)
     try:
         result = run()
+    except Failed as err:  # first: a domain error that is also a Failed carries its own fields (changed, actions)
+        module.fail_json(msg=str(err), **err.fields)
     except known_error as err:
         module.fail_json(msg=str(err), changed=False)
-    except Failed as err:
-        module.fail_json(msg=str(err), **err.fields)
     except HostFSError as err:
-        module.fail_json(msg=f"{name} under root {root} failed: {err}. The module {does}: run it as root "
-                             "(become: true) on the host itself, not in a container.")
+        module.fail_json(msg=advice(name, root, does, err, module.params), **getattr(err, "fields", {}))
     diff = result.pop("diff", None)
     if module._diff and diff:  # pylint: disable=protected-access  # AnsibleModule's diff mode flag
         result["diff"] = diff

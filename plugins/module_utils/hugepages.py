@@ -14,10 +14,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError, bounded
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import NODES, parse_cpulist, parse_meminfo
 
 GLOBAL = "/sys/kernel/mm/hugepages"
+# The most pages of one size a run asks for on a node (the memory guard refuses far fewer): a larger count is a typo.
+MAX_PAGES = 2 ** 32
 SIZES = {"2M": 2048, "1G": 1048576}  # page sizes this module manages, in kB
 NAMES = {v: k for k, v in SIZES.items()}
 MEMINFO_KEYS = ("MemTotal", "HugePages_Total", "HugePages_Free", "HugePages_Rsvd", "HugePages_Surp", "Hugepagesize", "Hugetlb")
@@ -120,7 +122,8 @@ def desired(layout: dict[str, Any], pages: dict[int, int | None], nodes: list[in
     for n, sizes in out.items():
         for kb, count in sizes.items():
             if count < 0:
-                raise HugepagesError(f"{NAMES[kb]} pages on node {n}: {count} is negative; give a count of 0 or more.")
+                raise HugepagesError(f"{NAMES[kb]} pages on node {n}: {count} is negative (pages_2m, pages_1g, per_node); "
+                                     "give a count of 0 or more.")
             if kb not in layout["supported_kb"]:
                 raise HugepagesError(
                     f"This kernel has no {NAMES[kb]} huge pages ({GLOBAL}/hugepages-{kb}kB is missing)"
@@ -153,7 +156,8 @@ def guard(layout: dict[str, Any], want: dict[int, dict[int, int]], max_percent: 
             problems.append(
                 f"Refusing to reserve huge pages on NUMA node {node}: {parts} is {gib(used)}, {used * 100 / total:.0f}% of the "
                 f"node's {gib(total)}, above max_memory_percent {max_percent} ({gib(limit)}). At most {fits} fit with the "
-                f"rest as it is. Lower the request, or raise max_memory_percent if the host can really spare the memory.")
+                f"rest as it is. Lower the request (pages_2m, pages_1g, per_node), or raise max_memory_percent if the host can "
+                "really spare the memory.")
     return problems
 
 
@@ -232,10 +236,10 @@ def _per_node(raw: dict) -> dict[int, dict[int, int]]:
         sizes = {}
         for name, kb in (("pages_2m", 2048), ("pages_1g", 1048576)):
             if value.get(name) is not None:
-                try:
-                    sizes[kb] = int(value[name])
-                except (TypeError, ValueError):
-                    raise HugepagesError(f"per_node[{key}].{name}: '{value[name]}' is not a number of pages.") from None
+                count = value[name]
+                if isinstance(count, str) and count.strip().isdigit():
+                    count = int(count)
+                sizes[kb] = bounded(f"per_node[{key}].{name}", count, 0, MAX_PAGES, "pages")
         out[int(key)] = sizes
     return out
 
@@ -254,6 +258,9 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
     pct = params["max_memory_percent"]
     if not 1 <= pct <= 100:
         raise HugepagesError(f"max_memory_percent must be between 1 and 100, got {pct}.")
+    for name in ("pages_2m", "pages_1g"):
+        if params.get(name) is not None:
+            bounded(name, params[name], 0, MAX_PAGES, "pages")
     layout = read_layout(fs)
     if not layout["supported_kb"]:
         raise HugepagesError("This kernel offers no huge pages (/sys/kernel/mm/hugepages is empty or missing): it was built "

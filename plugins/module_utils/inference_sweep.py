@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import ssl
 import time
@@ -132,13 +133,27 @@ class BenchmarkConfig:
                 "deadline": self.deadline, "measured_only": self.measured_only}
 
 
+# The upper bound of each number check_config() takes (the lower ones are in its calls): far above any real run, low
+# enough that a typo (2**63 requests, a timeout of a year) is refused instead of run.
+LIMITS = {"prompt_tokens": 2 ** 20, "output_tokens": 2 ** 20, "requests": 10 ** 6, "warmup": 10 ** 6, "repetitions": 1000,
+          "settle_runs": 100, "timeout": 86400, "deadline": 7 * 86400, "token_id": 2 ** 31}
+
+
 def check_config(cfg: BenchmarkConfig) -> Endpoint:
     """Validate every setting before anything is sent; ValueError saying which one and why."""
     endpoint = parse_endpoint(cfg.url)
 
     def positive(name: str, value: Any, minimum: int = 1) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{name} must be an integer of at least {minimum}, got {value!r}")
+        maximum = LIMITS.get(name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (maximum and value > maximum):
+            raise ValueError(f"{name} must be an integer of at least {minimum}{f' and at most {maximum}' if maximum else ''}, "
+                             f"got {value!r}")
+
+    def seconds(name: str, value: Any, minimum: float, zero_ok: bool = False) -> None:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not number or not (minimum < value <= LIMITS[name] or (zero_ok and value == 0)):
+            raise ValueError(f"{name} must be {'0 (none) or ' if zero_ok else ''}a positive number of seconds (at most "
+                             f"{LIMITS[name]}), got {value!r}")
 
     positive("prompt_tokens", cfg.prompt_tokens)
     positive("output_tokens", cfg.output_tokens)
@@ -166,10 +181,8 @@ def check_config(cfg: BenchmarkConfig) -> Endpoint:
         raise ValueError(f"requests ({cfg.requests}) is below the largest concurrency ({max(cfg.concurrency)}): a run "
                          "would never reach that level; use at least as many requests per run as the largest level "
                          "(several times as many for a steady state)")
-    if not isinstance(cfg.timeout, (int, float)) or isinstance(cfg.timeout, bool) or cfg.timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, got {cfg.timeout!r}")
-    if isinstance(cfg.deadline, bool) or not isinstance(cfg.deadline, (int, float)) or cfg.deadline < 0:
-        raise ValueError(f"deadline must be 0 (none) or a positive number of seconds, got {cfg.deadline!r}")
+    seconds("timeout", cfg.timeout, 0)
+    seconds("deadline", cfg.deadline, 0, zero_ok=True)
     rate = cfg.max_error_rate
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
         raise ValueError(f"max_error_rate must be between 0 and 1, got {rate!r}")
@@ -177,8 +190,8 @@ def check_config(cfg: BenchmarkConfig) -> Endpoint:
         raise ValueError(f"prompt_mode must be token_ids or text, got {cfg.prompt_mode!r}")
     rng = cfg.token_id_range
     if (not isinstance(rng, (list, tuple)) or len(rng) != 2 or any(isinstance(v, bool) or not isinstance(v, int) for v in rng)
-            or not 0 <= rng[0] < rng[1]):
-        raise ValueError(f"token_id_range must be two integers [low, high) with 0 <= low < high, got {rng!r}")
+            or not 0 <= rng[0] < rng[1] <= LIMITS["token_id"]):
+        raise ValueError(f"token_id_range must be two integers [low, high) with 0 <= low < high <= {LIMITS['token_id']}, got {rng!r}")
     return endpoint
 
 

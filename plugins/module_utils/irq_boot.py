@@ -100,8 +100,8 @@ def validate(params: dict) -> None:
         raise IrqError(f"reapply_interval {interval!r} is not a systemd time span: give a number with a unit, such as "
                        "10min, 1h or 90s (systemd.time(7)), or leave it empty to re-apply only at boot and on driver bind.")
     wait = params.get("reapply_wait", 30)
-    if not isinstance(wait, int) or wait < 0:
-        raise IrqError(f"reapply_wait {wait!r} must be a whole number of seconds, 0 or more.")
+    if isinstance(wait, bool) or not isinstance(wait, int) or not 0 <= wait <= 3600:
+        raise IrqError(f"reapply_wait {wait!r} must be a whole number of seconds from 0 to 3600.")
     python = params.get("reapply_python") or ""
     if python and not python.startswith("/"):
         raise IrqError(f"reapply_python {python!r} must be the absolute path of the host's Python 3.7 or later "

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import stat
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 
 
 class ManagedFilesError(Exception):
@@ -133,24 +133,83 @@ def converge(fs: HostFS, dirs: list[dict], files: list[dict], check_mode: bool) 
 
 def apply(fs: HostFS, dirs: list[dict], files: list[dict], actions: list[dict]) -> None:
     """Carry out ``actions`` (from plan()), in their order: directories, whole files written atomically with
-    their mode (or removed), modes and owners."""
+    their mode (or removed), modes and owners. When one fails (a HostFSError: an immutable file, a read-only
+    file system), the ones done before it are undone, newest first, and the error goes on with ``fields``:
+    changed false when the undo restored everything, else changed true and the actions done."""
     wanted = {w["path"]: w for w in list(dirs) + list(files)}
+    done: list[tuple[dict, list]] = []
     for action in actions:
         want = wanted[action["path"]]
-        if action["action"] == "create_directory":
-            fs.makedirs(want["path"], want["mode"])
-            if want["owner"] is not None:
-                fs.chown(want["path"], *want["owner"])
-        elif action["action"] in ("create", "write"):
-            fs.write_atomic(want["path"], want["content"], want["mode"])
-            if want["owner"] is not None:
-                fs.chown(want["path"], *want["owner"])
-        elif action["action"] == "remove":
-            fs.remove(want["path"])
-        elif action["action"] == "set_mode":
-            fs.chmod(want["path"], want["mode"])
-        elif action["action"] == "set_owner":
+        undo: list = []
+        try:
+            undo = _undo_steps(fs, want, action)
+            _apply_one(fs, want, action)
+        except HostFSError as err:
+            left = _undo(fs, done + [(action, undo)])
+            err.fields = {"changed": bool(left), "actions": left} if left else {"changed": False}
+            raise
+        done.append((action, undo))
+
+
+def _apply_one(fs: HostFS, want: dict, action: dict) -> None:
+    if action["action"] == "create_directory":
+        fs.makedirs(want["path"], want["mode"])
+        if want["owner"] is not None:
             fs.chown(want["path"], *want["owner"])
+    elif action["action"] in ("create", "write"):
+        fs.write_atomic(want["path"], want["content"], want["mode"])
+        if want["owner"] is not None:
+            fs.chown(want["path"], *want["owner"])
+    elif action["action"] == "remove":
+        fs.remove(want["path"])
+    elif action["action"] == "set_mode":
+        fs.chmod(want["path"], want["mode"])
+    elif action["action"] == "set_owner":
+        fs.chown(want["path"], *want["owner"])
+
+
+def _undo_steps(fs: HostFS, want: dict, action: dict) -> list[tuple]:
+    """What puts ``want['path']`` back as it is now, read before ``action`` runs: a list of (verb, path, ...)."""
+    path = want["path"]
+    if action["action"] == "create_directory":
+        missing, parent = [], path
+        while parent not in ("", "/") and not fs.exists(parent):
+            missing.append(("rmdir", parent))
+            parent = parent.rsplit("/", 1)[0] or "/"
+        return missing  # deepest first
+    st = fs.lstat(path)
+    if st is None:
+        return [("remove", path)]
+    if action["action"] in ("write", "remove"):
+        return [("restore", path, fs.read_exact(path, errors="surrogateescape"), stat.S_IMODE(st.st_mode), (st.st_uid, st.st_gid))]
+    return [("chmod", path, stat.S_IMODE(st.st_mode)), ("chown", path, (st.st_uid, st.st_gid))]
+
+
+def _undo(fs: HostFS, done: list[tuple[dict, list]]) -> list[dict]:
+    """Undo ``done`` newest first; the actions whose undo failed too (what stays changed)."""
+    left = []
+    for action, steps in reversed(done):
+        try:
+            for step in steps:
+                _undo_step(fs, step)
+        except (HostFSError, OSError):
+            left.append(action)
+    return left
+
+
+def _undo_step(fs: HostFS, step: tuple) -> None:
+    verb, path = step[0], step[1]
+    if verb == "rmdir" and fs.exists(path):
+        fs.remove_tree(path)
+    elif verb == "remove":
+        fs.remove(path)
+    elif verb == "restore":
+        fs.write_atomic(path, step[2], step[3])
+        fs.chown(path, *step[4])
+    elif verb == "chmod":
+        fs.chmod(path, step[2])
+    elif verb == "chown":
+        fs.chown(path, *step[2])
 
 
 def read_back(fs: HostFS, files: list[dict]) -> dict:

@@ -23,39 +23,54 @@ class NcclFilesError(Exception):
     """The files do not hold what was written, or a path cannot hold a file; the message says which."""
 
 
-def check_read_back(params: dict, texts: dict) -> None:
-    """Raise NcclFilesError unless both files hold exactly what was written, NVLink multicast is off in
-    the file NCCL reads and the EnvironmentFile sets CUDA_DEVICE_ORDER as resolved."""
-    conf_path, env_path = params["conf_path"], params["env_file"]
-    conf_text, env_text = texts.get(conf_path), texts.get(env_path)
+def check_contents(params: dict) -> None:
+    """Before anything is written: raise NcclFilesError unless the rendered contents turn NVLink multicast off in the file
+    NCCL reads and set CUDA_DEVICE_ORDER as resolved in the EnvironmentFile."""
+    problems = _lacks(params, params["conf_content"], params["env_content"])
+    if problems:
+        raise NcclFilesError(f"conf_content or env_content does not carry the settings: {'; '.join(problems)}. Render them "
+                             f"with the gpufleet.inference.nccl_env filter. Nothing was written.")
+
+
+def _lacks(params: dict, conf_text: str | None, env_text: str | None) -> list[str]:
+    """What the two texts lack of the settings: NCCL_NVLS_ENABLE=0 in the conf, the resolved CUDA_DEVICE_ORDER in the env."""
     settings = params.get("settings") or {}
-    problems = mf.unlike([mf.wanted_file(conf_path, params["conf_content"]), mf.wanted_file(env_path, params["env_content"])],
-                         texts)
+    problems = []
     if "NCCL_NVLS_ENABLE=0" not in (conf_text or "").splitlines():
-        problems.append(f"{conf_path} lacks NCCL_NVLS_ENABLE=0")
+        problems.append(f"{params['conf_path']} lacks NCCL_NVLS_ENABLE=0")
     order = f"CUDA_DEVICE_ORDER={settings.get('CUDA_DEVICE_ORDER')}"
     if order not in (env_text or "").splitlines():
-        problems.append(f"{env_path} lacks {order}")
+        problems.append(f"{params['env_file']} lacks {order}")
+    return problems
+
+
+def check_read_back(params: dict, texts: dict) -> None:
+    """Raise NcclFilesError unless both files hold exactly what was written (check_contents() vouched for what that is)."""
+    conf_path, env_path = params["conf_path"], params["env_file"]
+    problems = mf.unlike([mf.wanted_file(conf_path, params["conf_content"]), mf.wanted_file(env_path, params["env_content"])],
+                         texts)
+    problems += _lacks(params, texts.get(conf_path), texts.get(env_path))
     if problems:
         raise NcclFilesError(
             f"{conf_path} or {env_path} does not hold the settings just written (changed by hand or by another tool?): "
-            f"{'; '.join(problems)}. Expected: {json.dumps(settings)}")
+            f"{'; '.join(problems)}. Expected: {json.dumps(params.get('settings') or {})}")
 
 
 def execute(params: dict, fs: HostFS, check_mode: bool, warn=None, owner: tuple[int, int] = (0, 0)) -> dict:
     """Write (outside check mode) and read back the two files; warn about the per-user override."""
+    check_contents(params)
     env_dir = posixpath.dirname(params["env_file"]) or "/"
     dirs = [mf.wanted_dir(env_dir, 0o755, owner)]
     files = [mf.wanted_file(params["conf_path"], params["conf_content"], 0o644, owner),
              mf.wanted_file(params["env_file"], params["env_content"], 0o644, owner)]
+    user_conf = params.get("user_conf") or USER_CONF
+    user_conf_exists = fs.exists(user_conf)  # read before any write: a path it cannot read fails with nothing written
     try:
         actions, diff = mf.converge(fs, dirs, files, check_mode)
         if not check_mode:
             check_read_back(params, mf.read_back(fs, files))
     except mf.ManagedFilesError as err:
         raise NcclFilesError(str(err)) from None
-    user_conf = params.get("user_conf") or USER_CONF
-    user_conf_exists = fs.exists(user_conf)
     if user_conf_exists and warn is not None:
         where = f" on {params['host_name']}" if params.get("host_name") else ""
         warn(f"{user_conf} exists{where}: NCCL reads it instead of {params['conf_path']} for processes of root. "

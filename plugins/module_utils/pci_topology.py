@@ -403,7 +403,8 @@ def normalize_bdfs(raws) -> list[str]:
     for raw in raws or []:
         bdf = normalize_bdf(raw)
         if bdf is None:
-            raise TopologyError(f"'{raw}' is not a PCI address: write it as DDDD:BB:DD.F, for example 0000:3b:00.0 (lspci -D prints them).")
+            raise TopologyError(f"devices: '{raw}' is not a PCI address: write it as DDDD:BB:DD.F, for example 0000:3b:00.0 "
+                                "(lspci -D prints them).")
         out.append(bdf)
     return out
 

@@ -342,8 +342,8 @@ def execute(params: dict, fs: HostFS, check_mode: bool, run=None, warn=None) -> 
     """The pcie_facts module's run: the audit (gather()) and, with ``dest``, its JSON kept on the host
     (keep_report(), behind check mode); warnings go to ``warn``. Raises one of KNOWN_ERRORS for input or a
     topology the audit cannot read, HostFSError for a path it cannot read or write."""
-    if params.get("probe_size_mb", 256) < 1:
-        raise ValueError(f"probe_size_mb must be at least 1, got {params['probe_size_mb']}")
+    if not 1 <= params.get("probe_size_mb", 256) <= 65536:
+        raise ValueError(f"probe_size_mb must be from 1 to 65536 (MiB), got {params['probe_size_mb']}")
     audit_params = {k: v for k, v in params.items() if k not in ("root", "dest", "dest_host", "dest_kernel")}
     facts, warnings = gather(fs, audit_params, run=run)
     actions, diff = [], []

@@ -40,6 +40,7 @@ MODPROBE_CONF = "/etc/modprobe.d/gpufleet-vfio.conf"
 STATE_FILE = "/var/lib/gpufleet/vfio/original-drivers.json"
 HEADER = "# Managed by gpufleet.inference.vfio_bind: do not edit, run the vfio role (or vfio_bind) instead.\n"
 
+DRIVER_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 ID_RE = re.compile(r"^(?:0x)?([0-9a-f]{4}):(?:0x)?([0-9a-f]{4})$")
 UDEV_KERNEL_RE = re.compile(r'KERNEL=="([0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7])"')
 SUBSYS_NVME_RE = re.compile(r"^nvme(\d+)c\d+n(\d+)$")
@@ -60,7 +61,7 @@ def parse_selector(text: str) -> tuple[str, str]:
     if m:
         return "id", f"{m.group(1)}:{m.group(2)}"
     raise VfioError(
-        f"'{text}' is neither a PCI address nor a vendor:device ID: write an address as DDDD:BB:DD.F "
+        f"devices: '{text}' is neither a PCI address nor a vendor:device ID: write an address as DDDD:BB:DD.F "
         f"(0000:3b:00.0, from 'lspci -D') or an ID as vvvv:dddd (10de:2335, from 'lspci -nn').")
 
 
@@ -511,7 +512,26 @@ def load_originals(fs: HostFS) -> dict[str, Any]:
         raise VfioError(f"{STATE_FILE} is {'empty' if not (text or '').strip() else 'not a JSON object'}: it should hold the "
                         "drivers the functions had before vfio-pci, which state=absent gives them back to. Restore it from "
                         "a backup, or remove it and set restore_driver to the driver to bind.")
+    for bdf, entry in data.items():
+        why = _bad_original(bdf, entry)
+        if why:
+            raise VfioError(f"{STATE_FILE}: the entry {bdf!r} {why}: each entry maps a PCI address (0000:3b:00.0) to "
+                            '{"driver": ..., "module": ..., "id": "10de:2330"} (strings or null). Restore the file from a '
+                            "backup, or remove it and set restore_driver to the driver to bind. Nothing was changed.")
     return data
+
+
+def _bad_original(bdf: str, entry) -> str | None:
+    """Why one entry of the originals record is not of its schema, or None."""
+    if normalize_bdf(bdf) != bdf:
+        return "is not a PCI address in the sysfs form"
+    if not isinstance(entry, dict) or set(entry) != {"driver", "module", "id"}:
+        return "is not an object of driver, module and id"
+    if not all(v is None or (isinstance(v, str) and DRIVER_NAME_RE.fullmatch(v)) for v in (entry["driver"], entry["module"])):
+        return "has a driver or module that is not a kernel driver name"
+    if entry["id"] is not None and not (isinstance(entry["id"], str) and ID_RE.match(entry["id"])):
+        return "has an id that is not vendor:device"
+    return None
 
 
 def remember(originals: dict[str, Any], states: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PCI_DEVICES, PciWalker, normalize_bdf
 from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import (
     DRIVERS_PROBE, MODPROBE_CONF, PCI_DRIVERS, STATE_FILE, UDEV_RULES, VFIO, BindWatcher, VfioError, check_groups,
@@ -26,6 +26,14 @@ EINVAL = 22
 def _render_bindings(states: dict) -> str:
     return "".join(f"{bdf}: driver={st['driver'] or 'none'} driver_override={st['driver_override'] or 'none'}\n"
                    for bdf, st in sorted(states.items()))
+
+
+class ApplyFailed(VfioError, Failed):
+    """A kernel step failed after others ran (rolled back where it could be): a VfioError that says changed (the functions
+    were unbound and probed again) and lists the actions, for finish()."""
+
+    def __init__(self, msg: str, **fields):
+        Failed.__init__(self, msg, **fields)
 
 
 def _predict(states: dict, actions: list) -> dict:
@@ -218,8 +226,7 @@ def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindW
         runtime_full.append(a)
 
     after_states = _predict(states, runtime_full)
-    new_originals = remember(originals, order) if state == "present" else {
-        k: v for k, v in originals.items() if k not in states or after_states[k]["driver"] == VFIO}
+    new_originals = remember(originals, order) if state == "present" else given_back(originals, after_states)
     orig_action = []
     if new_originals != originals and (runtime_full or file_actions):  # bookkeeping only alongside a real change
         orig_action = [{"op": "write", "path": STATE_FILE, "internal": True,
@@ -241,7 +248,9 @@ def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindW
                     applier.run(a)
             except VfioError as err:
                 notes = _rollback(fs, applier, states, touched) if state == "present" else []
-                raise VfioError(f"{err}{' Rolled back: ' + '; '.join(notes) + '.' if notes else ''}") from None
+                # the functions were unbound and probed again (reset) even where rolled back: that is a change
+                raise ApplyFailed(f"{err}{' Rolled back: ' + '; '.join(notes) + '.' if notes else ''}", changed=bool(touched),
+                                  actions=[result_action(a, states) for a in runtime_full]) from None
             finally:
                 watcher.close()
         for a in file_actions:
@@ -249,10 +258,10 @@ def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindW
                 fs.write_atomic(a["path"], a["after"])
             else:
                 fs.remove(a["path"])
-        if state == "absent":
-            for a in orig_action:
-                _write_state(fs, a["after"])
         after_states = {bdf: read_state(walker, bdf) for bdf in states}
+        if state == "absent" and orig_action:  # forget only the functions that are back on a driver now
+            new_originals = given_back(originals, after_states)
+            _write_state(fs, json_text(new_originals) if new_originals else None)
         if params["bind_now"] and state == "present":
             wrong = [b for b, s in after_states.items() if s["driver"] != VFIO]
             if wrong:
@@ -290,6 +299,13 @@ def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindW
         "wait_source": wait_source,
         "diff": diff,
     }
+
+
+def given_back(originals: dict, after_states: dict) -> dict:
+    """The originals record after state=absent: an entry is forgotten only when its function is on a driver other than
+    vfio-pci (given back); one left without a driver keeps its entry, so that a later run can still restore it."""
+    return {k: v for k, v in originals.items()
+            if k not in after_states or after_states[k]["driver"] in (None, VFIO)}
 
 
 def json_text(data: dict) -> str:

@@ -51,7 +51,14 @@ MANAGED_FLAGS = {
     "quantization": ("--quantization", "-q"),
     "dtype": ("--dtype",),
 }
-SECRET_FLAGS = ("--api-key",)
+SECRET_FLAGS = ("--api-key", "--hf-token")
+# What to do instead of each secret flag: the role passes the secret through its root-only EnvironmentFile.
+SECRET_FLAG_FIX = {
+    "--api-key": "set vllm_service_api_key (from Ansible Vault) and the role passes it through a root-only "
+                 "EnvironmentFile as VLLM_API_KEY",
+    "--hf-token": "set HF_TOKEN in vllm_service_secret_env (from Ansible Vault), which the role keeps in a root-only "
+                  "EnvironmentFile (0600) that vLLM reads",
+}
 
 DEFAULTS = {
     "model": None,
@@ -100,6 +107,13 @@ _API_KEY = re.compile(r"[A-Za-z0-9._~+/=-]+")
 # Names that hold credentials (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, AWS_SECRET_ACCESS_KEY, WANDB_API_KEY, ...):
 # refused in the plain, world-readable vllm_service_env.
 SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|AUTH)", re.IGNORECASE)
+# ... and names with a word (between underscores) that names one: OPENAI_KEY, S3_KEY, MY_PASS, SIGNING_KEY, DATABASE_URL.
+SECRET_WORDS = {"KEY", "KEYS", "PASS", "PWD", "DSN", "COOKIE", "SIGNATURE", "CERT"}
+SECRET_NAMES = {"DATABASE_URL", "DB_URL", "REDIS_URL", "MONGODB_URI", "MONGO_URL", "AMQP_URL", "BROKER_URL", "SENTRY_DSN"}
+# Values that are credentials whatever their name: a Hugging Face, OpenAI, GitHub, Slack or AWS token, a private key, a URL
+# with a user and password in it.
+SECRET_VALUE = re.compile(r"(\bhf_[A-Za-z0-9]{20,}|\bsk-[A-Za-z0-9_-]{20,}|\bgh[pousr]_[A-Za-z0-9]{20,}|\bxox[abpr]-|"
+                          r"\bAKIA[0-9A-Z]{16}\b|-----BEGIN|://[^/@\s:]+:[^/@\s]+@)")
 
 
 class VllmArgsError(ValueError):
@@ -192,9 +206,12 @@ def check_extra_args(params: dict) -> list:
         _no_control("extra_args", arg)
         flag = _flag_name(arg)
         if flag in SECRET_FLAGS:
-            raise VllmArgsError("vllm_service_extra_args holds --api-key: an argv is visible to every user (ps, "
-                                "/proc/PID/cmdline) and to the journal; set vllm_service_api_key (from Ansible Vault) "
-                                "and the role passes it through a root-only EnvironmentFile as VLLM_API_KEY")
+            raise VllmArgsError(f"vllm_service_extra_args holds {flag}: an argv is visible to every user (ps, "
+                                f"/proc/PID/cmdline) and to the journal; {SECRET_FLAG_FIX[flag]}")
+        if SECRET_VALUE.search(arg):
+            raise VllmArgsError("vllm_service_extra_args holds what looks like a credential (a token or a URL with a "
+                                "password; not shown): an argv is visible to every user and to the journal; put it in "
+                                "vllm_service_secret_env (from Ansible Vault), which the role keeps in a root-only file")
         var = owner.get(flag)
         if var and params.get(var) != UNSET.get(var, object()):
             raise VllmArgsError(f"vllm_service_extra_args holds {flag}, which vllm_service_{var} sets; set it in one "
@@ -214,7 +231,7 @@ def check_env(params: dict) -> dict:
         if key == "VLLM_API_KEY":
             raise VllmArgsError("vllm_service_env holds VLLM_API_KEY: set vllm_service_api_key instead, which the role "
                                 "keeps in a root-only file (0600) and out of every log")
-        if SECRET_NAME.search(key):
+        if looks_secret(key, value):
             raise VllmArgsError(f"vllm_service_env.{key} looks like a secret (its value is not shown): vllm_service_env "
                                 "goes to a world-readable file and to the role's output. Put it in vllm_service_secret_env "
                                 "(from Ansible Vault), which the role keeps in a root-only file (0600) and out of every log")
@@ -228,6 +245,15 @@ def check_env(params: dict) -> dict:
                                 "are not allowed in a systemd EnvironmentFile value here")
         out[key] = text
     return out
+
+
+def looks_secret(name: str, value) -> bool:
+    """Whether an environment variable holds a credential, by its name (SECRET_NAME, a word of SECRET_WORDS, SECRET_NAMES)
+    or by its value (SECRET_VALUE: a token's prefix, a URL with a password)."""
+    upper = name.upper()
+    if SECRET_NAME.search(upper) or upper in SECRET_NAMES or SECRET_WORDS & set(upper.split("_")):
+        return True
+    return isinstance(value, str) and bool(SECRET_VALUE.search(value))
 
 
 def check_api_key(key) -> None:
@@ -311,7 +337,7 @@ def check_command(params: dict) -> list:
     for arg in command:
         _no_control("command", arg)
         if _flag_name(arg) in SECRET_FLAGS:
-            raise VllmArgsError("vllm_service_command holds --api-key; set vllm_service_api_key instead")
+            raise VllmArgsError(f"vllm_service_command holds {_flag_name(arg)}; {SECRET_FLAG_FIX[_flag_name(arg)]}")
     return list(command)
 
 

@@ -14,12 +14,28 @@ locale), the start log through HostFS, and the path vLLM took from ``vllm_startl
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any, Callable
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFSError, bounded
 from ansible_collections.gpufleet.inference.plugins.module_utils.inference_transport import request_text
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_startlog import parse as parse_start_log
+
+
+# The numbers a run takes, and their allowed ranges: (low, high, unit).
+LIMITS = {"timeout": (1, 86400, "seconds"), "interval": (0.01, 300, "seconds"), "request_timeout": (1, 3600, "seconds"),
+          "max_tokens": (1, 4096, "tokens"), "journal_lines": (0, 100000, "lines"), "start_log_lines": (1, 1000000, "lines")}
+
+
+def check_limits(p: dict[str, Any]) -> None:
+    """Failed (nothing done) naming the first number outside its LIMITS range, or an api_key no HTTP header can carry."""
+    for name, (low, high, unit) in LIMITS.items():
+        bounded(name, p[name], low, high, unit)
+    key = p.get("api_key")
+    if key and not re.fullmatch(r"[\x21-\x7e]+", key):
+        raise Failed("api_key holds a space, a control character or a non-ASCII character, which an HTTP Authorization "
+                     "header cannot carry (the key is not shown): give the key the service runs with.", changed=False)
 
 
 class NotReady(Exception):
@@ -97,7 +113,7 @@ class Prober:
         except (ValueError, KeyError, TypeError):
             raise NotReady(f"{self.base}/v1/models did not return an OpenAI model list: {text[:200]!r}") from None
         if name not in ids:
-            raise NotReady(f"{self.base}/v1/models lists {ids}, not the served model name {name!r}")
+            raise NotReady(f"{self.base}/v1/models lists {ids}, not the served model name {name!r} (served_model_name)")
         return ids
 
     def completion(self, name: str, prompt: str, max_tokens: int, clock=time.monotonic) -> dict:
@@ -195,6 +211,7 @@ class _Host:
 def execute(p: dict[str, Any], cmds, warn: Callable[[str], None] | None = None, request=request_text) -> dict[str, Any]:
     """The module's run: prove() the service while watching its unit; the result, or Failed with the unit's
     state, its last journal lines and the kernel path vLLM took. Changes nothing."""
+    check_limits(p)
     host = _Host(p, cmds, warn or (lambda msg: None))
     first = host.unit()
     prober = Prober(request, p["url"], p["api_key"], p["request_timeout"])

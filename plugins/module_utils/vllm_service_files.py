@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import managed_files as mf
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS
 
 UNIT_DIR = "/etc/systemd/system"
 STAMP = "# NCCL environment {path}:"
+# A unit name systemd takes (systemd.unit(5): ASCII letters, digits, ':', '-', '_', '.', '@'; 255 bytes with '.service'),
+# not starting with a dot or a dash.
+UNIT_NAME = re.compile(r"[A-Za-z0-9_:@][A-Za-z0-9_:@.-]{0,246}")
 
 
 class VllmFilesError(Exception):
@@ -64,11 +68,12 @@ def stamp_unit(unit: str, nccl: dict) -> str:
 def execute(params: dict, fs: HostFS, check_mode: bool, owner: tuple[int, int] = (0, 0)) -> dict:
     """Write (outside check mode) and read back the directory and the three files, or say what would change."""
     name = params["name"]
-    if not name or "/" in name or name.startswith(".") or name.endswith(".service"):
+    if not UNIT_NAME.fullmatch(name) or name.endswith(".service"):
         raise VllmFilesError(f"name={name!r} is not a service name: give the unit's name without '.service' (vllm_service_name, "
-                             "say 'vllm'), no '/' and no leading dot. Nothing was written.")
-    for key in ("config_dir", "nccl_env_file"):
-        if not posixpath.isabs(params[key]):
+                             "say 'vllm'): up to 247 ASCII letters, digits and :_.@-, no leading dot or dash, no space, "
+                             "newline or '/'. Nothing was written.")
+    for key in ("config_dir", "nccl_env_file", "unit_dir"):
+        if not posixpath.isabs(params.get(key) or UNIT_DIR):
             raise VllmFilesError(f"{key}={params[key]!r} is not an absolute path: give the full path on the host. Nothing was written.")
     where = paths(params)
     nccl = nccl_state(fs, params["nccl_env_file"])

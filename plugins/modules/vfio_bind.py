@@ -268,8 +268,8 @@ def main():
         supports_check_mode=True,
     )
     params = module.params
-    if params["timeout"] <= 0:
-        module.fail_json(msg=f"timeout must be a positive number of seconds, got {params['timeout']}")
+    if not 0 < params["timeout"] <= 600:  # nan too
+        module.fail_json(msg=f"timeout must be a positive number of seconds, at most 600, got {params['timeout']}", changed=False)
     fs = HostFS(params["root"])
     finish(module, "vfio_bind", "reads and writes sysfs",
            lambda: execute(params, fs, module.check_mode, modprobe_with(HostCmd(module, fs)), warn=module.warn), VfioError)

@@ -43,15 +43,15 @@ options:
     description: The systemd unit, watched while waiting and read for the journal.
     type: str
   timeout:
-    description: Seconds to wait for C(/health).
+    description: Seconds to wait for C(/health), from 1 to 86400.
     type: int
     default: 600
   interval:
-    description: Seconds between C(/health) attempts.
+    description: Seconds between C(/health) attempts, from 0.01 to 300.
     type: float
     default: 2.0
   request_timeout:
-    description: Seconds for each HTTP request (the completion may be the first one through the engine).
+    description: Seconds for each HTTP request (the completion may be the first one through the engine), from 1 to 3600.
     type: int
     default: 120
   checks:
@@ -65,11 +65,11 @@ options:
     type: str
     default: "The capital of France is"
   max_tokens:
-    description: Tokens to ask for.
+    description: Tokens to ask for, from 1 to 4096.
     type: int
     default: 4
   journal_lines:
-    description: Journal lines shown on failure.
+    description: Journal lines shown on failure, from 0 to 100000.
     type: int
     default: 50
   start_log:
@@ -83,7 +83,7 @@ options:
     type: bool
     default: false
   start_log_lines:
-    description: How many journal lines O(start_log_journal) reads (the start must lie within them).
+    description: How many journal lines O(start_log_journal) reads (the start must lie within them), from 1 to 1000000.
     type: int
     default: 20000
 """

@@ -234,8 +234,34 @@ def test_secret_looking_names_are_refused_in_the_plain_env(name):
     assert "hf_abcdef" not in msg
 
 
+@pytest.mark.parametrize("name, value", [
+    ("OPENAI_KEY", "x1"), ("S3_KEY", "x1"), ("MY_PASS", "x1"), ("SIGNING_KEY", "x1"), ("DB_PWD", "x1"),
+    ("DATABASE_URL", "postgres://u:pw@db:5432/x"), ("CACHE_URL", "redis://user:hunter2@cache:6379"),
+    ("MODEL_REVISION", "hf_abcdefghijklmnopqrstuvwxyz0123"), ("UPSTREAM", "sk-abcdefghijklmnopqrstuvwx"),
+])
+def test_secrets_by_a_word_of_the_name_or_by_the_value_are_refused_in_the_plain_env(name, value):
+    """Issue 31: these names and values reached the 0644 env file and the role's output."""
+    msg = error(env={name: value})
+    assert f"vllm_service_env.{name} looks like a secret" in msg and "vllm_service_secret_env" in msg
+    assert value not in msg
+
+
+@pytest.mark.parametrize("extra, flag", [(["--hf-token", "hf_x"], "--hf-token"), (["--hf-token=hf_x"], "--hf-token")])
+def test_hf_token_on_the_command_line_is_refused_with_the_fix(extra, flag):
+    msg = error(extra_args=extra)
+    assert f"vllm_service_extra_args holds {flag}: an argv is visible to every user" in msg
+    assert "HF_TOKEN in vllm_service_secret_env" in msg and "hf_x" not in msg
+
+
+def test_a_token_value_in_extra_args_is_refused_unshown():
+    msg = error(extra_args=["--some-flag", "hf_abcdefghijklmnopqrstuvwxyz0123"])
+    assert "looks like a credential" in msg and "hf_abcdef" not in msg
+
+
 def test_plain_env_still_takes_ordinary_names():
     assert build(env={"HF_HUB_ENABLE_HF_TRANSFER": "1", "VLLM_LOGGING_LEVEL": "INFO"})["environment"]["VLLM_LOGGING_LEVEL"] == "INFO"
+    env = build(env={"KEYBOARD_LAYOUT": "us", "BYPASS_CACHE": "1", "HF_ENDPOINT": "https://hub.example:8443/x"})["environment"]
+    assert env["BYPASS_CACHE"] == "1" and env["HF_ENDPOINT"] == "https://hub.example:8443/x"
 
 
 def test_secret_env_names_only_in_the_result_and_values_never_in_messages():

@@ -137,10 +137,14 @@ def test_per_node_counts(tmp_path):
 @pytest.mark.parametrize("extra, message", [
     ({"per_node": {"zero": {"pages_2m": 1}}}, "per_node: 'zero' is not a NUMA node number"),
     ({"per_node": {"0": {"pages_4k": 1}}}, "per_node[0]: give a dictionary with pages_2m and/or pages_1g"),
-    ({"per_node": {"0": {"pages_2m": "lots"}}}, "per_node[0].pages_2m: 'lots' is not a number of pages"),
+    ({"per_node": {"0": {"pages_2m": "lots"}}}, "per_node[0].pages_2m='lots' is out of range: give a number from 0 to 4294967296 pages"),
     ({"pages_2m": 1, "max_memory_percent": 0}, "max_memory_percent must be between 1 and 100, got 0"),
     ({"pages_2m": 1, "nodes": [5]}, "NUMA node 5 does not exist on this host"),
     ({"pages_2m": 10 ** 9}, "Refusing to reserve huge pages on NUMA node 0"),
+    # issue 31: a bool was written as "True" to nr_hugepages, 2**63 reached the kernel
+    ({"pages_2m": True}, "pages_2m=True is out of range: give a number from 0 to 4294967296 pages"),
+    ({"pages_1g": 2 ** 63}, "pages_1g=9223372036854775808 is out of range"),
+    ({"per_node": {"0": {"pages_2m": -1}}}, "per_node[0].pages_2m=-1 is out of range"),
 ])
 def test_main_bad_input_fails_cleanly_and_changes_nothing(tmp_path, capsys, extra, message):
     host = two_node_host(tmp_path)

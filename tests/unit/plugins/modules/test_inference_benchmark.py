@@ -130,7 +130,6 @@ def test_server_side_problems(lab, capsys, extra, fragment):
     ({"concurrency": [8], "requests": 4}, "requests (4) is below the largest concurrency (8)"),
     ({"output_tokens": 0}, "output_tokens must be an integer of at least 1"),
     ({"max_error_rate": 2.0}, "max_error_rate must be between 0 and 1"),
-    ({"results_dir": "relative/dir"}, "results_dir must be an absolute path"),
     ({"settle_runs": 1}, "settle_runs must be 0 (off) or at least 2"),
 ])
 def test_bad_settings_fail_before_any_request(capsys, extra, fragment):
@@ -138,6 +137,27 @@ def test_bad_settings_fail_before_any_request(capsys, extra, fragment):
     args.update(extra)
     result = run_main(args, capsys)
     assert result["failed"] and result["msg"].startswith("Invalid benchmark settings: ") and fragment in result["msg"]
+
+
+def test_a_relative_results_dir_is_refused_naming_it(capsys):
+    """Every path option is checked before the run (hostfs.finish), with the option named."""
+    result = run_main({"url": f"http://127.0.0.1:{free_port()}", "concurrency": [1], "requests": 1,
+                       "results_dir": "relative/dir"}, capsys)
+    assert result["failed"] and result["msg"].startswith("results_dir='relative/dir' is refused: a relative path")
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    ({"timeout": float("nan")}, "timeout must be a positive number of seconds (at most 86400), got nan"),
+    ({"deadline": float("inf")}, "deadline must be 0 (none) or a positive number of seconds (at most 604800), got inf"),
+    ({"requests": 2 ** 63}, "requests must be an integer of at least 1 and at most 1000000"),
+    ({"prompt_tokens": 2 ** 40}, "prompt_tokens must be an integer of at least 1 and at most 1048576"),
+])
+def test_numbers_out_of_range_fail_before_any_request(capsys, extra, fragment):
+    """Issue 31: a nan timeout or an infinite deadline passed the checks; 2**63 requests had no bound."""
+    args = {"url": f"http://127.0.0.1:{free_port()}", "concurrency": [1], "requests": 1}
+    args.update(extra)
+    result = run_main(args, capsys)
+    assert result["failed"] and fragment in result["msg"]
 
 
 def test_unwritable_results_dir(lab, tmp_path, capsys):

@@ -142,7 +142,7 @@ def test_the_module_utils_copy_of_earlier_versions_is_removed(tmp_path, capsys):
     ({"reapply_interval": "10min\nExecStartPre=/bin/sh"}, "reapply_interval '10min\\nExecStartPre=/bin/sh' is not a systemd time span"),
     ({"reapply_interval": "soon"}, "reapply_interval 'soon' is not a systemd time span"),
     ({"reapply_wait": -1}, "reapply_wait -1 must be a whole number of seconds"),
-    ({"reapply_python": "python3"}, "reapply_python 'python3' must be the absolute path"),
+    ({"reapply_python": "python3"}, "reapply_python='python3' is refused: a relative path"),
     ({"persist": False}, "install_reapply needs persist: true"),
 ])
 def test_bad_options_fail_before_anything_is_written(tmp_path, capsys, bad, message):

@@ -16,7 +16,7 @@ import pytest
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
 from ansible_collections.gpufleet.inference.plugins.module_utils import managed_files as mf
 from ansible_collections.gpufleet.inference.plugins.module_utils import nccl_env_files as nf
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.modules import nccl_env_files
 from tests.unit.plugins.modules.uthelper import run_module
 
@@ -164,3 +164,35 @@ def test_main_reports_the_read_back_failure(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(nccl_env_files, "HostFS", LossyFS)
     result = run_module(nccl_env_files, dict(_params(), root=str(tmp_path)), capsys)
     assert result["failed"] is True and "does not hold the settings just written" in result["msg"]
+
+
+@pytest.mark.parametrize("over,problem", [
+    ({"conf_content": "NCCL_DEBUG=WARN\n"}, "/etc/nccl.conf lacks NCCL_NVLS_ENABLE=0"),
+    ({"env_content": "NCCL_NVLS_ENABLE=0\n"}, "/etc/gpufleet/nccl.env lacks CUDA_DEVICE_ORDER=PCI_BUS_ID"),
+])
+def test_contents_without_the_settings_are_refused_before_anything_is_written(tmp_path, capsys, over, problem):
+    """Issue 31: a conf lacking NCCL_NVLS_ENABLE=0 used to be written, then the read-back failed with changed: false and
+    blamed another tool (a half-applied run). Now the contents are checked first and the tree stays empty."""
+    result = run_module(nccl_env_files, dict(_params(**over), root=str(tmp_path)), capsys)
+    assert result["failed"] is True and result["changed"] is False
+    assert problem in result["msg"] and "Nothing was written" in result["msg"] and "by another tool" not in result["msg"]
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_write_that_fails_halfway_undoes_the_files_written_before(tmp_path, capsys):
+    """Issue 31 (the fuzz suite): with the EnvironmentFile's directory immutable, /etc/nccl.conf was written, then the run
+    failed saying changed: false. Now what was written before the failure is undone: the tree is as it was."""
+    (tmp_path / "etc/gpufleet").mkdir(parents=True)
+    (tmp_path / "etc/nccl.conf").write_text("NCCL_DEBUG=WARN\n")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+
+    class Immutable(HostFS):
+        def write_atomic(self, host_path, data, mode=0o644):
+            if host_path == "/etc/gpufleet/nccl.env":
+                raise HostFSError("write", host_path, OSError(1, "Operation not permitted"))
+            super().write_atomic(host_path, data, mode)
+
+    with pytest.raises(HostFSError) as err:
+        nf.execute(_params(), Immutable(str(tmp_path)), False, owner=ME)
+    assert err.value.fields == {"changed": False}
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

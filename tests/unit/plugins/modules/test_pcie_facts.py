@@ -196,7 +196,7 @@ def test_main_include_nvml_always_on_a_host_without_driver(switch_root, capsys):
 
 def test_main_rejects_bad_probe_size(switch_root, capsys):
     result = run_module(pcie_facts, {"root": switch_root, "probe_size_mb": 0}, capsys)
-    assert result["failed"] and "probe_size_mb must be at least 1" in result["msg"]
+    assert result["failed"] and "probe_size_mb must be from 1 to 65536 (MiB)" in result["msg"]
 
 
 # ---- bandwidth probe ---------------------------------------------------------------------------

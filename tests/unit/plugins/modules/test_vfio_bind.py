@@ -11,6 +11,7 @@ import json
 import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils import vfio
+from ansible_collections.gpufleet.inference.plugins.module_utils import vfio_bind as vfio_bind_utils
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import vfio_bind
 from tests.unit.fakesysfs import (
@@ -359,3 +360,35 @@ def test_bmc_display_controller_is_refused_unless_forced(tmp_path):
     with pytest.raises(vfio.VfioError, match="0000:19:00.0 is a BMC display controller \\(ASPEED \\[1a03:2000\\]\\)"):
         run(devices=["0000:19:00.0"])
     assert run.sim.writes == []
+
+
+@pytest.mark.parametrize("record", [
+    {GPU: {"foo": 1}}, {"not-a-bdf": {"driver": "nvidia", "module": "nvidia", "id": "10de:2330"}},
+    {GPU: {"driver": "nvidia; rm -rf /", "module": "nvidia", "id": "10de:2330"}}, {GPU: {"driver": "nvidia", "module": None, "id": 7}},
+])
+def test_an_originals_record_of_the_wrong_shape_is_refused_and_kept(tmp_path, record):
+    """Issue 31: any JSON object was taken as the record, and state=absent then deleted it with nothing restored from it."""
+    host = gpu_host(tmp_path)
+    run = Run(host)
+    run(devices=["10de:2330"])
+    fs = HostFS(str(host.root))
+    text = json.dumps(record)
+    fs.write_atomic(vfio.STATE_FILE, text)
+    with pytest.raises(vfio.VfioError, match="original-drivers.json: the entry .* Nothing was changed"):
+        run(devices=["10de:2330"], state="absent")
+    assert fs.read_text(vfio.STATE_FILE) == text and run.sim.driver(GPU) == "vfio-pci"
+
+
+def test_absent_keeps_the_entry_of_a_function_left_without_a_driver():
+    originals = {GPU: {"driver": "nvidia", "module": "nvidia", "id": "10de:2330"},
+                 AUDIO: {"driver": "snd_hda_intel", "module": "snd_hda_intel", "id": "10de:22ba"}}
+    after = {GPU: {"driver": None}, AUDIO: {"driver": "snd_hda_intel"}}
+    assert vfio_bind_utils.given_back(originals, after) == {GPU: originals[GPU]}
+
+
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), 1e9, 0])
+def test_a_timeout_out_of_range_is_refused(tmp_path, capsys, timeout):
+    """Issue 31: nan passed the 'timeout <= 0' check."""
+    host = gpu_host(tmp_path)
+    result = run_module(vfio_bind, {"root": str(host.root), "devices": [GPU], "timeout": timeout}, capsys)
+    assert result["failed"] and "timeout must be a positive number of seconds, at most 600" in result["msg"]

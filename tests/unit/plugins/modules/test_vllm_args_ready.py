@@ -203,3 +203,24 @@ def test_module_docs_parse():
     import yaml  # pylint: disable=import-outside-toplevel
     for doc in (vllm_ready.DOCUMENTATION, vllm_ready.EXAMPLES, vllm_ready.RETURN):
         assert yaml.safe_load(textwrap.dedent(doc))
+
+
+@pytest.mark.parametrize("name, value, allowed", [
+    ("timeout", 10 ** 12, "from 1 to 86400 seconds"), ("timeout", -1, "from 1 to 86400 seconds"),
+    ("interval", float("nan"), "from 0.01 to 300 seconds"), ("interval", float("inf"), "from 0.01 to 300 seconds"),
+    ("interval", -1.0, "from 0.01 to 300 seconds"), ("request_timeout", 0, "from 1 to 3600 seconds"),
+    ("max_tokens", 2 ** 63, "from 1 to 4096 tokens"), ("journal_lines", -5, "from 0 to 100000 lines"),
+])
+def test_numbers_out_of_range_are_refused_before_any_request(name, value, allowed, capsys):
+    """Issue 31: a huge timeout hung, interval nan/inf/-1 gave a traceback. Now a failure naming the range, no request."""
+    args = {"url": "http://127.0.0.1:9", "served_model_name": "tiny", "timeout": 1, "interval": 0.2, name: value}
+    result = run_module(vllm_ready, args, capsys)
+    assert result["failed"] and result["changed"] is False
+    assert result["msg"].startswith(f"{name}=") and allowed in result["msg"] and "exception" not in result
+
+
+@pytest.mark.parametrize("key", ["k" * 16 + "\n", "k" * 16 + "\0", "caf\u00e9" * 4, "two words here, sixteen"])
+def test_an_api_key_no_header_can_carry_is_refused_unshown(key, capsys):
+    """The fuzz suite: a key with a newline was sent and the server closed the connection mid-response."""
+    result = run_module(vllm_ready, {"url": "http://127.0.0.1:9", "served_model_name": "tiny", "api_key": key}, capsys)
+    assert result["failed"] and result["msg"].startswith("api_key holds a space, a control character") and key not in result["msg"]

@@ -121,6 +121,11 @@ def test_a_unit_without_its_one_stamp_line_is_refused_before_any_write(tmp_path,
 
 @pytest.mark.parametrize("over,words", [({"name": "vllm.service"}, "is not a service name"),
                                         ({"name": "../x"}, "is not a service name"),
+                                        ({"name": "my vllm"}, "is not a service name"),
+                                        ({"name": "vllm\nExecStartPre=/bin/sh"}, "is not a service name"),
+                                        ({"name": "vllm\u00e9"}, "is not a service name"),
+                                        ({"name": "-vllm"}, "is not a service name"),
+                                        ({"unit_dir": "systemd"}, "unit_dir='systemd' is not an absolute path"),
                                         ({"config_dir": "etc/vllm"}, "config_dir='etc/vllm' is not an absolute path"),
                                         ({"nccl_env_file": "nccl.env"}, "nccl_env_file='nccl.env' is not an absolute path")])
 def test_bad_names_and_paths_are_refused_before_any_write(tmp_path, over, words):

@@ -1,0 +1,148 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What the fuzz suite knows of each module: a tree to run on and arguments that make a sound call (``base``), and the
+state files it keeps or reads (``state``), which the suite corrupts.
+
+Trees come from the existing test builders: the first YAML case of a module that has a YAML case file (uthelper's
+``setup`` and ``input``), fakesysfs' hosts for the sysfs modules. Every path argument points into the root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
+from ansible_collections.gpufleet.inference.plugins.modules import (
+    bench_history, host_lease, hugepages, inference_benchmark, irq_affinity, kernel_boot_entry, kernel_boot_health, kernel_cmdline,
+    kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload,
+    throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
+)
+from tests.unit.fakesysfs import node_memory, two_gpus_one_switch
+from tests.unit.plugins.module_utils.test_vfio import gpu_host
+from tests.unit.plugins.modules.uthelper import UTHelper, substitute
+
+HERE = Path(__file__).resolve().parent.parent / "plugins" / "modules"
+GPU = "0000:17:00.0"
+NCCL = FilterModule().filters()["nccl_env"]("pcie_safe")
+TARGET = "6.1.0-56-cloud-amd64"
+
+
+@dataclass
+class Spec:
+    module: object
+    build: Callable[[Path], None]
+    base: Callable[[str], dict]
+    state: list[str] = field(default_factory=list)  # host paths (under the root) the suite corrupts
+    root_option: bool = True  # False: the module works on / and takes real paths (they point into the root)
+
+
+class AnyCheck(dict):
+    """The YAML cases' own checks are not run here: every name is taken."""
+
+    def __contains__(self, key):
+        return True
+
+
+def yaml_case(module, yaml_name: str, case_id: str, builders=None) -> tuple[Callable, Callable]:
+    """(build, base) from one case of a YAML case file: its setup builds the tree, its input is the call."""
+    helper = UTHelper(module, str(HERE / yaml_name.replace(".yaml", ".py")), builders=builders or {}, checks=AnyCheck(any=None))
+    case = next(c for c in helper.cases if c["id"] == case_id)
+    return (lambda root: helper.build(root, substitute(case.get("setup"), str(root))),
+            lambda root: dict(substitute(case["input"], root)))
+
+
+def _builders():
+    from tests.unit.plugins.modules.test_host_modules import BUILDERS  # pylint: disable=import-outside-toplevel
+    return BUILDERS
+
+
+def _preflight_builders():
+    from tests.unit.plugins.modules.test_vllm_args_preflight import build_proc  # pylint: disable=import-outside-toplevel
+    return {"proc": build_proc}
+
+
+def _payload_builders():
+    from tests.unit.plugins.modules import test_pcie_payload as t  # pylint: disable=import-outside-toplevel
+    return {"payload_switch": t.payload_switch, "tuned_switch": t.tuned_switch}
+
+
+def _gpu_host(root: Path) -> None:
+    host = gpu_host(root)
+    node_memory(host, 0, 64 * 1024 * 1024)
+    node_memory(host, 1, 64 * 1024 * 1024)
+
+
+def _switch(root: Path) -> None:
+    two_gpus_one_switch(root)
+
+
+def _aspm(root: Path) -> None:
+    path = root / "sys/module/pcie_aspm/parameters/policy"
+    path.parent.mkdir(parents=True)
+    path.write_text("[default] performance powersave powersupersave\n")
+
+
+def _nothing(root: Path) -> None:
+    (root / "etc").mkdir(parents=True, exist_ok=True)
+
+
+def _vllm_files_base(root: str) -> dict:
+    from tests.unit.plugins.modules.test_vllm_service_files import template  # pylint: disable=import-outside-toplevel
+    return {"root": root, "name": "vllm", "config_dir": "/etc/gpufleet/vllm", "env_content": "HF_HUB_OFFLINE=1\n",
+            "unit_content": template(), "nccl_env_file": "/etc/gpufleet/nccl.env"}
+
+
+def specs(vllm_url: str) -> dict[str, Spec]:
+    """Every module with a main() (controller_files is documentation of an action plugin)."""
+    lease_build, lease_base = yaml_case(host_lease, "test_host_lease.yaml", "a_free_host_is_acquired", _builders())
+    step_build, step_base = yaml_case(kernel_rollout_step, "test_kernel_rollout_step.yaml", "the_baseline_opens_the_journal_on_the_host", _builders())
+    health_build, health_base = yaml_case(kernel_boot_health, "test_kernel_boot_health.yaml", "present_writes_the_units_and_the_config_and_enables_the_timer",
+                                          _builders())
+    pre_build, pre_base = yaml_case(kernel_upgrade_preflight, "test_kernel_upgrade_preflight.yaml", "every_check_passes_before_the_install",
+                                    _builders())
+    entry_build, entry_base = yaml_case(kernel_boot_entry, "test_kernel_boot_entry.yaml", "pin_the_old_kernel_before_the_install", _builders())
+    cmd_build, cmd_base = yaml_case(kernel_cmdline, "test_kernel_cmdline.yaml", "dropin_first_owner_writes_dropin_and_runs_update_grub")
+    payload_build, payload_base = yaml_case(pcie_payload, "test_pcie_payload.yaml", "max_safe_sets_the_hierarchy_to_the_peer_limit_and_persists",
+                                            _payload_builders())
+    vp_build, vp_base = yaml_case(vllm_preflight, "test_vllm_preflight.yaml",
+                                  "a_hidden_socket_of_the_service_user_is_ours_while_the_unit_is_active", _preflight_builders())
+    return {
+        "bench_history": Spec(bench_history, _nothing, lambda r: {"path": f"{r}/var/lib/gpufleet/history.jsonl", "state": "query"},
+                              ["/var/lib/gpufleet/history.jsonl"], root_option=False),
+        "host_lease": Spec(host_lease, lease_build, lease_base, ["/var/lib/gpufleet/lease.json"]),
+        "hugepages": Spec(hugepages, _gpu_host, lambda r: {"root": r, "pages_2m": 16}),
+        "inference_benchmark": Spec(inference_benchmark, _nothing, lambda r: {
+            "url": vllm_url, "model": "tiny", "requests": 2, "warmup": 0, "repetitions": 1, "settle_runs": 1, "concurrency": [1],
+            "timeout": 2.0, "deadline": 5.0, "monitor_load": False, "prompt_tokens": 8, "output_tokens": 2,
+            "results_dir": f"{r}/var/lib/gpufleet/bench"}, root_option=False),
+        "irq_affinity": Spec(irq_affinity, _gpu_host, lambda r: {"root": r, "devices": [GPU]}),
+        "kernel_boot_entry": Spec(kernel_boot_entry, entry_build, entry_base, ["/boot/grub/grubenv", "/boot/grub/grub.cfg"]),
+        "kernel_boot_health": Spec(kernel_boot_health, health_build, health_base),
+        "kernel_cmdline": Spec(kernel_cmdline, cmd_build, cmd_base, ["/etc/default/grub"]),
+        "kernel_cmdline_info": Spec(kernel_cmdline_info, cmd_build, lambda r: {"root": r}, ["/etc/default/grub", "/proc/cmdline"]),
+        "kernel_rollout_step": Spec(kernel_rollout_step, step_build, step_base, ["/var/lib/gpufleet/kernel_upgrade/journal.json"]),
+        "kernel_upgrade_preflight": Spec(kernel_upgrade_preflight, pre_build, pre_base, ["/var/lib/dpkg/status", "/boot/grub/grubenv"]),
+        "nccl_env_files": Spec(nccl_env_files, _nothing, lambda r: {
+            "root": r, "conf_content": NCCL["nccl_conf"], "env_content": NCCL["env_file"], "settings": NCCL["settings"]},
+            ["/etc/nccl.conf", "/etc/gpufleet/nccl.env"]),
+        "pcie_acs": Spec(pcie_acs, _switch, lambda r: {"root": r, "persist": False},
+                         ["/var/lib/gpufleet/pcie_acs/originals.json"]),
+        "pcie_aspm": Spec(pcie_aspm, _aspm, lambda r: {"root": r, "policy": "performance"}, ["/sys/module/pcie_aspm/parameters/policy"]),
+        "pcie_facts": Spec(pcie_facts, _gpu_host, lambda r: {"root": r, "include_nvml": "never", "dest": "/var/lib/gpufleet/facts.json"}),
+        "pcie_payload": Spec(pcie_payload, payload_build, payload_base, ["/var/lib/gpufleet/pcie_payload/originals.json"]),
+        "throughput_gate": Spec(throughput_gate, _nothing, lambda r: {
+            "baseline": [100.0, 101.0, 99.5, 100.4, 100.2], "candidate": [99.8, 100.1, 100.3, 99.9], "bootstrap_resamples": 200},
+            root_option=False),
+        "tune_measured": Spec(tune_measured, _nothing, lambda r: {"root": r, "op": "reset"},
+                              ["/var/lib/gpufleet/tune_measured/state.json"]),
+        "vfio_bind": Spec(vfio_bind, _gpu_host, lambda r: {"root": r, "devices": [GPU], "bind_now": False, "persist": "udev"},
+                          ["/var/lib/gpufleet/vfio/original-drivers.json"]),
+        "vllm_preflight": Spec(vllm_preflight, vp_build, vp_base),
+        "vllm_ready": Spec(vllm_ready, _nothing, lambda r: {
+            "url": vllm_url, "served_model_name": "tiny", "timeout": 2, "interval": 0.05, "request_timeout": 2,
+            "start_log": f"{r}/var/log/vllm.log"}, ["/var/log/vllm.log"], root_option=False),
+        "vllm_service_files": Spec(vllm_service_files, _nothing, _vllm_files_base, ["/etc/gpufleet/nccl.env"]),
+    }
