@@ -36,12 +36,7 @@ FUZZ = settings(derandomize=True, database=None, deadline=20000, max_examples=EX
 
 # Modules the fuzz suite finds failing, whose files another fix of issue 31 owns: (test kind, module) -> reason.
 # Remove a line when that fix is merged (strict: the mark fails once the module passes).
-KNOWN_BAD: dict[tuple[str, str], str] = {
-    ("state", "host_lease"): "host_lease: a lease with expires_at NaN gives a traceback (ValueError: cannot convert float NaN "
-                             "to integer) (owned by the lease fix)",
-    ("state", "tune_measured"): "tune_measured: a state file of [] or null gives a traceback (AttributeError: 'list' object "
-                                "has no attribute 'get') (owned by the gate fix)",
-}
+KNOWN_BAD: dict[tuple[str, str], str] = {}
 
 # ---- the values ---------------------------------------------------------------------------------------------------
 NUMBERS = [float("nan"), float("inf"), float("-inf"), 2 ** 63, -(2 ** 63), -1, 0, 1e308, -0.5, 10 ** 12]
