@@ -85,8 +85,9 @@ def link_caps(fs: HostFS, devices: list[str]) -> dict[str, dict]:
 
 
 def judge_links(samples: dict[str, list], caps: dict[str, dict]) -> dict[str, Any]:
-    """Every device's verdict over one run: ``{devices: {bdf: {state, top, changes}}, flapping: [bdf], stays_down: [bdf]}``."""
-    verdicts = {bdf: classify_link_samples(seq, caps.get(bdf) or {}) for bdf, seq in samples.items()}
+    """Every device's verdict over one run: ``{devices: {bdf: {state, top, changes, cap}}, flapping: [bdf],
+    stays_down: [bdf]}`` (``cap``: what both ends of the link can do, None when unreadable)."""
+    verdicts = {bdf: dict(classify_link_samples(seq, caps.get(bdf) or {}), cap=caps.get(bdf)) for bdf, seq in samples.items()}
     return {"devices": verdicts, "flapping": sorted(b for b, v in verdicts.items() if v["state"] == "flapping"),
             "stays_down": sorted(b for b, v in verdicts.items() if v["state"] == "stays_down")}
 
