@@ -21,7 +21,7 @@ description:
     run) and downward level shifts (E-divisive means with a permutation test), as Markdown and a self-contained HTML page
     with inline SVG charts.
   - With each run it stores the PCIe link findings of its measured runs (M(gpufleet.inference.inference_benchmark)'s
-    O(gpufleet.inference.inference_benchmark#module:monitor_links)): a link of a GPU or of a bridge above it that
+    O(gpufleet.inference.inference_benchmark#module:monitor_links)), that is a link of a GPU or of a bridge above it that
     changed speed or width during a run (C(link_flapping), critical) or stayed below what both ends can do under load
     (C(link_below_capability)), with that run's output tokens/s. The report shows them next to the run's tok/s, and
     says C(not sampled) for runs whose links were not sampled.
