@@ -311,7 +311,9 @@ contaminated:
   type: dict
   sample: {"8": [], "32": [2, 3]}
 links_monitored:
-  description: The PCI functions whose links were sampled during every measured run (GPUs and the bridges above them, top first); empty without O(monitor_links) or without a GPU.
+  description:
+    - The PCI functions whose links were sampled during every measured run (GPUs and the bridges above them, top
+      first); empty without O(monitor_links) or without a GPU.
   returned: when benchmarked
   type: list
   elements: str
