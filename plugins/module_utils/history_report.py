@@ -64,6 +64,9 @@ def build(series_list: Sequence[dict[str, Any]], **rule: Any) -> dict[str, Any]:
                                             f"{p['mean_after']:.1f} tok/s), permutation p={p['p_value']}"})
     links = [{"host": host, "series": e["name"], "finished_at": r["finished_at"], "median": r["median"], **f}
              for host, entries in hosts.items() for e in entries for r in e["runs"] for f in r.get("link_findings") or []]
+    for d in drops:  # a drop in a run whose link flapped: the link, not the change, may be what dropped
+        d["links"] = [f for f in links if f["host"] == d["host"] and f["series"] == d["series"]
+                      and f["finished_at"] == d["finished_at"]]
     return {"hosts": hosts, "drops": drops, "links": links,
             "runs": sum(len(e["runs"]) for v in hosts.values() for e in v)}
 
@@ -122,11 +125,12 @@ def render_markdown(model: dict[str, Any], title: str = "GPU fleet throughput hi
     out = [f"# {title}", "", f"{len(model['hosts'])} host(s), {model['runs']} stored run-levels; "
            f"{len(model['drops'])} flagged drop(s); {len(model['links'])} PCIe link finding(s).", ""]
     if model["drops"]:
-        out += ["| host | series | at | ratio | p | rule | changed with it |", "|---|---|---|---|---|---|---|"]
+        out += ["| host | series | at | ratio | p | rule | changed with it | PCIe links in that run |",
+                "|---|---|---|---|---|---|---|---|"]
         for d in model["drops"]:
             out.append("| " + " | ".join(_md(c) for c in (
                 d["host"], d["series"], d["finished_at"], _ratio(d["ratio"]), _p(d["p_value"]), d["decision"],
-                "; ".join(d["changes"]) or "nothing recorded")) + " |")
+                "; ".join(d["changes"]) or "nothing recorded", "; ".join(link_text(f) for f in d["links"]) or "-")) + " |")
         out.append("")
     if model["links"]:
         out += ["PCIe link findings during measured runs: the run's tok/s is not the host's while its link retrains.", "",
@@ -176,11 +180,11 @@ def render_html(model: dict[str, Any], title: str = "GPU fleet throughput histor
              f'<span class="{"bad" if model["links"] else "ok"}">{len(model["links"])} PCIe link finding(s)</span>.</p>']
     if model["drops"]:
         parts.append('<table id="drops"><tr><th>host</th><th>series</th><th>at</th><th>ratio</th><th>p</th>'
-                     "<th>rule</th><th>changed with it</th></tr>")
+                     "<th>rule</th><th>changed with it</th><th>PCIe links in that run</th></tr>")
         for d in model["drops"]:
             parts.append("<tr>" + "".join(f"<td>{e_(str(c))}</td>" for c in (
                 d["host"], d["series"], d["finished_at"], _ratio(d["ratio"]), _p(d["p_value"]), d["decision"],
-                "; ".join(d["changes"]) or "nothing recorded")) + "</tr>")
+                "; ".join(d["changes"]) or "nothing recorded", "; ".join(link_text(f) for f in d["links"]) or "-")) + "</tr>")
         parts.append("</table>")
     if model["links"]:
         parts.append('<table id="link-findings"><tr><th>host</th><th>series</th><th>at</th><th>run</th><th>device</th>'

@@ -175,7 +175,9 @@ schema_version:
   type: int
   sample: 3
 drops:
-  description: Flagged drops (consecutive-run regressions and downward change points), with host, series, time, ratio, p-value and what changed.
+  description:
+    - Flagged drops (consecutive-run regressions and downward change points), with host, series, time, ratio, p-value,
+      what changed, and the PCIe link findings of the run at that time (C(links), as in RV(link_findings)).
   returned: state=report or state=query
   type: list
   elements: dict

@@ -106,3 +106,18 @@ def test_the_report_shows_the_finding_next_to_the_run(tmp_path):
     assert md.count("| stable |") == 1
     page = hr.render_html(model)
     assert 'id="link-findings"' in page and page.count('<tr class="bad">') == 2
+
+
+def test_a_drop_in_a_run_whose_link_flapped_says_so(tmp_path):
+    conn = bh.connect(str(tmp_path / "h.sqlite"))
+    bh.append(conn, monitored("2026-12-01T00:00:00Z", [STABLE] * 5))
+    slow = [900.0, 850.5, 902.0, 899.0, 901.0]
+    bh.append(conn, monitored("2026-12-02T00:00:00Z", [STABLE, FLAPPED, STABLE, STABLE, STABLE], slow))
+    bh.append(conn, monitored("2026-12-03T00:00:00Z", [STABLE] * 5, [899.0, 902.0, 901.0, 900.0, 898.0]))
+    model = hr.build(bh.series(conn))
+    flagged = [(d["finished_at"], [f["output_tps"] for f in d["links"]]) for d in model["drops"]
+               if d["decision"] != "change point (E-divisive)"]
+    assert flagged == [("2026-12-02T00:00:00Z", [850.5])]
+    md = hr.render_markdown(model)
+    assert f"| critical: link_flapping {GPU} (top 32 GT/s x16) in run 1: 850.5 tok/s |" in md.split("## gpu-01")[0]
+    assert "PCIe links in that run" in hr.render_html(model)
