@@ -12,6 +12,12 @@ and concurrency level form one series, and the change-point rule (bench_changepo
 series. Kernel, driver, vLLM version and tuning are what *changed* between runs: the report
 annotates them, they are not part of the configuration.
 
+With each run, the PCIe link findings of its measured runs (inference_benchmark's ``monitor_links``: the GPUs'
+and their bridges' links sampled during each run) go into ``link_findings``, one row per measured run and device,
+with that run's output tok/s: a link that changed speed or width during the run (``link_flapping``, critical) or
+stayed below what both ends can do under load (``link_below_capability``). ``runs.links_sampled`` says whether the
+links were sampled at all, so that "no finding" and "not looked" differ.
+
 The schema is versioned (``schema_version``); ``MIGRATIONS`` upgrade an older file in place in one
 transaction each, so a history written by an earlier release keeps its rows. Appends are
 idempotent: a document's SHA-256 is unique, so feeding the same result file twice stores it once.
@@ -25,13 +31,72 @@ import json
 import os
 import sqlite3
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable, Union
 
 FORMAT = "gpufleet.bench_history/1"
 SOURCES = ("site", "tune_measured", "kernel_upgrade", "health", "on_demand")
 
-# (version, statements). Never edit a released step; add the next one.
-MIGRATIONS: list[tuple[int, list[str]]] = [
+LINK_FLAPPING = "link_flapping"
+LINK_DOWN = "link_below_capability"
+
+
+def link_findings(doc: dict[str, Any]) -> tuple[bool, list[dict[str, Any]]]:
+    """Whether a result document's links were sampled, and its link findings: per measured run and device whose
+    links verdict (``levels[].runs[].server_load.links.devices``) is ``flapping`` (critical) or ``stays_down``
+    (critical when the width is down, warning when only the speed is), with that run's output tok/s."""
+    sampled, out = False, []
+    for level in doc.get("levels") or []:
+        for rep, run in enumerate(level.get("runs") or []):
+            links = (run.get("server_load") or {}).get("links")
+            if not isinstance(links, dict):
+                continue
+            sampled = True
+            for device, verdict in sorted((links.get("devices") or {}).items()):
+                finding = _link_finding(verdict)
+                if finding:
+                    top = verdict.get("top") or [None, None]
+                    out.append(dict(finding, concurrency=int(level["concurrency"]), repetition=int(run.get("repetition", rep)),
+                                    device=device, top_speed_gts=top[0], top_width=top[1], changes=verdict.get("changes"),
+                                    output_tps=run.get("output_throughput")))
+    return sampled, out
+
+
+def _link_finding(verdict: dict[str, Any]) -> dict[str, str] | None:
+    state = verdict.get("state")
+    if state == "flapping":
+        return {"code": LINK_FLAPPING, "severity": "critical"}
+    if state == "stays_down":
+        top, cap = verdict.get("top") or [None, None], verdict.get("cap") or {}
+        narrow = top[1] is not None and cap.get("width") is not None and top[1] < cap["width"]
+        return {"code": LINK_DOWN, "severity": "critical" if narrow else "warning"}
+    return None
+
+
+def _insert_link_findings(conn: sqlite3.Connection, run_id: int, doc: dict[str, Any]) -> None:
+    sampled, findings = link_findings(doc)
+    conn.execute("UPDATE runs SET links_sampled = ? WHERE id = ?", (int(sampled), run_id))
+    for f in findings:
+        conn.execute("INSERT OR REPLACE INTO link_findings (run_id, concurrency, repetition, device, code, severity, "
+                     "top_speed_gts, top_width, changes, output_tps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                     (run_id, f["concurrency"], f["repetition"], f["device"], f["code"], f["severity"],
+                      f["top_speed_gts"], f["top_width"], f["changes"], f["output_tps"]))
+
+
+def _backfill_link_findings(conn: sqlite3.Connection) -> None:
+    """Migration 3: the link findings of the runs already stored, from their result JSON (monitor_links results
+    stored before the history kept them)."""
+    for run_id, text in conn.execute("SELECT id, result_json FROM runs").fetchall():
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            _insert_link_findings(conn, int(run_id), doc)
+
+
+# (version, steps): SQL statements, or functions of the connection that run inside the step's transaction.
+# Never edit a released step; add the next one.
+MIGRATIONS: list[tuple[int, list[Union[str, Callable[[sqlite3.Connection], None]]]]] = [
     (1, [
         """CREATE TABLE runs (
             id INTEGER PRIMARY KEY,
@@ -66,6 +131,23 @@ MIGRATIONS: list[tuple[int, list[str]]] = [
         "ALTER TABLE runs ADD COLUMN profile TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE runs ADD COLUMN stage TEXT NOT NULL DEFAULT ''",
         "CREATE INDEX runs_profile ON runs (host, profile, finished_at)",
+    ]),
+    # 3: the PCIe link findings of each measured run (monitor_links), with that run's tok/s.
+    (3, [
+        "ALTER TABLE runs ADD COLUMN links_sampled INTEGER NOT NULL DEFAULT 0",
+        """CREATE TABLE link_findings (
+            run_id INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+            concurrency INTEGER NOT NULL,
+            repetition INTEGER NOT NULL,
+            device TEXT NOT NULL,
+            code TEXT NOT NULL,
+            severity TEXT NOT NULL,
+            top_speed_gts REAL,
+            top_width INTEGER,
+            changes INTEGER,
+            output_tps REAL,
+            PRIMARY KEY (run_id, concurrency, repetition, device))""",
+        _backfill_link_findings,
     ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -113,8 +195,11 @@ def migrate(conn: sqlite3.Connection) -> list[int]:
                 continue
             if version == 1:
                 conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at TEXT)")
-            for sql in statements:
-                conn.execute(sql)
+            for step in statements:
+                if callable(step):
+                    step(conn)
+                else:
+                    conn.execute(step)
             conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, strftime('%Y-%m-%dT%H:%M:%SZ'))",
                          (version,))
             applied.append(version)
@@ -222,6 +307,7 @@ def append(conn: sqlite3.Connection, doc: dict[str, Any], host: str | None = Non
                 "ttft_p99_ms, tpot_p50_ms, tpot_p99_ms, errors) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (run_id, int(lv["concurrency"]), out.get("median"), out.get("cv"), json.dumps(list(out.get("values") or [])),
                  ttft.get("p50"), ttft.get("p99"), tpot.get("p50"), tpot.get("p99"), lv.get("errors")))
+        _insert_link_findings(conn, run_id, doc)
     return run_id, True
 
 
@@ -231,19 +317,22 @@ def hosts(conn: sqlite3.Connection) -> list[str]:
 
 def series(conn: sqlite3.Connection, host: str | None = None, config_key: str | None = None,
            profile: str | None = None) -> list[dict[str, Any]]:
-    """Per (host, configuration, concurrency) the runs in time order, each with its samples and what it ran under."""
+    """Per (host, configuration, concurrency) the runs in time order, each with its samples, what it ran under,
+    whether its links were sampled (``links_sampled``) and the link findings of its measured runs at that level
+    (``link_findings``, each with the run's tok/s)."""
     where, args = [], []
     for column, value in (("r.host", host), ("r.config_key", config_key), ("r.profile", profile)):
         if value is not None:
             where.append(f"{column} = ?")
             args.append(value)
     sql = ("SELECT r.id, r.host, r.finished_at, r.source, r.label, r.kernel, r.gpu_driver, r.vllm_version, r.model, "
-           "r.tuning_json, r.tuning_key, r.config_json, r.config_key, r.profile, r.stage, l.concurrency, "
+           "r.tuning_json, r.tuning_key, r.config_json, r.config_key, r.profile, r.stage, r.links_sampled, l.concurrency, "
            "l.output_tps_median, l.output_tps_cv, l.samples_json, l.ttft_p50_ms, l.ttft_p99_ms, l.tpot_p50_ms, "
            "l.tpot_p99_ms, l.errors FROM runs r JOIN levels l ON l.run_id = r.id"
            + (" WHERE " + " AND ".join(where) if where else "")
            + " ORDER BY r.host, r.config_key, l.concurrency, r.finished_at, r.id")
     grouped: dict[tuple[str, str, int], dict[str, Any]] = {}
+    links = _link_findings_by_level(conn)
     for row in conn.execute(sql, args):
         key = (row["host"], row["config_key"], int(row["concurrency"]))
         entry = grouped.setdefault(key, {"host": row["host"], "config_key": row["config_key"],
@@ -255,8 +344,19 @@ def series(conn: sqlite3.Connection, host: str | None = None, config_key: str | 
             "profile": row["profile"], "stage": row["stage"], "median": row["output_tps_median"],
             "cv": row["output_tps_cv"], "samples": json.loads(row["samples_json"]),
             "ttft_p50_ms": row["ttft_p50_ms"], "ttft_p99_ms": row["ttft_p99_ms"], "tpot_p50_ms": row["tpot_p50_ms"],
-            "tpot_p99_ms": row["tpot_p99_ms"], "errors": row["errors"]})
+            "tpot_p99_ms": row["tpot_p99_ms"], "errors": row["errors"], "links_sampled": bool(row["links_sampled"]),
+            "link_findings": links.get((row["id"], key[2]), [])})
     return list(grouped.values())
+
+
+def _link_findings_by_level(conn: sqlite3.Connection) -> dict[tuple[int, int], list[dict[str, Any]]]:
+    out: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for row in conn.execute("SELECT run_id, concurrency, repetition, device, code, severity, top_speed_gts, top_width, "
+                            "changes, output_tps FROM link_findings ORDER BY run_id, concurrency, repetition, device"):
+        out.setdefault((row["run_id"], row["concurrency"]), []).append(
+            {k: row[k] for k in ("repetition", "device", "code", "severity", "top_speed_gts", "top_width", "changes",
+                                 "output_tps")})
+    return out
 
 
 def result_document(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:

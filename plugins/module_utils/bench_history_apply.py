@@ -76,7 +76,7 @@ def report(p: dict, fs: HostFS, check_mode: bool, result: dict) -> None:
     when its text changed."""
     found, version = series(p)
     model = hr.build(found, threshold=p["threshold"], alpha=p["alpha"], min_runs=p["min_runs"], cp_alpha=p["cp_alpha"])
-    result.update(schema_version=version, drops=model["drops"])
+    result.update(schema_version=version, drops=model["drops"], link_findings=model["links"])
     if p["state"] == "query":
         result["series"] = found
         return
@@ -105,7 +105,7 @@ def execute(p: dict, fs: HostFS, check_mode: bool, warn: Callable[[str], None] |
         elif p["state"] == "report" and check_mode and not os.path.exists(p["path"]):
             result.update(actions=[{"action": "write", "path": f"{p['dest']}/history.md"},
                                    {"action": "write", "path": f"{p['dest']}/history.html"}],
-                          drops=[], files=[], schema_version=bh.SCHEMA_VERSION, changed=True)
+                          drops=[], link_findings=[], files=[], schema_version=bh.SCHEMA_VERSION, changed=True)
             return result
         else:
             report(p, fs, check_mode, result)

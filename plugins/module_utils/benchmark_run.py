@@ -22,7 +22,18 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.inference_sweep
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.link_samples import LinkMonitor, WithLinks, flapping_runs, path_devices
 from ansible_collections.gpufleet.inference.plugins.module_utils.load_monitor import contaminated_runs, for_pool
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker, select_targets
+from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker, TopologyError, select_targets
+
+
+def link_devices(params: dict[str, Any], fs: HostFS) -> list[str]:
+    """With monitor_links, the GPUs (class 03xx, BMC display functions left out) and every bridge above them, top
+    first; none on a host without a GPU under /sys/bus/pci (a CPU host, the lab), which is benchmarked unsampled."""
+    if not params.get("monitor_links"):
+        return []
+    try:
+        return path_devices(fs, select_targets(PciWalker(fs), class_prefix="03"))
+    except TopologyError:
+        return []
 
 
 def check_params(params: dict[str, Any]):
@@ -39,13 +50,12 @@ def check_params(params: dict[str, Any]):
     return cfg, label
 
 
-def run_monitor(params: dict[str, Any], fs: HostFS):
-    """The per-run monitor factory for inference_sweep.benchmark(): the server's in-flight count (monitor_load) and,
-    with monitor_links, the PCIe links of the GPUs (class 03xx) and of the bridges above them (link_samples)."""
+def run_monitor(params: dict[str, Any], devices: list[str], fs: HostFS):
+    """The per-run monitor factory for inference_sweep.benchmark(): the server's in-flight count (monitor_load) and
+    the PCIe links of ``devices`` (link_devices(); none: no link sampling)."""
     load = for_pool if params["monitor_load"] else None
-    if not params.get("monitor_links"):
+    if not devices:
         return load
-    devices = path_devices(fs, select_targets(PciWalker(fs), class_prefix="03"))
 
     def both(pool, headers):
         return WithLinks(load(pool, headers) if load else None, LinkMonitor(fs, devices))
@@ -75,8 +85,10 @@ def execute(params: dict[str, Any], fs: HostFS, check_mode: bool,
         result["changed"] = bool(result["actions"])
         return result
 
+    devices = link_devices(params, fs)
+    result["links_monitored"] = devices
     try:
-        outcome = run(benchmark(cfg, monitor=run_monitor(params, fs)))
+        outcome = run(benchmark(cfg, monitor=run_monitor(params, devices, fs)))
     except BenchmarkError as err:
         raise failed(str(err)) from None
     doc = results_document(outcome, label=label, host=platform.node(), kernel=kernel, tuning=params["tuning"])
@@ -95,7 +107,7 @@ def execute(params: dict[str, Any], fs: HostFS, check_mode: bool,
 
     for warning in result_warnings(outcome, cfg):
         warn(warning)
-    if params.get("monitor_links"):
+    if devices:
         result["link_flapping"] = flapping_runs(outcome["levels"])
         for f in result["link_flapping"]:
             warn(f"Critical: at concurrency {f['concurrency']}, run {f['repetition']} ({f['output_throughput']} output tok/s), "

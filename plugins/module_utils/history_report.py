@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The throughput history report: per host, the curves over time, what changed, and the flagged drops.
+"""The throughput history report: per host, the curves over time, what changed, the flagged drops, and the PCIe
+link findings of each run (a link that flapped or stayed down during a measured run) next to that run's tok/s.
 
 Pure functions from bench_history.series() entries (analysed by bench_changepoint.analyse) to a
 report model, Markdown and a self-contained HTML page with one inline SVG chart per host.
@@ -61,7 +62,28 @@ def build(series_list: Sequence[dict[str, Any]], **rule: Any) -> dict[str, Any]:
                                   "p_value": p["p_value"], "ci": None,
                                   "reason": f"level shift of {p['change']:+.1%} (mean {p['mean_before']:.1f} -> "
                                             f"{p['mean_after']:.1f} tok/s), permutation p={p['p_value']}"})
-    return {"hosts": hosts, "drops": drops, "runs": sum(len(e["runs"]) for v in hosts.values() for e in v)}
+    links = [{"host": host, "series": e["name"], "finished_at": r["finished_at"], "median": r["median"], **f}
+             for host, entries in hosts.items() for e in entries for r in e["runs"] for f in r.get("link_findings") or []]
+    for d in drops:  # a drop in a run whose link flapped: the link, not the change, may be what dropped
+        d["links"] = [f for f in links if f["host"] == d["host"] and f["series"] == d["series"]
+                      and f["finished_at"] == d["finished_at"]]
+    return {"hosts": hosts, "drops": drops, "links": links,
+            "runs": sum(len(e["runs"]) for v in hosts.values() for e in v)}
+
+
+def link_text(f: dict[str, Any]) -> str:
+    """One link finding: what, where, and the run's tok/s (``link_flapping 0000:01:00.0 in run 2: 812.3 tok/s``)."""
+    tps = f"{f['output_tps']:.1f} tok/s" if isinstance(f.get("output_tps"), (int, float)) else "tok/s unknown"
+    top = (f" (top {f['top_speed_gts']:g} GT/s x{f['top_width']})"
+           if isinstance(f.get("top_speed_gts"), (int, float)) and f.get("top_width") else "")
+    return f"{f['severity']}: {f['code']} {f['device']}{top} in run {f['repetition']}: {tps}"
+
+
+def links_cell(r: dict[str, Any]) -> str:
+    """The PCIe links column of one run at one level: its findings, ``stable``, or ``not sampled``."""
+    if r.get("link_findings"):
+        return "; ".join(link_text(f) for f in r["link_findings"])
+    return "stable" if r.get("links_sampled") else "not sampled"
 
 
 def _host_chart(host: str, entries: Sequence[dict[str, Any]]) -> str:
@@ -91,26 +113,40 @@ def _p(v: Any) -> str:
     return f"{v:.4f}" if isinstance(v, (int, float)) else "-"
 
 
+def _tps(v: Any) -> str:
+    return f"{v:.1f}" if isinstance(v, (int, float)) else "-"
+
+
 def _md(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
 def render_markdown(model: dict[str, Any], title: str = "GPU fleet throughput history") -> str:
     out = [f"# {title}", "", f"{len(model['hosts'])} host(s), {model['runs']} stored run-levels; "
-           f"{len(model['drops'])} flagged drop(s).", ""]
+           f"{len(model['drops'])} flagged drop(s); {len(model['links'])} PCIe link finding(s).", ""]
     if model["drops"]:
-        out += ["| host | series | at | ratio | p | rule | changed with it |", "|---|---|---|---|---|---|---|"]
+        out += ["| host | series | at | ratio | p | rule | changed with it | PCIe links in that run |",
+                "|---|---|---|---|---|---|---|---|"]
         for d in model["drops"]:
             out.append("| " + " | ".join(_md(c) for c in (
                 d["host"], d["series"], d["finished_at"], _ratio(d["ratio"]), _p(d["p_value"]), d["decision"],
-                "; ".join(d["changes"]) or "nothing recorded")) + " |")
+                "; ".join(d["changes"]) or "nothing recorded", "; ".join(link_text(f) for f in d["links"]) or "-")) + " |")
+        out.append("")
+    if model["links"]:
+        out += ["PCIe link findings during measured runs: the run's tok/s is not the host's while its link retrains.", "",
+                "| host | series | at | run | device | finding | run tok/s | level median |", "|---|---|---|---|---|---|---|---|"]
+        for f in model["links"]:
+            out.append("| " + " | ".join(_md(c) for c in (
+                f["host"], f["series"], f["finished_at"], f["repetition"], f["device"],
+                f"**{f['severity']}** {f['code']}" if f["severity"] == "critical" else f"{f['severity']} {f['code']}",
+                _tps(f["output_tps"]), _tps(f["median"]))) + " |")
         out.append("")
     for host, entries in model["hosts"].items():
         out += [f"## {host}", ""]
         for e in entries:
             out += [f"### {e['name']}", "", "| time | source | stage | kernel | driver | vLLM | median tok/s | CV | "
-                    "TTFT p50/p99 ms | TPOT p50/p99 ms | vs previous | changed |",
-                    "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                    "TTFT p50/p99 ms | TPOT p50/p99 ms | vs previous | changed | PCIe links |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
             steps = {s["index"]: s for s in e["analysis"]["steps"]}
             for i, r in enumerate(e["runs"]):
                 st = steps.get(i)
@@ -123,14 +159,15 @@ def render_markdown(model: dict[str, Any], title: str = "GPU fleet throughput hi
                     r["vllm_version"] or "-", f"{r['median']:.1f}" if r["median"] is not None else "-",
                     f"{r['cv']:.3f}" if r["cv"] is not None else "-",
                     f"{r['ttft_p50_ms']}/{r['ttft_p99_ms']}", f"{r['tpot_p50_ms']}/{r['tpot_p99_ms']}", vs,
-                    "; ".join(st["changes"]) if st else "")) + " |")
+                    "; ".join(st["changes"]) if st else "", links_cell(r))) + " |")
             if e["analysis"]["note"]:
                 out += ["", e["analysis"]["note"] + "."]
             out.append("")
     out += ["Rule: a run is flagged when the throughput gate finds it a regression against the previous run of the "
             "same configuration (median ratio below the threshold and one-sided Mann-Whitney U p <= alpha over the "
             "per-run samples), or when E-divisive means finds a downward level shift in the series of run medians "
-            "(permutation p <= cp_alpha). See docs/measured_tuning.md.", ""]
+            "(permutation p <= cp_alpha). See docs/measured_tuning.md. PCIe links: the GPUs' and their bridges' links "
+            "sampled during each measured run (inference_benchmark monitor_links); docs/audit.md has the link findings.", ""]
     return "\n".join(out)
 
 
@@ -139,30 +176,41 @@ def render_html(model: dict[str, Any], title: str = "GPU fleet throughput histor
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{e_(title)}</title>",
              f"<style>{CSS}</style></head><body>", f"<h1>{e_(title)}</h1>",
              f"<p>{len(model['hosts'])} host(s), {model['runs']} stored run-levels, "
-             f'<span class="{"bad" if model["drops"] else "ok"}">{len(model["drops"])} flagged drop(s)</span>.</p>']
+             f'<span class="{"bad" if model["drops"] else "ok"}">{len(model["drops"])} flagged drop(s)</span>, '
+             f'<span class="{"bad" if model["links"] else "ok"}">{len(model["links"])} PCIe link finding(s)</span>.</p>']
     if model["drops"]:
         parts.append('<table id="drops"><tr><th>host</th><th>series</th><th>at</th><th>ratio</th><th>p</th>'
-                     "<th>rule</th><th>changed with it</th></tr>")
+                     "<th>rule</th><th>changed with it</th><th>PCIe links in that run</th></tr>")
         for d in model["drops"]:
             parts.append("<tr>" + "".join(f"<td>{e_(str(c))}</td>" for c in (
                 d["host"], d["series"], d["finished_at"], _ratio(d["ratio"]), _p(d["p_value"]), d["decision"],
-                "; ".join(d["changes"]) or "nothing recorded")) + "</tr>")
+                "; ".join(d["changes"]) or "nothing recorded", "; ".join(link_text(f) for f in d["links"]) or "-")) + "</tr>")
+        parts.append("</table>")
+    if model["links"]:
+        parts.append('<table id="link-findings"><tr><th>host</th><th>series</th><th>at</th><th>run</th><th>device</th>'
+                     "<th>finding</th><th>run tok/s</th><th>level median</th></tr>")
+        for f in model["links"]:
+            cls = ' class="bad"' if f["severity"] == "critical" else ""
+            parts.append(f"<tr{cls}>" + "".join(f"<td>{e_(str(c))}</td>" for c in (
+                f["host"], f["series"], f["finished_at"], f["repetition"], f["device"], f"{f['severity']} {f['code']}",
+                _tps(f["output_tps"]), _tps(f["median"]))) + "</tr>")
         parts.append("</table>")
     for host, entries in model["hosts"].items():
         parts.append(f'<h2 id="{e_(host)}">{e_(host)}</h2>')
         parts.append(_host_chart(host, entries))
         for e in entries:
             parts.append(f"<h3>{e_(e['name'])}</h3><table><tr><th>time</th><th>source</th><th>stage</th>"
-                         "<th>kernel</th><th>median tok/s</th><th>vs previous</th><th>changed</th></tr>")
+                         "<th>kernel</th><th>median tok/s</th><th>vs previous</th><th>changed</th><th>PCIe links</th></tr>")
             steps = {s["index"]: s for s in e["analysis"]["steps"]}
             for i, r in enumerate(e["runs"]):
                 st = steps.get(i)
                 vs = "-" if st is None else f"{_ratio(st['ratio'])} {st['decision'] or 'not judged'}"
-                cls = ' class="bad"' if st and st["drop"] else ""
+                critical = any(f["severity"] == "critical" for f in r.get("link_findings") or [])
+                cls = ' class="bad"' if (st and st["drop"]) or critical else ""
                 parts.append(f"<tr{cls}>" + "".join(f"<td>{e_(str(c))}</td>" for c in (
                     r["finished_at"], r["source"], r["stage"] or "-", r["kernel"] or "?",
                     f"{r['median']:.1f}" if r["median"] is not None else "-", vs,
-                    "; ".join(st["changes"]) if st else "")) + "</tr>")
+                    "; ".join(st["changes"]) if st else "", links_cell(r))) + "</tr>")
             parts.append("</table>")
             if e["analysis"]["note"]:
                 parts.append(f'<p class="note">{e_(e["analysis"]["note"])}.</p>')

@@ -228,12 +228,18 @@ def _devices(value) -> str:
     return text
 
 
-LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
+# The level names NCCL_P2P_LEVEL and NCCL_NET_GDR_LEVEL take, nearest first: ncclGetLevel() (src/graph/paths.cc)
+# compares the value, case-sensitively, with topoPathTypeStr[0..PATH_SYS] (src/graph/topo.cc), else maps a legacy
+# integer 0-5. NVB since NCCL 2.8.3, PXN 2.12.7, C2C 2.26.2, P2C 2.27.3: an older NCCL ignores a name it does not
+# know, silently, as it ignores PCI. Written upper-case (the canonical form), since NCCL's comparison is exact.
+LEVELS = ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")
+LEVEL_SINCE = {"NVB": "2.8.3", "PXN": "2.12.7", "C2C": "2.26.2", "P2C": "2.27.3"}
 
 # key -> (check, what it does). Keys not here are refused unless the caller allows them.
 KNOWN = {
     "NCCL_P2P_DISABLE": (_switch, "1 turns GPU peer-to-peer (PCIe or NVLink) off; traffic goes through host memory"),
-    "NCCL_P2P_LEVEL": (_one_of(LEVELS, numbers=(0, 5)), "farthest topology level at which P2P is used"),
+    "NCCL_P2P_LEVEL": (_one_of(LEVELS, numbers=(0, 5)), "farthest topology level at which P2P is used (NVB needs "
+                       "NCCL 2.8.3+, PXN 2.12.7+, C2C 2.26.2+, P2C 2.27.3+: older ones ignore the name)"),
     "NCCL_P2P_READ_ENABLE": (_switch, "P2P read instead of write"),
     "NCCL_P2P_USE_CUDA_MEMCPY": (_switch, "copy engines for P2P"),
     "NCCL_SHM_DISABLE": (_switch, "1 turns the shared-memory transport off"),

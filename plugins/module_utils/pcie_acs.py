@@ -14,7 +14,7 @@ The real controls (``pci=noacs`` does not exist in mainline Linux):
 - at runtime, clear RR/CR/EC in the ACS Control register (ECAP_ACS + 6) of exactly the bridges
   between the group's GPUs: ``setpci -s BRIDGE ECAP_ACS+6.w=0000:002c`` (value:mask, only those
   bits); lasts until the next reset or boot, so the collection's boot unit re-applies it;
-- at boot, ``pci=disable_acs_redir=<dev>[;<dev>...]`` (Linux 5.0+) and ``pci=config_acs=`` (6.11+),
+- at boot, ``pci=disable_acs_redir=<dev>[;<dev>...]`` (Linux 4.19+, commit aaca43fda742) and ``pci=config_acs=`` (6.11+),
   which the kernel applies while it enumerates the bus, before any driver.
 
 Pure planning here; I/O through HostFS and a ``run(argv)`` callback.
@@ -41,8 +41,8 @@ ACSCTL = 6
 STATE_DIR = "/var/lib/gpufleet/pcie_acs"
 RECORD_FILE = "originals.json"
 RECORD_FORMAT = "gpufleet-pcie-acs-originals/1"
-# Boot parameters: disable_acs_redir since Linux 5.0, config_acs since 6.11.
-DISABLE_ACS_REDIR_SINCE = (5, 0)
+# Boot parameters: disable_acs_redir since Linux 4.19 (commit aaca43fda742, merged in the 4.19 window), config_acs since 6.11.
+DISABLE_ACS_REDIR_SINCE = (4, 19)
 CONFIG_ACS_SINCE = (6, 11)
 # config_acs flags, bit 6 (DT) first down to bit 0 (SV): clear EC (5), CR (3), RR (2), keep the rest.
 CONFIG_ACS_FLAGS = "x0x00xx"
@@ -214,13 +214,13 @@ def kernel_version(text: str | None) -> tuple[int, int] | None:
 def kernel_args(bdfs: list[str], release: str | None) -> dict[str, Any]:
     """The boot parameters that clear the redirect bits of ``bdfs`` while the kernel enumerates the bus.
 
-    Returns ``{args, notes}``; ``args`` is empty when the running kernel is older than 5.0.
+    Returns ``{args, notes}``; ``args`` is empty when the running kernel is older than 4.19.
     """
     version = kernel_version(release)
     if not bdfs:
         return {"args": [], "notes": []}
     if version is None or version < DISABLE_ACS_REDIR_SINCE:
-        return {"args": [], "notes": [f"kernel {release or 'unknown'} predates pci=disable_acs_redir= (Linux 5.0): only the "
+        return {"args": [], "notes": [f"kernel {release or 'unknown'} predates pci=disable_acs_redir= (Linux 4.19): only the "
                                       "runtime clear and the boot unit apply"]}
     args = ["pci=disable_acs_redir=" + ";".join(bdfs)]
     notes = []

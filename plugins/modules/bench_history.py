@@ -20,6 +20,11 @@ description:
     tuning), and flags drops between consecutive runs of the same configuration (the throughput gate against the previous
     run) and downward level shifts (E-divisive means with a permutation test), as Markdown and a self-contained HTML page
     with inline SVG charts.
+  - With each run it stores the PCIe link findings of its measured runs (M(gpufleet.inference.inference_benchmark)'s
+    O(gpufleet.inference.inference_benchmark#module:monitor_links)), that is a link of a GPU or of a bridge above it that
+    changed speed or width during a run (C(link_flapping), critical) or stayed below what both ends can do under load
+    (C(link_below_capability)), with that run's output tokens/s. The report shows them next to the run's tok/s, and
+    says C(not sampled) for runs whose links were not sampled.
   - O(state=query) returns the series without writing anything.
 author:
   - gpufleet.inference contributors (@gpufleet)
@@ -168,14 +173,29 @@ schema_version:
   description: Schema version of the file after the call.
   returned: always
   type: int
-  sample: 2
+  sample: 3
 drops:
-  description: Flagged drops (consecutive-run regressions and downward change points), with host, series, time, ratio, p-value and what changed.
+  description:
+    - Flagged drops (consecutive-run regressions and downward change points), with host, series, time, ratio, p-value,
+      what changed, and the PCIe link findings of the run at that time (C(links), as in RV(link_findings)).
   returned: state=report or state=query
   type: list
   elements: dict
+link_findings:
+  description:
+    - The PCIe link findings of the stored runs, one per measured run and device, with the C(host), C(series),
+      C(finished_at), the level's C(median), the C(concurrency), C(repetition), C(device), C(code), C(severity), the
+      highest reading (C(top_speed_gts), C(top_width)), the number of C(changes) seen and the run's C(output_tps).
+  returned: state=report or state=query
+  type: list
+  elements: dict
+  sample: [{host: gpu-01, series: "serving c=8 (1024/128 tok)", finished_at: "2026-12-01T20:00:00Z", median: 1001.5,
+            concurrency: 8, repetition: 2, device: "0000:01:00.0", code: link_flapping, severity: critical,
+            top_speed_gts: 32.0, top_width: 16, changes: 7, output_tps: 812.3}]
 series:
-  description: Per host, configuration and concurrency level, the runs in time order with their medians and samples.
+  description:
+    - Per host, configuration and concurrency level, the runs in time order with their medians and samples, whether
+      their links were sampled (C(links_sampled)) and their C(link_findings) at that level.
   returned: state=query
   type: list
   elements: dict

@@ -109,13 +109,16 @@ options:
     default: true
   monitor_links:
     description:
-      - During every measured run, read the PCIe link (speed and width, sysfs) of every GPU (class C(03xx)) and of the
-        bridges above it twice a second. A link that changed speed after training up, or changed width, during a run is
-        flapping (a marginal slot, riser or cable). The run's C(server_load.links) says so, RV(link_flapping) lists it
-        with its tokens/s, and the module warns. A link that only trains up as the load starts (NVIDIA GPUs slow an idle
-        link) is no finding.
+      - During every measured run, read the PCIe link (speed and width, sysfs) of every GPU (class C(03xx), BMC display
+        functions left out) and of the bridges above it twice a second. A link that changed speed after training up, or
+        changed width, during a run is flapping (a marginal slot, riser or cable). The run's C(server_load.links) says
+        so, RV(link_flapping) lists it with its tokens/s, and the module warns; M(gpufleet.inference.bench_history)
+        stores it with the run. A link that only trains up as the load starts (NVIDIA GPUs slow an idle link) is no
+        finding.
+      - Read-only sysfs reads (two small files per device per sample). A host without a GPU under C(/sys/bus/pci) is
+        benchmarked without sampling; RV(links_monitored) lists the devices sampled.
     type: bool
-    default: false
+    default: true
   seed:
     description:
       - Seed of the prompts. The same seed gives the same prompts on every host, so baseline and candidate runs see the
@@ -307,11 +310,19 @@ contaminated:
   returned: when benchmarked
   type: dict
   sample: {"8": [], "32": [2, 3]}
+links_monitored:
+  description:
+    - The PCI functions whose links were sampled during every measured run (GPUs and the bridges above them, top
+      first); empty without O(monitor_links) or without a GPU.
+  returned: when benchmarked
+  type: list
+  elements: str
+  sample: ["0000:00:01.0", "0000:01:00.0"]
 link_flapping:
   description:
-    - With O(monitor_links), the measured runs during which a PCIe link changed speed or width, each with its
-      C(concurrency), C(repetition), C(devices) and C(output_throughput) (that run's output tokens/s).
-  returned: when benchmarked with O(monitor_links)
+    - When links were sampled (RV(links_monitored)), the measured runs during which a PCIe link changed speed or
+      width, each with its C(concurrency), C(repetition), C(devices) and C(output_throughput) (that run's output tokens/s).
+  returned: when benchmarked with links sampled
   type: list
   elements: dict
   sample: [{concurrency: 32, repetition: 1, devices: ["0000:17:00.0"], output_throughput: 2210.4}]
@@ -411,7 +422,7 @@ ARGUMENT_SPEC = dict(
     settle_runs=dict(type="int", default=3),
     settle_tolerance=dict(type="float", default=0.05),
     monitor_load=dict(type="bool", default=True),
-    monitor_links=dict(type="bool", default=False),
+    monitor_links=dict(type="bool", default=True),
     seed=dict(type="int", default=0),
     ignore_eos=dict(type="bool", default=True),
     prompt_mode=dict(type="str", choices=["token_ids", "text"], default="token_ids"),

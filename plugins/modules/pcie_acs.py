@@ -24,7 +24,7 @@ description:
     M(gpufleet.inference.pcie_payload), one file C(/etc/gpufleet/pcie_payload.json)) clears the same bits at every boot,
     before udev loads the GPU drivers, with this module's own module_utils, which its script carries.
   - Returns RV(kernel_args), the boot parameters that do the same while the kernel enumerates the bus
-    (C(pci=disable_acs_redir=), Linux 5.0+; C(pci=config_acs=), Linux 6.11+), for M(gpufleet.inference.kernel_cmdline)
+    (C(pci=disable_acs_redir=), Linux 4.19+; C(pci=config_acs=), Linux 6.11+), for M(gpufleet.inference.kernel_cmdline)
     and the reboot contract. C(pci=noacs) is not one of them; mainline Linux has no such option.
   - "Security trade-off: ACS redirect is what lets the IOMMU see, and refuse, peer traffic between devices. With it
     cleared, the GPUs below these bridges can reach each other's memory without the IOMMU, so they belong in one IOMMU

@@ -55,7 +55,7 @@ def test_new_file_gets_the_latest_schema_and_an_old_one_is_migrated(tmp_path):
     conn.commit()
     conn.close()
     conn = bh.connect(path)
-    assert bh.schema_version(conn) == bh.SCHEMA_VERSION == 2
+    assert bh.schema_version(conn) == bh.SCHEMA_VERSION == 3
     row = conn.execute("SELECT host, profile, stage FROM runs").fetchone()
     assert tuple(row) == ("old-host", "", "")
     assert bh.migrate(conn) == []
@@ -175,7 +175,7 @@ def test_history_from_real_runs_flags_the_induced_drop(tmp_path, capsys, monkeyp
     db = str(tmp_path / "history.sqlite")
     stored = run_module(bench_history_module, {"path": db, "results": files, "host": "lab-host", "source": "on_demand",
                                                "vllm_version": "gpufleet-lab-1"}, capsys)
-    assert stored["changed"] is True and len(stored["added"]) == 4 and stored["schema_version"] == 2
+    assert stored["changed"] is True and len(stored["added"]) == 4 and stored["schema_version"] == bh.SCHEMA_VERSION
     again = run_module(bench_history_module, {"path": db, "results": files, "host": "lab-host"}, capsys)
     assert again["changed"] is False and again["added"] == [] and again["run_ids"] == stored["run_ids"]
 

@@ -18,6 +18,13 @@ from ansible_collections.gpufleet.inference.plugins.module_utils import nccl_env
     ("NCCL_P2P_LEVEL", "pxb", "PXB"),
     ("NCCL_P2P_LEVEL", "SYS", "SYS"),
     ("NCCL_P2P_LEVEL", 3, "3"),
+    # every name ncclGetLevel() (src/graph/paths.cc) matches in topoPathTypeStr (src/graph/topo.cc), exactly, so in
+    # upper case: NVB (NCCL 2.8.3+), C2C (2.26.2+), P2C (2.27.3+), PXN (2.12.7+)
+    ("NCCL_P2P_LEVEL", "nvb", "NVB"),
+    ("NCCL_P2P_LEVEL", "c2c", "C2C"),
+    ("NCCL_P2P_LEVEL", "P2C", "P2C"),
+    ("NCCL_P2P_LEVEL", "pxn", "PXN"),
+    ("NCCL_NET_GDR_LEVEL", "p2c", "P2C"),
     ("NCCL_ALGO", "ring,tree", "Ring,Tree"),
     ("NCCL_ALGO", "^ring", "^Ring"),
     ("NCCL_ALGO", "^NVLS,NVLSTree", "^NVLS,NVLSTree"),
@@ -49,7 +56,12 @@ def test_valid_values_are_normalised(key, value, expected):
 
 @pytest.mark.parametrize("key, value, reason", [
     ("NCCL_P2P_DISABLE", "2", "expected 0 or 1"),
-    ("NCCL_P2P_LEVEL", "NODE", "expected one of LOC, NVL, PIX, PXB, PHB, SYS or an integer 0..5"),
+    ("NCCL_P2P_LEVEL", "NODE", "expected one of LOC, NVL, NVB, C2C, PIX, PXB, P2C, PXN, PHB, SYS or an integer 0..5"),
+    ("NCCL_P2P_LEVEL", "PCI", "expected one of LOC, NVL, NVB"),
+    # NET and DIS follow SYS in topoPathTypeStr, but ncclGetLevel() compares only up to PATH_SYS
+    ("NCCL_P2P_LEVEL", "NET", "expected one of"),
+    ("NCCL_P2P_LEVEL", "DIS", "expected one of"),
+    ("NCCL_NET_GDR_LEVEL", "NET", "expected one of"),
     ("NCCL_P2P_LEVEL", 9, "9 is outside 0..5"),
     ("NCCL_ALGO", "Ring,Fast", "unknown Fast"),
     ("NCCL_ALGO", "NVLS", "NVLink multicast"),
@@ -376,3 +388,19 @@ def test_within_margin_on_both_keeps_the_preferred_mode():
 def test_pci_is_not_a_p2p_level():  # docs/tuning_myths.md: NCCL_P2P_LEVEL=PCI is widely copied and means nothing
     with pytest.raises(ne.NcclEnvError, match="NCCL_P2P_LEVEL"):
         ne.resolve("custom", {"NCCL_P2P_LEVEL": "PCI"})
+
+
+def test_level_names_follow_ncclgetlevel_in_nccl_order():
+    # topoPathTypeStr[] of NCCL master (src/graph/topo.cc) up to PATH_SYS, nearest first
+    assert ne.LEVELS == ("LOC", "NVL", "NVB", "C2C", "PIX", "PXB", "P2C", "PXN", "PHB", "SYS")
+    assert set(ne.LEVEL_SINCE) == {"NVB", "C2C", "P2C", "PXN"}
+
+
+@pytest.mark.parametrize("have, pairs, level", [
+    ("PXN", ["PHB"], "PHB"),   # PXN is nearer than PHB: raised so that the PHB pairs get P2P
+    ("PHB", ["PXB"], "PHB"),   # already farther: kept
+    ("P2C", ["PXB"], "P2C"),   # P2C is farther than PXB: kept
+    ("NVB", ["PIX"], "PIX"),
+])
+def test_p2p_on_compares_the_new_levels_in_nccl_order(have, pairs, level):
+    assert ne.with_p2p({"NCCL_P2P_LEVEL": have}, "p2p_on", pairs)["NCCL_P2P_LEVEL"] == level

@@ -124,7 +124,8 @@ def test_an_empty_or_broken_record_is_an_error_never_no_record(text, message):
 
 
 @pytest.mark.parametrize("release,args", [
-    ("4.19.0-25-amd64", []),
+    ("4.18.0-553.el8_10.x86_64", []),
+    ("4.19.0-25-amd64", ["pci=disable_acs_redir=0000:02:00.0;0000:02:01.0"]),
     ("5.15.0-105-generic", ["pci=disable_acs_redir=0000:02:00.0;0000:02:01.0"]),
     ("6.8.0-45-generic", ["pci=disable_acs_redir=0000:02:00.0;0000:02:01.0"]),
     ("6.11.0-9-generic", ["pci=disable_acs_redir=0000:02:00.0;0000:02:01.0",
