@@ -11,7 +11,9 @@ CPU work for every token, so a slower kernel, a CPU hog or a bad tuning really l
 
 * ``GET /health`` (200, empty), ``GET /version``, ``GET /v1/models`` (with ``max_model_len``),
   ``GET /metrics`` (Prometheus text, vLLM's counter names);
-* ``POST /v1/completions``: ``prompt`` as text or token IDs, ``max_tokens``, ``ignore_eos``,
+* ``POST /v1/completions``: ``prompt`` as text or token IDs, ``max_tokens``, ``ignore_eos``, ``logprobs``,
+  ``echo`` (with ``max_tokens: 0`` too), ``prompt_logprobs``, ``return_token_ids``, ``return_tokens_as_token_ids``
+  in vLLM's shapes (the lab model below),
   ``stream`` with ``stream_options.include_usage`` and ``continuous_usage_stats``, usage in the
   final chunk, ``data: [DONE]``, HTTP/1.1 keep-alive and chunked transfer coding like uvicorn;
   errors in vLLM's JSON shape (400 for bad input, 404 for an unknown model, 401 for a bad key).
@@ -21,7 +23,10 @@ rest wait; each step generates one token for every running sequence. A step cost
 KiB of SHA-256 (the weights every step reads) plus ``--work`` KiB per running sequence (per-token
 compute), and a new sequence's first step also costs ``--prefill-work`` KiB per prompt token.
 The hashing runs in one engine thread (hashlib releases the GIL), the HTTP side in asyncio. Tokens
-are pseudo-words chosen by the hash chain, so output is deterministic for a given prompt.
+are pseudo-words chosen by the lab model: a next-token distribution per position that is a function of
+``--model-seed`` and the preceding token IDs (a SHA-256 chain), so greedy output is deterministic and
+generation and teacher-forced scoring give the same logprobs; ``--output-noise P`` perturbs it at a
+share P of positions (a subtly broken build), ``--ttft-ms`` delays every request's first token.
 ``--cold-steps N --cold-factor F`` make a server that warms up, as vLLM does while it meets batch
 shapes for the first time: the first engine step costs F times its work, falling linearly to the
 normal cost at step N (tests of the benchmark's settle runs use it). ``--step-wait-ms W`` adds W ms
