@@ -120,7 +120,7 @@ def mean_ci(values: list[float]) -> list[float]:
     if n < 2:
         return [mean, mean]
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+    half = t_quantile(0.025, n - 1) * sd / math.sqrt(n)  # the upper 2.5% point
     return [max(0.0, mean - half), mean + half]
 
 

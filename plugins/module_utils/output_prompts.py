@@ -62,7 +62,7 @@ def _sentences(stream: _Stream, nwords: int) -> str:
     left = nwords
     while left > 0:
         size = min(left, stream.between(6, 14))
-        words = [WORDS[stream.below(len(WORDS))] for _ in range(size)]
+        words = [WORDS[stream.below(len(WORDS))] for _i in range(size)]
         out.append(words[0].capitalize() + " " + " ".join(words[1:]) + "." if size > 1 else words[0].capitalize() + ".")
         left -= size
     return " ".join(out)

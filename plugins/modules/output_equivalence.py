@@ -151,7 +151,9 @@ EXAMPLES = r"""
 
 RETURN = r"""
 verdict:
-  description: V(equivalent), V(drifted) or V(diverged); in O(mode=record) the A/A's own (V(equivalent) unless the band is wider than the tolerance); null when nothing ran.
+  description:
+    - V(equivalent), V(drifted) or V(diverged).
+    - In O(mode=record) the A/A's own (V(equivalent) unless the band is wider than the tolerance); null when nothing ran.
   returned: always
   type: str
   sample: equivalent
@@ -167,7 +169,9 @@ figures:
   returned: when a comparison ran
   type: dict
 per_prompt:
-  description: Per prompt C(id), C(tokens), C(top1_agree), C(top1_agreement), C(mean_abs_logprob_diff), C(max_abs_logprob_diff), C(first_divergence) (null when the greedy text did not fork).
+  description:
+    - Per prompt C(id), C(tokens), C(top1_agree), C(top1_agreement), C(mean_abs_logprob_diff), C(max_abs_logprob_diff),
+      C(first_divergence) (null when the greedy text did not fork).
   returned: when a comparison ran
   type: list
   elements: dict

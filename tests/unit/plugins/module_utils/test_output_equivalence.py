@@ -108,6 +108,13 @@ def test_overall_figures_with_their_intervals():
     assert fig["p99_abs_logprob_diff"] == pytest.approx(0.03) and fig["prompts_forked"] == 0
 
 
+def test_mean_interval_is_the_t_interval_over_prompts():
+    values = [0.1, 0.2, 0.3, 0.4]  # mean 0.25, sd 0.1291, t(0.975, 3) = 3.1824
+    low, high = oe.mean_ci(values)
+    assert (low, high) == pytest.approx((0.25 - 3.1824 * 0.1291 / 2, 0.25 + 3.1824 * 0.1291 / 2), abs=1e-3)
+    assert oe.mean_ci([0.0, 0.0, 0.3]) == pytest.approx([0.0, 0.1 + 4.3027 * 0.17321 / 3 ** 0.5], abs=1e-3)  # floored at 0
+
+
 def test_overall_refuses_nothing_scored():
     with pytest.raises(oe.EquivalenceError, match="no prompt was scored"):
         oe.overall([])
