@@ -602,7 +602,7 @@ class Server:
             prompt_text = req["text"] if req["text"] is not None else "".join(token_text(t) for t in req["ids"])
             choice["text"] = ("" if req["return_ids"] else prompt_text) + text
         if req["logprobs"] is not None or req["echo_logprobs"] is not None:
-            entries = [(t, lp, pairs) for t, lp, pairs in seq.scores]
+            entries = list(seq.scores)
             if req["echo"]:
                 first = [(req["ids"][0], None, None)]
                 entries = first + [(t, lp, pairs) for t, lp, _rank, pairs in prompt_scores[1:]] + entries
