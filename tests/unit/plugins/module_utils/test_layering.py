@@ -36,8 +36,8 @@ PREFIX = "ansible_collections.gpufleet.inference.plugins.module_utils"
 LAYERS = {
     0: ["device_apply", "gate_stats", "hostfs", "hostcmd", "inference_transport", "reapply_bundle"],
     1: ["audit_report", "bench_history", "grub", "host_lease", "host_lint", "inference_metrics", "link_samples", "managed_files", "nccl_env",
-        "output_equivalence", "output_prompts", "pci_config", "pcie_aspm", "pcie_boot", "pcie_p2p", "reboot_contract", "svg_chart", "throughput_gate", "vllm_args",
-        "vllm_preflight", "vllm_startlog"],
+        "output_equivalence", "output_prompts", "pci_config", "pcie_aspm", "pcie_boot", "pcie_p2p", "reboot_contract", "svg_chart",
+        "throughput_gate", "vllm_args", "vllm_preflight", "vllm_startlog"],
     2: ["bench_changepoint", "health_compare", "inference_sweep", "kernel_cmdline", "kernel_upgrade", "kernel_upgrade_flow",
         "nccl_env_files", "pci_topology", "pcie_state", "tune_measured", "vllm_flag_stages", "vllm_ready",
         "vllm_service_files"],
