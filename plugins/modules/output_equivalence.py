@@ -152,8 +152,7 @@ EXAMPLES = r"""
 RETURN = r"""
 verdict:
   description:
-    - V(equivalent), V(drifted) or V(diverged).
-    - In O(mode=record) the A/A's own (V(equivalent) unless the band is wider than the tolerance); null when nothing ran.
+    - V(equivalent), V(drifted) or V(diverged) in O(mode=compare); null in O(mode=record) (the A/A it measured is RV(aa)).
   returned: always
   type: str
   sample: equivalent
@@ -163,7 +162,7 @@ reason:
   type: str
 figures:
   description:
-    - Overall figures, C(top1_agreement) with C(top1_agreement_ci95) (Wilson, over tokens), C(mean_abs_logprob_diff)
+    - Overall figures (in O(mode=record), the A/A's), C(top1_agreement) with C(top1_agreement_ci95) (Wilson, over tokens), C(mean_abs_logprob_diff)
       with C(mean_abs_logprob_diff_ci95) (t interval over prompts), C(p99_abs_logprob_diff), C(max_abs_logprob_diff),
       C(prompts), C(tokens), C(prompts_forked) and C(first_divergence_min) of the greedy text.
   returned: when a comparison ran
@@ -248,7 +247,7 @@ def main():
         supports_check_mode=True,
     )
     finish(module, "output_equivalence", "asks the server for completions and reads or writes the reference file",
-           lambda: run(settings(module.params), HostFS(module.params["root"]), module.check_mode), EquivalenceError)
+           lambda: run(settings(module.params), HostFS(module.params["root"]), module.check_mode, module.warn), EquivalenceError)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ def test_record_writes_the_reference_with_its_aa_band(recorded):
     # 512 of 512 tokens agree: the band reaches down to the Wilson interval's low end, wider than the 0.005 margin
     assert doc["band"]["top1_agreement_min"] == pytest.approx(wilson(512, 512)[0]) and wilson(512, 512)[0] < 0.995
     assert doc["band"]["mean_abs_logprob_diff_max"] == pytest.approx(0.01)
-    assert result["verdict"] == "equivalent"
+    assert result["verdict"] is None and result["aa"] == doc["aa"] and not result.get("warnings"), result.get("warnings")
 
 
 def test_record_keeps_an_existing_reference_unless_overwrite(recorded, model_dir, tmp_path, capsys):
@@ -187,6 +187,15 @@ def test_bad_options_fail_before_any_write(recorded, model_dir, tmp_path, capsys
         result = run_main(args_for(server, tmp_path, mode="record", **extra), capsys)
     assert result["failed"] and fragment in result["msg"], result["msg"]
     assert not (tmp_path / REF.lstrip("/")).exists()
+
+
+def test_a_band_wider_than_the_tolerance_is_a_warning(recorded, model_dir, tmp_path, capsys):
+    root = copy_root(recorded, tmp_path)
+    with lab(model_dir) as server:
+        result = run_main(args_for(server, root, tolerance_top1=0.999), capsys)
+    assert result["verdict"] == "equivalent"
+    warnings = [w["event"]["msg"] if isinstance(w, dict) else w for w in result.get("warnings", [])]
+    assert any("wider than the tolerance in top1_agreement_min" in w for w in warnings), warnings
 
 
 def test_compare_without_a_reference_says_to_record_one(model_dir, tmp_path, capsys):
