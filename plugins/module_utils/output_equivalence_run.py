@@ -118,7 +118,13 @@ class Client:
         where = f"prompt {prompt['id']}"
         body = {"model": self.s.model, "prompt": prompt["text"], "max_tokens": max_tokens, "temperature": 0.0,
                 "seed": seed, "logprobs": 1, "ignore_eos": True, "return_token_ids": True, "return_tokens_as_token_ids": True}
-        answer = await self.call("POST", "/v1/completions", body, f"{where} ({len(prompt['text'].split())} words, {prompt['kind']})")
+        try:
+            answer = await self.call("POST", "/v1/completions", body, f"{where} ({len(prompt['text'].split())} words, {prompt['kind']})")
+        except oe.EquivalenceError as err:
+            if prompt["length"] != "long":
+                raise
+            raise oe.EquivalenceError(f"{err}. The long prompts need a context of about 4.5k tokens: raise the server's "
+                                      "--max-model-len, or leave them out with prompt_lengths: [short, medium]") from None
         parsed = oe.parse_generation(_choice(answer), f"{where}, generation")
         if len(parsed["token_ids"]) != max_tokens:
             raise oe.EquivalenceError(f"{where}: the server generated {len(parsed['token_ids'])} tokens, not {max_tokens} "

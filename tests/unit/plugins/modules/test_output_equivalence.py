@@ -162,7 +162,7 @@ def test_missing_logprobs_and_a_refused_prompt_are_errors(recorded, model_dir, t
         refused = run_main(args_for(server, tmp_path / "fresh", mode="record"), capsys)
         short = run_main(args_for(server, tmp_path / "fresh", mode="record", prompt_lengths=["short"]), capsys)
     assert refused["failed"] and "refused the request" in refused["msg"] and "maximum context length" in refused["msg"]
-    assert "prompt long-completion-00" in refused["msg"]
+    assert "prompt long-completion-00" in refused["msg"] and "prompt_lengths: [short, medium]" in refused["msg"]
     assert short["changed"] and len(json.loads((tmp_path / "fresh" / REF.lstrip("/")).read_text())["prompts"]) == 32
     path = root / REF.lstrip("/")
     doc = json.loads(path.read_text())
