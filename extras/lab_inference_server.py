@@ -261,8 +261,10 @@ class Engine:
             return 1.0
         return 1.0 + (self.cold_factor - 1.0) * (1.0 - step / self.cold_steps)
 
-    def _step(self, states: list[bytes], prefill_tokens: list[int], factor: float = 1.0) -> list[bytes]:
-        """One engine step in the engine thread: new hash state (token) per running sequence."""
+    def _step(self, states: list[bytes], prefill_tokens: list[int], factor: float = 1.0,
+              ctxs: list[bytes] | None = None) -> tuple[list[bytes], list]:
+        """One engine step in the engine thread: the work, a new hash state per running sequence, and (with ``ctxs``)
+        the lab model's distribution at each sequence's position, the sampling being part of the step."""
         if self.step_work:
             self._hash(b"step", int(self.step_work * factor))
         if self.step_wait:
@@ -272,16 +274,17 @@ class Engine:
             if prompt_len:
                 state = self._hash(state, prompt_len * self.prefill_work)
             out.append(self._hash(state, int(self.work * factor)))
-        return out
+        return out, [self.model.dist(ctx) for ctx in ctxs or []]
 
     def calibrate(self) -> tuple[float, float]:
         """Seconds of one step at batch 1 and at max_num_seqs, measured now on this host (after a warm-up step)."""
-        self._step([b"x"], [0])
+        ctx = self.model.start()
+        self._step([b"x"], [0], 1.0, [ctx])
         t0 = time.perf_counter()
-        self._step([b"x"], [0])
+        self._step([b"x"], [0], 1.0, [ctx])
         one = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self._step([b"x"] * self.max_num_seqs, [0] * self.max_num_seqs)
+        self._step([b"x"] * self.max_num_seqs, [0] * self.max_num_seqs, 1.0, [ctx] * self.max_num_seqs)
         full = time.perf_counter() - t0
         return one, full
 
@@ -301,11 +304,11 @@ class Engine:
             batch = list(self.running)
             prefill = [0 if s.prefilled else s.prompt_len for s in batch]
             t0 = time.perf_counter()
-            states = await loop.run_in_executor(self.executor, self._step, [s.state for s in batch], prefill,
-                                                self.cost_factor(self.stats["steps"]))
+            states, dists = await loop.run_in_executor(self.executor, self._step, [s.state for s in batch], prefill,
+                                                       self.cost_factor(self.stats["steps"]), [s.ctx for s in batch])
             self.stats["step_seconds"] += time.perf_counter() - t0
             self.stats["steps"] += 1
-            for seq, state, prompt_len in zip(batch, states, prefill):
+            for seq, state, prompt_len, pairs in zip(batch, states, prefill, dists):
                 if seq.cancelled:
                     self.stats["finished"]["abort"] += 1
                     continue
@@ -313,7 +316,6 @@ class Engine:
                     seq.prefilled = True
                     self.stats["prompt_tokens"] += prompt_len
                 seq.state = state
-                pairs = self.model.dist(seq.ctx)
                 token, logprob = pairs[0]  # greedy: the argmax of the position's distribution
                 seq.ctx = self.model.advance(seq.ctx, token)
                 seq.scores.append((token, logprob, pairs))
