@@ -11,7 +11,9 @@ CPU work for every token, so a slower kernel, a CPU hog or a bad tuning really l
 
 * ``GET /health`` (200, empty), ``GET /version``, ``GET /v1/models`` (with ``max_model_len``),
   ``GET /metrics`` (Prometheus text, vLLM's counter names);
-* ``POST /v1/completions``: ``prompt`` as text or token IDs, ``max_tokens``, ``ignore_eos``,
+* ``POST /v1/completions``: ``prompt`` as text or token IDs, ``max_tokens``, ``ignore_eos``, ``logprobs``,
+  ``echo`` (with ``max_tokens: 0`` too), ``prompt_logprobs``, ``return_token_ids``, ``return_tokens_as_token_ids``
+  in vLLM's shapes (the lab model below),
   ``stream`` with ``stream_options.include_usage`` and ``continuous_usage_stats``, usage in the
   final chunk, ``data: [DONE]``, HTTP/1.1 keep-alive and chunked transfer coding like uvicorn;
   errors in vLLM's JSON shape (400 for bad input, 404 for an unknown model, 401 for a bad key).
@@ -21,7 +23,10 @@ rest wait; each step generates one token for every running sequence. A step cost
 KiB of SHA-256 (the weights every step reads) plus ``--work`` KiB per running sequence (per-token
 compute), and a new sequence's first step also costs ``--prefill-work`` KiB per prompt token.
 The hashing runs in one engine thread (hashlib releases the GIL), the HTTP side in asyncio. Tokens
-are pseudo-words chosen by the hash chain, so output is deterministic for a given prompt.
+are pseudo-words chosen by the lab model: a next-token distribution per position that is a function of
+``--model-seed`` and the preceding token IDs (a SHA-256 chain), so greedy output is deterministic and
+generation and teacher-forced scoring give the same logprobs; ``--output-noise P`` perturbs it at a
+share P of positions (a subtly broken build), ``--ttft-ms`` delays every request's first token.
 ``--cold-steps N --cold-factor F`` make a server that warms up, as vLLM does while it meets batch
 shapes for the first time: the first engine step costs F times its work, falling linearly to the
 normal cost at step N (tests of the benchmark's settle runs use it). ``--step-wait-ms W`` adds W ms
@@ -44,6 +49,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import math
 import os
 import signal
 import sys
@@ -54,6 +60,7 @@ from concurrent.futures import ThreadPoolExecutor
 VERSION = "gpufleet-lab-1"
 SYLLABLES = ("ka to ri me su la no vi de po ga fu zi be ho xa "
              "ne ru mi sa ko te li pa do ve gu yo ba ji wo ce").split()
+SYLLABLE_INDEX = {syl: i for i, syl in enumerate(SYLLABLES)}
 EOS_TOKEN_ID = 2
 MAX_BODY = 32 * 1024 * 1024
 KEEP_ALIVE_S = 5.0
@@ -76,6 +83,104 @@ def token_text(token_id: int) -> str:
     return " " + "".join(reversed(digits))
 
 
+WORD_ID = {}  # pseudo-word -> token ID, filled lazily by word_id()
+CANDIDATES = 8  # tokens with their own logit at every position; the rest of the vocabulary shares REST_MASS
+REST_MASS = 0.02
+MAX_LOGPROBS = 20  # vLLM's default --max-logprobs
+
+
+def word_id(word: str, vocab_size: int) -> int:
+    """The token ID of one whitespace-separated word: a pseudo-word's own ID (token_text's inverse) when it is one
+    below the vocabulary size, else a hash of the word. So generated text tokenizes back to its token IDs."""
+    if len(word) % 2 == 0 and word:
+        n, ok = 0, True
+        for i in range(0, len(word), 2):
+            syl = word[i:i + 2]
+            if syl not in SYLLABLE_INDEX or (i == 0 and syl == SYLLABLES[0] and len(word) > 2):
+                ok = False
+                break
+            n = n * 32 + SYLLABLE_INDEX[syl]
+        if ok and n < vocab_size:
+            return n
+    return int.from_bytes(hashlib.sha256(word.encode("utf-8")).digest()[:4], "big") % vocab_size
+
+
+def tokenize(text: str, vocab_size: int) -> list[int]:
+    """The lab tokenizer: one token per whitespace-separated word."""
+    return [word_id(w, vocab_size) for w in text.split()]
+
+
+class LabModel:
+    """The lab "model": a deterministic next-token distribution per position, a function of the model seed and the
+    preceding token IDs only (a SHA-256 chain over them), so greedy generation (the argmax) and teacher-forced scoring
+    of the same tokens give the same logprobs. At each position CANDIDATES tokens get logits from the hash; the rest of
+    the vocabulary shares REST_MASS evenly. --output-noise P perturbs the distribution at a share P of positions
+    (chosen by a hash of the noise seed and the context, so deterministic per prompt): the logits are shaken and the
+    clean argmax loses its first place, as a subtly broken build would."""
+
+    def __init__(self, seed: int, vocab_size: int, noise: float = 0.0, noise_seed: int = 0):
+        self.seed = seed.to_bytes(8, "big", signed=True)
+        self.vocab_size = vocab_size
+        self.noise = noise
+        self.noise_seed = noise_seed.to_bytes(8, "big", signed=True)
+        self.rest_logprob = math.log(REST_MASS / (vocab_size - CANDIDATES))
+
+    def start(self) -> bytes:
+        return hashlib.sha256(b"gpufleet-lab-model" + self.seed).digest()
+
+    @staticmethod
+    def advance(ctx: bytes, token: int) -> bytes:
+        return hashlib.sha256(ctx + token.to_bytes(4, "big")).digest()
+
+    def context(self, tokens: list[int]) -> bytes:
+        ctx = self.start()
+        for token in tokens:
+            ctx = self.advance(ctx, token)
+        return ctx
+
+    def dist(self, ctx: bytes) -> list[tuple[int, float]]:
+        """The CANDIDATES (token ID, logprob) pairs of this position, best first."""
+        raw = hashlib.sha256(b"dist" + self.seed + ctx).digest() + hashlib.sha256(b"dist2" + self.seed + ctx).digest()
+        tokens: list[int] = []
+        for j in range(CANDIDATES):
+            token = int.from_bytes(raw[3 * j:3 * j + 3], "big") % self.vocab_size
+            while token in tokens:
+                token = (token + 1) % self.vocab_size
+            tokens.append(token)
+        logits = [6.0 * int.from_bytes(raw[24 + 2 * j:26 + 2 * j], "big") / 65535.0 for j in range(CANDIDATES)]
+        noise = hashlib.sha256(b"noise" + self.noise_seed + ctx).digest()
+        if self.noise and int.from_bytes(noise[:4], "big") / 2 ** 32 < self.noise:
+            clean_top = max(range(CANDIDATES), key=lambda j: logits[j])
+            logits = [x + 3.0 * (noise[4 + j] / 255.0 - 0.5) for j, x in enumerate(logits)]
+            order = sorted(range(CANDIDATES), key=lambda j: -logits[j])
+            if order[0] == clean_top:
+                logits[order[0]], logits[order[1]] = logits[order[1]], logits[order[0]]
+        top = max(logits)
+        log_z = top + math.log(sum(math.exp(x - top) for x in logits))
+        scale = math.log(1.0 - REST_MASS)
+        pairs = [(t, x - log_z + scale) for t, x in zip(tokens, logits)]
+        return sorted(pairs, key=lambda p: (-p[1], p[0]))
+
+    def score(self, ctx: bytes, token: int) -> tuple[float, int, list[tuple[int, float]]]:
+        """(logprob, vocabulary rank, the position's candidates) of ``token`` after context ``ctx``."""
+        pairs = self.dist(ctx)
+        for rank, (tok, logprob) in enumerate(pairs, 1):
+            if tok == token:
+                return logprob, rank, pairs
+        return self.rest_logprob, CANDIDATES + 1, pairs
+
+    def top(self, pairs: list[tuple[int, float]], n: int) -> list[tuple[int, float]]:
+        """The n best (token, logprob) pairs; past the candidates, the lowest IDs of the rest (all equally likely)."""
+        out = list(pairs[:n])
+        taken = {t for t, _lp in pairs}
+        token = 0
+        while len(out) < n:
+            if token not in taken:
+                out.append((token, self.rest_logprob))
+            token += 1
+        return out
+
+
 class RequestError(Exception):
     def __init__(self, status: int, message: str, kind: str = "BadRequestError"):
         super().__init__(message)
@@ -86,10 +191,13 @@ class RequestError(Exception):
 # ---- the engine ---------------------------------------------------------------------------------------
 class Sequence:
     __slots__ = ("rid", "prompt_len", "max_tokens", "ignore_eos", "state", "generated", "pending", "event",
-                 "finished", "finish_reason", "cancelled", "prefilled", "created")
+                 "finished", "finish_reason", "cancelled", "prefilled", "created", "ctx", "scores")
 
-    def __init__(self, rid: str, prompt_key: bytes, prompt_len: int, max_tokens: int, ignore_eos: bool):
+    def __init__(self, rid: str, prompt_key: bytes, prompt_len: int, max_tokens: int, ignore_eos: bool,
+                 ctx: bytes = b""):
         self.rid = rid
+        self.ctx = ctx  # the model's context after the prompt and the tokens generated so far
+        self.scores: list[tuple[int, float, list]] = []  # (token, logprob, candidates) of every generated token
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens
         self.ignore_eos = ignore_eos
@@ -115,6 +223,7 @@ class Engine:
         self.cold_steps = args.cold_steps
         self.cold_factor = args.cold_factor
         self.step_wait = args.step_wait_ms / 1000.0
+        self.model = LabModel(args.model_seed, args.vocab_size, args.output_noise, args.output_noise_seed)
         size = max(self.work, self.step_work, self.prefill_work, 4096)
         block = bytearray()
         seed = b"gpufleet-lab-weights"
@@ -152,8 +261,10 @@ class Engine:
             return 1.0
         return 1.0 + (self.cold_factor - 1.0) * (1.0 - step / self.cold_steps)
 
-    def _step(self, states: list[bytes], prefill_tokens: list[int], factor: float = 1.0) -> list[bytes]:
-        """One engine step in the engine thread: new hash state (token) per running sequence."""
+    def _step(self, states: list[bytes], prefill_tokens: list[int], factor: float = 1.0,
+              ctxs: list[bytes] | None = None) -> tuple[list[bytes], list]:
+        """One engine step in the engine thread: the work, a new hash state per running sequence, and (with ``ctxs``)
+        the lab model's distribution at each sequence's position, the sampling being part of the step."""
         if self.step_work:
             self._hash(b"step", int(self.step_work * factor))
         if self.step_wait:
@@ -163,16 +274,17 @@ class Engine:
             if prompt_len:
                 state = self._hash(state, prompt_len * self.prefill_work)
             out.append(self._hash(state, int(self.work * factor)))
-        return out
+        return out, [self.model.dist(ctx) for ctx in ctxs or []]
 
     def calibrate(self) -> tuple[float, float]:
         """Seconds of one step at batch 1 and at max_num_seqs, measured now on this host (after a warm-up step)."""
-        self._step([b"x"], [0])
+        ctx = self.model.start()
+        self._step([b"x"], [0], 1.0, [ctx])
         t0 = time.perf_counter()
-        self._step([b"x"], [0])
+        self._step([b"x"], [0], 1.0, [ctx])
         one = time.perf_counter() - t0
         t0 = time.perf_counter()
-        self._step([b"x"] * self.max_num_seqs, [0] * self.max_num_seqs)
+        self._step([b"x"] * self.max_num_seqs, [0] * self.max_num_seqs, 1.0, [ctx] * self.max_num_seqs)
         full = time.perf_counter() - t0
         return one, full
 
@@ -192,11 +304,11 @@ class Engine:
             batch = list(self.running)
             prefill = [0 if s.prefilled else s.prompt_len for s in batch]
             t0 = time.perf_counter()
-            states = await loop.run_in_executor(self.executor, self._step, [s.state for s in batch], prefill,
-                                                self.cost_factor(self.stats["steps"]))
+            states, dists = await loop.run_in_executor(self.executor, self._step, [s.state for s in batch], prefill,
+                                                       self.cost_factor(self.stats["steps"]), [s.ctx for s in batch])
             self.stats["step_seconds"] += time.perf_counter() - t0
             self.stats["steps"] += 1
-            for seq, state, prompt_len in zip(batch, states, prefill):
+            for seq, state, prompt_len, pairs in zip(batch, states, prefill, dists):
                 if seq.cancelled:
                     self.stats["finished"]["abort"] += 1
                     continue
@@ -204,7 +316,9 @@ class Engine:
                     seq.prefilled = True
                     self.stats["prompt_tokens"] += prompt_len
                 seq.state = state
-                token = int.from_bytes(state[:4], "big") % self.vocab_size
+                token, logprob = pairs[0]  # greedy: the argmax of the position's distribution
+                seq.ctx = self.model.advance(seq.ctx, token)
+                seq.scores.append((token, logprob, pairs))
                 seq.generated += 1
                 seq.pending.append(token)
                 self.stats["generation_tokens"] += 1
@@ -394,18 +508,20 @@ class Server:
         if isinstance(prompt, str):
             if not prompt.strip():
                 raise RequestError(400, "prompt is empty")
-            prompt_len, key = len(prompt.split()), prompt.encode("utf-8")
+            ids, key = tokenize(prompt, self.args.vocab_size), prompt.encode("utf-8")
         elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             bad = [t for t in prompt if not 0 <= t < self.args.vocab_size]
             if bad:
                 raise RequestError(400, f"Token id {bad[0]} is out of vocabulary (size {self.args.vocab_size})")
-            prompt_len, key = len(prompt), json.dumps(prompt).encode()
+            ids, key = list(prompt), json.dumps(prompt).encode()
         else:
             raise RequestError(400, "prompt must be a string, a list of token IDs, or a one-element list of either "
                                     "(the lab server takes one prompt per request)")
+        prompt_len = len(ids)
+        echo = bool(req.get("echo", False))
         max_tokens = req.get("max_tokens", 16)
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RequestError(400, f"max_tokens must be an integer of at least 1, got {max_tokens!r}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < (0 if echo else 1):
+            raise RequestError(400, f"max_tokens must be an integer of at least 1 (0 only with echo), got {max_tokens!r}")
         if prompt_len + max_tokens > self.args.max_model_len:
             raise RequestError(400, f"This model's maximum context length is {self.args.max_model_len} tokens. However, "
                                     f"you requested {prompt_len + max_tokens} tokens ({prompt_len} in the messages, "
@@ -418,14 +534,111 @@ class Server:
         if options is not None and not stream:
             raise RequestError(400, "Stream options can only be defined when `stream=True`.")
         options = options if isinstance(options, dict) else {}
-        return {"prompt_len": prompt_len, "key": key, "max_tokens": max_tokens, "stream": stream,
+        logprobs, prompt_logprobs = self._logprobs_param(req, "logprobs"), self._logprobs_param(req, "prompt_logprobs")
+        if prompt_logprobs is None and echo:
+            prompt_logprobs = logprobs  # as vLLM: echo with logprobs scores the prompt too
+        if stream and (echo or req.get("prompt_logprobs") is not None):
+            raise RequestError(400, "`prompt_logprobs` are not available when `stream=True`." if not echo else
+                                    "echo is not supported with stream=True on the lab server")
+        return {"ids": ids, "echo": echo, "text": prompt if isinstance(prompt, str) else None, "logprobs": logprobs,
+                "prompt_logprobs": None if req.get("prompt_logprobs") is None else prompt_logprobs,
+                "echo_logprobs": prompt_logprobs if echo else None,
+                "as_ids": bool(req.get("return_tokens_as_token_ids")), "return_ids": bool(req.get("return_token_ids")),
+                "prompt_len": prompt_len, "key": key, "max_tokens": max_tokens, "stream": stream,
                 "ignore_eos": bool(req.get("ignore_eos", False)), "include_usage": bool(options.get("include_usage")),
                 "continuous": bool(options.get("continuous_usage_stats"))}
+
+    @staticmethod
+    def _logprobs_param(req: dict, name: str) -> int | None:
+        value = req.get(name)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise RequestError(400, f"`{name}` must be a positive value or -1.")
+        if value > MAX_LOGPROBS:
+            raise RequestError(400, f"Requested {'prompt' if name == 'prompt_logprobs' else 'sample'} logprobs of {value}, "
+                                    f"which is greater than max allowed: {MAX_LOGPROBS}")
+        return value
+
+    def _token(self, req: dict, token: int) -> str:
+        return f"token_id:{token}" if req["as_ids"] else token_text(token)
+
+    def _prompt_scores(self, ids: list[int]) -> list:
+        """Teacher-forced scores of the prompt: None for the first token (nothing before it), then
+        (token, logprob, rank, candidates) of each token given the ones before it."""
+        model = self.engine.model
+        ctx = model.context(ids[:1])
+        out: list = [None]
+        for token in ids[1:]:
+            logprob, rank, pairs = model.score(ctx, token)
+            out.append((token, logprob, rank, pairs))
+            ctx = model.advance(ctx, token)
+        return out
+
+    def _logprobs_obj(self, req: dict, entries: list, n: int) -> dict:
+        """vLLM's CompletionLogProbs for (token, logprob, candidates) entries (None: a first prompt token)."""
+        out: dict = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+        offset = 0
+        for token, logprob, pairs in entries:
+            name = self._token(req, token)
+            out["text_offset"].append(offset)
+            offset += len(name)
+            out["tokens"].append(name)
+            out["token_logprobs"].append(logprob)
+            if pairs is None:
+                out["top_logprobs"].append(None)
+                continue
+            top = {name: logprob}
+            for tok, lp in self.engine.model.top(pairs, n):
+                top.setdefault(self._token(req, tok), lp)
+            out["top_logprobs"].append(top)
+        return out
+
+    def _choice(self, req: dict, seq: Sequence, tokens: list[int]) -> dict:
+        """The one choice of a non-streamed answer, with vLLM's echo, logprobs, prompt_logprobs and token-ID fields."""
+        text = "".join(token_text(t) for t in tokens)
+        choice: dict = {"index": 0, "text": text, "logprobs": None, "finish_reason": seq.finish_reason, "stop_reason": None}
+        prompt_scores = self._prompt_scores(req["ids"]) if req["echo_logprobs"] is not None or \
+            req["prompt_logprobs"] is not None else None
+        if req["echo"]:
+            prompt_text = req["text"] if req["text"] is not None else "".join(token_text(t) for t in req["ids"])
+            choice["text"] = ("" if req["return_ids"] else prompt_text) + text
+        if req["logprobs"] is not None or req["echo_logprobs"] is not None:
+            entries = list(seq.scores)
+            if req["echo"]:
+                first = [(req["ids"][0], None, None)]
+                entries = first + [(t, lp, pairs) for t, lp, _rank, pairs in prompt_scores[1:]] + entries
+            n = req["logprobs"] if req["logprobs"] is not None else req["echo_logprobs"]
+            choice["logprobs"] = self._logprobs_obj(req, entries, n)
+        if req["prompt_logprobs"] is not None:
+            choice["prompt_logprobs"] = [None] + [self._prompt_entry(t, lp, rank, pairs, req["prompt_logprobs"])
+                                                  for t, lp, rank, pairs in prompt_scores[1:]]
+        if req["return_ids"]:
+            choice["prompt_token_ids"] = list(req["ids"])
+            choice["token_ids"] = list(tokens)
+        return choice
+
+    def _prompt_entry(self, token: int, logprob: float, rank: int, pairs: list, n: int) -> dict:
+        """One position of vLLM's prompt_logprobs: {token ID: {logprob, rank, decoded_token}}, the prompt's own token
+        first, then the n best."""
+        entry = {str(token): {"logprob": logprob, "rank": rank, "decoded_token": token_text(token)}}
+        for i, (tok, lp) in enumerate(self.engine.model.top(pairs, n), 1):
+            entry.setdefault(str(tok), {"logprob": lp, "rank": i, "decoded_token": token_text(tok)})
+        return entry
 
     async def completions(self, body: bytes, writer, keep_alive: bool) -> bool:
         req = self._parse(body)
         rid = f"cmpl-{uuid.uuid4().hex}"
-        seq = Sequence(rid, req["key"], req["prompt_len"], req["max_tokens"], req["ignore_eos"])
+        seq = Sequence(rid, req["key"], req["prompt_len"], req["max_tokens"], req["ignore_eos"],
+                       self.engine.model.context(req["ids"]))
+        if self.args.ttft_ms:
+            await asyncio.sleep(self.args.ttft_ms / 1000.0)  # the latency knob: a wait before the first token, no CPU
+        if req["max_tokens"] == 0:  # echo without generation (vLLM: the prompt and its logprobs only)
+            seq.finished, seq.finish_reason = True, "length"
+            await self._json(writer, 200, {"id": rid, "object": "text_completion", "created": int(time.time()),
+                                           "model": self.model_name, "choices": [self._choice(req, seq, [])],
+                                           "usage": self._usage(seq)}, keep_alive)
+            return keep_alive
         self.engine.submit(seq)
         created = int(time.time())
         try:
@@ -440,14 +653,13 @@ class Server:
                         break
                 await self._json(writer, 200, {
                     "id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                    "choices": [{"index": 0, "text": "".join(token_text(t) for t in tokens), "logprobs": None,
-                                 "finish_reason": seq.finish_reason, "stop_reason": None}],
-                    "usage": self._usage(seq)}, keep_alive)
+                    "choices": [self._choice(req, seq, tokens)], "usage": self._usage(seq)}, keep_alive)
                 return keep_alive
             writer.write(self._head(200, {"content-type": "text/event-stream; charset=utf-8",
                                           "transfer-encoding": "chunked", "cache-control": "no-cache"}, keep_alive))
             interval = max(1, self.args.stream_interval)
             buffered: list[int] = []
+            scored = 0
             sent = False
             while True:
                 await seq.event.wait()
@@ -457,8 +669,12 @@ class Server:
                 if sent and len(buffered) < interval and not seq.finished:
                     continue  # like vLLM's --stream-interval: the first token goes out at once, then batches
                 sent = True
+                logprobs = None
+                if req["logprobs"] is not None:
+                    logprobs = self._logprobs_obj(req, seq.scores[scored:scored + len(buffered)], req["logprobs"])
+                scored += len(buffered)
                 chunk = {"id": rid, "object": "text_completion", "created": created, "model": self.model_name,
-                         "choices": [{"index": 0, "text": "".join(token_text(t) for t in buffered), "logprobs": None,
+                         "choices": [{"index": 0, "text": "".join(token_text(t) for t in buffered), "logprobs": logprobs,
                                       "finish_reason": seq.finish_reason if seq.finished else None, "stop_reason": None}],
                          "usage": self._usage(seq) if req["continuous"] else None}
                 buffered = []
@@ -515,6 +731,15 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="how many times its work the first engine step costs (default 1)")
     parser.add_argument("--step-wait-ms", type=float, default=0.0,
                         help="ms every engine step waits, using no CPU, times the cold factor (default 0)")
+    parser.add_argument("--model-seed", type=int, default=0,
+                        help="seed of the lab model's next-token distributions (default 0): another seed is another model")
+    parser.add_argument("--output-noise", type=float, default=0.0,
+                        help="share 0-1 of positions whose distribution is perturbed, so the argmax and logprobs change "
+                             "(a subtly broken build; default 0)")
+    parser.add_argument("--output-noise-seed", type=int, default=0, help="seed of --output-noise's choice (default 0)")
+    parser.add_argument("--ttft-ms", type=float, default=0.0,
+                        help="ms every request waits before it joins the batch, using no CPU: a time-to-first-token knob "
+                             "(default 0; --step-wait-ms is the per-token one)")
     parser.add_argument("--api-key", help=argparse.SUPPRESS)
     args, unknown = parser.parse_known_args(argv)
     return args, unknown
@@ -531,7 +756,11 @@ def check_args(args: argparse.Namespace) -> str | None:
     for name in ("max_num_seqs", "max_model_len", "vocab_size", "stream_interval"):
         if getattr(args, name) < 1:
             return f"--{name.replace('_', '-')} must be at least 1"
-    for name in ("work", "step_work", "prefill_work", "cold_steps", "step_wait_ms"):
+    if not 0 <= args.output_noise <= 1:
+        return f"--output-noise must be a share between 0 and 1, got {args.output_noise:g}"
+    if args.vocab_size <= 2 * CANDIDATES:
+        return f"--vocab-size must be above {2 * CANDIDATES} (the lab model gives {CANDIDATES} tokens a logit each)"
+    for name in ("work", "step_work", "prefill_work", "cold_steps", "step_wait_ms", "ttft_ms"):
         if getattr(args, name) < 0:
             return f"--{name.replace('_', '-')} must not be negative"
     if args.cold_factor < 1:

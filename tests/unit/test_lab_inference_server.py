@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import math
 import os
 import re
 import signal
@@ -364,3 +365,92 @@ def test_step_wait_is_wall_time_without_cpu_and_follows_the_cold_factor(model_di
         assert 0.020 * factor <= wall < 0.020 * factor + 0.5 and cpu < 0.01
     bad, _rest = lis.parse_args(["--model", str(model_dir), "--step-wait-ms", "-1"])
     assert lis.check_args(bad) == "--step-wait-ms must not be negative"
+
+
+# ---- the lab model: tokens with logprobs, teacher-forced scoring, noise -----------------------------------
+def completion(lab: LabServer, **body) -> dict:
+    body.setdefault("model", "lab")
+    resp, raw = lab.request("POST", "/v1/completions", body)
+    assert resp.status == 200, raw
+    return json.loads(raw)["choices"][0]
+
+
+def test_lab_model_is_a_distribution_and_pseudo_words_tokenize_back():
+    sys.path.insert(0, os.path.dirname(SERVER))
+    try:
+        import lab_inference_server as server  # pylint: disable=import-outside-toplevel
+    finally:
+        sys.path.pop(0)
+    model = server.LabModel(3, 32000)
+    ctx = model.context([5, 6, 7])
+    pairs = model.dist(ctx)
+    total = sum(math.exp(lp) for _t, lp in pairs) + math.exp(model.rest_logprob) * (32000 - server.CANDIDATES)
+    assert total == pytest.approx(1.0) and pairs == sorted(pairs, key=lambda p: -p[1])
+    assert model.score(ctx, pairs[0][0])[:2] == (pairs[0][1], 1)
+    assert model.score(ctx, 31999 if 31999 not in dict(pairs) else 31998)[1] == server.CANDIDATES + 1
+    for token in (0, 1, 31, 32, 1025, 31999):
+        assert server.tokenize(server.token_text(token), 32000) == [token]
+
+
+def test_logprobs_of_generated_tokens_in_vllm_shape(lab):
+    choice = completion(lab, prompt="the quick brown fox", max_tokens=6, logprobs=3, return_token_ids=True)
+    lp = choice["logprobs"]
+    assert set(lp) == {"text_offset", "token_logprobs", "tokens", "top_logprobs"}
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == 6 == len(choice["token_ids"])
+    assert "".join(lp["tokens"]) == choice["text"] and lp["text_offset"][0] == 0
+    for token, value, top in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"]):
+        assert len(top) == 3 and top[token] == value == max(top.values()) < 0  # greedy: the argmax
+    assert choice["prompt_token_ids"] == [int(t.split(":")[1]) for t in completion(
+        lab, prompt="the quick brown fox", max_tokens=1, logprobs=0, echo=True, return_tokens_as_token_ids=True,
+    )["logprobs"]["tokens"][:4]]
+
+
+def test_teacher_forced_scores_equal_the_generation_logprobs(lab):
+    gen = completion(lab, prompt="score me please", max_tokens=12, logprobs=1, return_token_ids=True)
+    ids = gen["prompt_token_ids"] + gen["token_ids"]
+    forced = completion(lab, prompt=ids, max_tokens=1, prompt_logprobs=2)["prompt_logprobs"]
+    assert forced[0] is None and len(forced) == len(ids)
+    for i, token in enumerate(gen["token_ids"]):
+        entry = forced[3 + i]
+        assert entry[str(token)]["rank"] == 1 and entry[str(token)]["logprob"] == gen["logprobs"]["token_logprobs"][i]
+        assert len(entry) == 2 and sorted(e["rank"] for e in entry.values()) == [1, 2]
+    echoed = completion(lab, prompt=ids, max_tokens=0, echo=True, logprobs=1, return_tokens_as_token_ids=True)
+    assert echoed["logprobs"]["token_logprobs"][0] is None and echoed["logprobs"]["top_logprobs"][0] is None
+    assert echoed["logprobs"]["token_logprobs"][3:] == gen["logprobs"]["token_logprobs"]
+    assert echoed["logprobs"]["tokens"] == [f"token_id:{t}" for t in ids] and echoed["finish_reason"] == "length"
+    assert echoed["text"].endswith(gen["text"]) and len(echoed["text"].split()) == 15  # the prompt's 3 tokens, then 12
+
+
+def test_output_noise_perturbs_its_share_of_positions_and_model_seed_is_another_model(model_dir):
+    with LabServer(model_dir, "--work", "1", "--step-work", "1") as clean:
+        gen = completion(clean, prompt="a long enough prompt", max_tokens=400, logprobs=1, return_token_ids=True,
+                         ignore_eos=True)
+    ids = gen["prompt_token_ids"] + gen["token_ids"]
+    with LabServer(model_dir, "--work", "1", "--step-work", "1", "--output-noise", "0.2") as noisy:
+        forced = completion(noisy, prompt=ids, max_tokens=1, prompt_logprobs=0)["prompt_logprobs"][4:]
+        again = completion(noisy, prompt=ids, max_tokens=1, prompt_logprobs=0)["prompt_logprobs"][4:]
+    lost = sum(1 for entry, token in zip(forced, gen["token_ids"]) if entry[str(token)]["rank"] != 1)
+    assert 80 - 3 * 8 < lost < 80 + 3 * 8  # binomial(400, 0.2): mean 80, sd 8
+    assert forced == again  # deterministic
+    with LabServer(model_dir, "--work", "1", "--step-work", "1", "--model-seed", "9") as other:
+        forced = completion(other, prompt=ids, max_tokens=1, prompt_logprobs=0)["prompt_logprobs"][4:]
+    agree = sum(1 for entry, token in zip(forced, gen["token_ids"]) if entry[str(token)]["rank"] == 1)
+    assert agree < 10  # another model: its argmax meets the reference's by chance only
+
+
+def test_ttft_knob_delays_the_first_token(model_dir):
+    with LabServer(model_dir, "--work", "1", "--step-work", "1", "--ttft-ms", "300") as lab:
+        t0 = time.perf_counter()
+        completion(lab, prompt="wait for it", max_tokens=2)
+        assert time.perf_counter() - t0 >= 0.3
+
+
+@pytest.mark.parametrize("body, fragment", [
+    ({"logprobs": 21}, "greater than max allowed: 20"),
+    ({"prompt_logprobs": -2}, "must be a positive value or -1"),
+    ({"prompt_logprobs": 1, "stream": True}, "not available when `stream=True`"),
+    ({"max_tokens": 0}, "0 only with echo"),
+])
+def test_logprob_requests_refused_like_vllm(lab, body, fragment):
+    resp, raw = lab.request("POST", "/v1/completions", {"model": "lab", "prompt": "x y", **body})
+    assert resp.status == 400 and fragment in json.loads(raw)["error"]["message"]

@@ -35,14 +35,14 @@ PREFIX = "ansible_collections.gpufleet.inference.plugins.module_utils"
 # Layer -> module_utils. A file imports module_utils of lower layers only.
 LAYERS = {
     0: ["device_apply", "gate_stats", "hostfs", "hostcmd", "inference_transport", "reapply_bundle"],
-    1: ["audit_report", "bench_history", "grub", "host_lease", "host_lint", "inference_metrics", "link_samples", "managed_files", "nccl_env", "pci_config",
-        "pcie_aspm", "pcie_boot", "pcie_p2p", "reboot_contract", "svg_chart", "throughput_gate", "vllm_args",
-        "vllm_preflight", "vllm_startlog"],
+    1: ["audit_report", "bench_history", "grub", "host_lease", "host_lint", "inference_metrics", "link_samples", "managed_files", "nccl_env",
+        "output_equivalence", "output_prompts", "pci_config", "pcie_aspm", "pcie_boot", "pcie_p2p", "reboot_contract", "svg_chart",
+        "throughput_gate", "vllm_args", "vllm_preflight", "vllm_startlog"],
     2: ["bench_changepoint", "health_compare", "inference_sweep", "kernel_cmdline", "kernel_upgrade", "kernel_upgrade_flow",
         "nccl_env_files", "pci_topology", "pcie_state", "tune_measured", "vllm_flag_stages", "vllm_ready",
         "vllm_service_files"],
     3: ["history_report", "hugepages", "inference_client", "irq_affinity", "kernel_boot_entry", "kernel_upgrade_journal",
-        "kernel_upgrade_report", "load_monitor", "nvml", "pcie_acs", "pcie_findings", "pcie_payload", "pcie_users",
+        "kernel_upgrade_report", "load_monitor", "nvml", "output_equivalence_run", "pcie_acs", "pcie_findings", "pcie_payload", "pcie_users",
         "stage_table", "vfio"],
     4: ["bench_history_apply", "benchmark_run", "boot_health", "irq_pinning", "irq_reapply", "kernel_cmdline_apply", "kernel_rollout_apply",
         "kernel_upgrade_preflight", "pcie_audit", "pcie_boot_apply", "vfio_bind"],
