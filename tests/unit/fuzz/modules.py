@@ -16,9 +16,9 @@ from typing import Callable
 
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
 from ansible_collections.gpufleet.inference.plugins.modules import (
-    bench_history, host_lease, hugepages, inference_benchmark, irq_affinity, kernel_boot_entry, kernel_boot_health, kernel_cmdline,
+    bench_history, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity, kernel_boot_entry, kernel_boot_health, kernel_cmdline,
     kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload,
-    throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
+    output_equivalence, throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
 )
 from tests.unit.fakesysfs import node_memory, two_gpus_one_switch
 from tests.unit.plugins.module_utils.test_vfio import gpu_host
@@ -89,6 +89,24 @@ def _nothing(root: Path) -> None:
     (root / "etc").mkdir(parents=True, exist_ok=True)
 
 
+def _copied_guide(root: Path) -> None:
+    """A GPU host carrying tuning copied from guides (what host_lint reads)."""
+    two_gpus_one_switch(root)
+    for rel, text in {"proc/cmdline": "BOOT_IMAGE=/vmlinuz root=/dev/vda1 pci=noacs pcie_aspm=off\n",
+                      "etc/default/grub": 'GRUB_CMDLINE_LINUX="pci=noacs iommu=pt"\n',
+                      "etc/nccl.conf": "NCCL_P2P_LEVEL=PCI\nNCCL_PROTO=LL\n",
+                      "etc/sysctl.d/90-gpu.conf": "vm.nr_hugepages = 64\n",
+                      "etc/modprobe.d/nvidia.conf": "options nvidia NVreg_EnablePCIeGen5=1\n"}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
+def _equivalence_reference(root: Path) -> None:
+    path = root / "var/lib/gpufleet/equivalence/reference.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"format": "gpufleet.output_equivalence/1", "model": "tiny", "prompts": []}\n')
+
+
 def _vllm_files_base(root: str) -> dict:
     from tests.unit.plugins.modules.test_vllm_service_files import template  # pylint: disable=import-outside-toplevel
     return {"root": root, "name": "vllm", "config_dir": "/etc/gpufleet/vllm", "env_content": "HF_HUB_OFFLINE=1\n",
@@ -113,6 +131,7 @@ def specs(vllm_url: str) -> dict[str, Spec]:
         "bench_history": Spec(bench_history, _nothing, lambda r: {"path": f"{r}/var/lib/gpufleet/history.jsonl", "state": "query"},
                               ["/var/lib/gpufleet/history.jsonl"], root_option=False),
         "host_lease": Spec(host_lease, lease_build, lease_base, ["/var/lib/gpufleet/lease.json"]),
+        "host_lint": Spec(host_lint, _copied_guide, lambda r: {"root": r}, ["/etc/nccl.conf", "/etc/default/grub", "/proc/cmdline"]),
         "hugepages": Spec(hugepages, _gpu_host, lambda r: {"root": r, "pages_2m": 16}),
         "inference_benchmark": Spec(inference_benchmark, _nothing, lambda r: {
             "url": vllm_url, "model": "tiny", "requests": 2, "warmup": 0, "repetitions": 1, "settle_runs": 1, "concurrency": [1],
@@ -128,6 +147,9 @@ def specs(vllm_url: str) -> dict[str, Spec]:
         "nccl_env_files": Spec(nccl_env_files, _nothing, lambda r: {
             "root": r, "conf_content": NCCL["nccl_conf"], "env_content": NCCL["env_file"], "settings": NCCL["settings"]},
             ["/etc/nccl.conf", "/etc/gpufleet/nccl.env"]),
+        "output_equivalence": Spec(output_equivalence, _equivalence_reference, lambda r: {
+            "root": r, "url": vllm_url, "model": "tiny", "mode": "compare", "prompt_lengths": ["short"], "timeout": 2.0,
+            "reference": "/var/lib/gpufleet/equivalence/reference.json"}, ["/var/lib/gpufleet/equivalence/reference.json"]),
         "pcie_acs": Spec(pcie_acs, _switch, lambda r: {"root": r, "persist": False},
                          ["/var/lib/gpufleet/pcie_acs/originals.json"]),
         "pcie_aspm": Spec(pcie_aspm, _aspm, lambda r: {"root": r, "policy": "performance"}, ["/sys/module/pcie_aspm/parameters/policy"]),

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 from ansible.module_utils.basic import AnsibleModule
@@ -169,6 +170,13 @@ def modules_for(kind: str, names):
 
 
 ALL = sorted(specs("http://127.0.0.1:9"))
+
+
+def test_every_module_with_a_main_is_fuzzed():
+    """A new module joins the suite (its tree and base call in modules.py) or this fails."""
+    modules = Path(__file__).resolve().parents[3] / "plugins" / "modules"
+    with_main = sorted(p.stem for p in modules.glob("*.py") if "def main(" in p.read_text())
+    assert with_main == ALL
 WITH_STATE = sorted(n for n, s in specs("http://127.0.0.1:9").items() if s.state)
 
 
