@@ -91,7 +91,7 @@ __all__ = [
     "t_quantile", "t_sf", "theil_sen_slope", "trend", "u_distribution", "u_statistic",
     "MAX_BOOTSTRAP", "MAX_RUNS", "WORKLOAD_FIELDS", "WORKLOAD_REQUIRED", "check_all_settings", "check_count",
     "workload", "workload_mismatch", "decide_throughput", "LATENCY_METRICS", "DEFAULT_LATENCY_MARGINS", "LATENCY_ALPHA",
-    "check_latency_margins", "latency_series", "run_latency",
+    "check_latency_margins", "latency_series", "run_latency", "LATENCY_LABELS", "latency_part",
 ]
 
 DECISIONS = ("pass", "regression", "inconclusive")
