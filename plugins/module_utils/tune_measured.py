@@ -27,12 +27,13 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS, HostFSError
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import (
-    LATENCY_ALPHA, GateError, check_all_settings, check_latency_margins, decide, latency_series, workload,
+    DEFAULT_LATENCY_MARGINS, LATENCY_ALPHA, GateError, check_all_settings, check_latency_margins, decide, latency_series, workload,
     workload_mismatch,
 )
 
@@ -453,6 +454,7 @@ def fit_threshold(state: dict[str, Any], baseline: dict[str, Any]) -> None:
         floor = f", floor {g['auto_floor']}" if g["threshold"] == g["auto_floor"] else ""
         g["threshold_basis"] = (f"auto: 1 - {g['auto_k']:g} x the baseline's largest run-to-run CV {cv:.1%} "
                                 f"({where}) = {g['threshold']}{floor}")
+        g["latency_auto"] = _auto_latency_margins(baseline, float(g["auto_k"]))
     else:
         fits = 1.0 - g["threshold"] >= 3.0 * cv
         g["threshold_basis"] = (f"given {g['threshold']}; the baseline's largest run-to-run CV is {cv:.1%} ({where}): "
@@ -464,7 +466,8 @@ def fit_threshold(state: dict[str, Any], baseline: dict[str, Any]) -> None:
 def _latency_inputs(g: dict[str, Any], profile: dict[str, Any], ref_lv: dict[str, Any], lv: dict[str, Any]) -> dict[str, Any]:
     """The gate's latency part for one level: the per-run latency of both sides and the margins in force (the
     profile's over the gate's); a measurement stored before per-run latency was kept has none (``not measured``)."""
-    margins = {**(g.get("latency_margins") or {}), **(profile.get("latency_margins") or {})}
+    auto = {k: max(v, DEFAULT_LATENCY_MARGINS[k]) for k, v in (g.get("latency_auto") or {}).items()}
+    margins = {**auto, **(g.get("latency_margins") or {}), **(profile.get("latency_margins") or {})}
     return {"baseline_latency": ref_lv.get("latency") or None, "candidate_latency": lv.get("latency") or None,
             "latency_margins": margins, "latency_alpha": g.get("latency_alpha", LATENCY_ALPHA)}
 
@@ -482,6 +485,22 @@ def _worst(flat: list[dict[str, Any]], verdict: str) -> dict[str, Any]:
     is named, not the level with the lowest tok/s ratio), else the lowest tok/s ratio."""
     hits = [v for v in flat if v["decision"] == verdict]
     return hits[0] if hits and verdict != "pass" else min(flat, key=lambda v: v["ratio"] if v["ratio"] is not None else 1.0)
+
+
+def _auto_latency_margins(baseline: dict[str, Any], k: float) -> dict[str, float]:
+    """With ``threshold: auto``, each latency metric's default margin widened as the throughput threshold is: to k x the
+    baseline's largest run-to-run CV of that metric (sd of the logs over its runs, any profile and level), at most
+    1.0. Margins the user set (gate or profile) are kept as given."""
+    out: dict[str, float] = {}
+    for m in baseline["measurements"].values():
+        for lv in m["levels"].values():
+            for key, values in (lv.get("latency") or {}).items():
+                if len(values) >= 3 and min(values) > 0:
+                    logs = [math.log(v) for v in values]
+                    mean = sum(logs) / len(logs)
+                    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+                    out[key] = max(out.get(key, 0.0), min(1.0, round(k * sd, 3)))
+    return out
 
 
 def judge(state: dict[str, Any], e: dict[str, Any]) -> None:

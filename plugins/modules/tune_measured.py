@@ -99,6 +99,8 @@ options:
       - C(latency_margins), per metric (C(ttft_p50), C(ttft_p90), C(tpot_p50), C(tpot_p90)), the largest increase still a
         pass (0.01 to 1.0, null leaves one unjudged; defaults 0.10, 0.15, 0.075, 0.10), and C(latency_alpha) (0.0025), each
         metric's false-regression rate. A profile's own C(latency_margins) (in O(profiles)) overrides these for its levels.
+        With C(threshold=auto) the default margins of metrics not set are widened alike, to C(auto_k) x the baseline's
+        largest run-to-run CV of that metric (at most 1.0).
       - Checked at O(op=start), before the baseline, with the allowed ranges (C(min_runs) 3 to C(max_runs), C(max_runs)
         at most 1000).
     type: dict

@@ -8,6 +8,8 @@ Driven through main() over a fake root."""
 
 from __future__ import annotations
 
+import pytest
+
 from ansible_collections.gpufleet.inference.plugins.module_utils import stage_table
 from ansible_collections.gpufleet.inference.plugins.modules import tune_measured
 from tests.unit.plugins.modules.uthelper import run_module
@@ -19,7 +21,7 @@ SAME = [1004.0, 1008.0, 999.0, 1006.0, 1001.0]
 WIGGLE = [1.0, 1.01, 0.99, 1.005, 0.995]
 
 
-def document(values, ttft=50.0, tpot=3.0, runs=True):
+def document(values, ttft=50.0, tpot=3.0, runs=True, wiggle=None):
     """An inference_benchmark result document with per-run tok/s and, with ``runs``, each run's TTFT/TPOT."""
     s = sorted(values)
     level = {"concurrency": 32, "errors": 0, "short_outputs": 0, "requests": 128 * len(values),
@@ -27,7 +29,7 @@ def document(values, ttft=50.0, tpot=3.0, runs=True):
              "ttft_ms": {"p50": ttft, "p99": 2 * ttft}, "tpot_ms": {"p50": tpot, "p99": 2 * tpot}}
     if runs:
         level["runs"] = [{"output_throughput": v, "ttft_ms": {"p50": ttft * w, "p90": 1.2 * ttft * w},
-                          "tpot_ms": {"p50": tpot * w, "p90": 1.1 * tpot * w}} for v, w in zip(values, WIGGLE)]
+                          "tpot_ms": {"p50": tpot * w, "p90": 1.1 * tpot * w}} for v, w in zip(values, wiggle or WIGGLE)]
     return {"format": "gpufleet.inference_benchmark/1", "finished_at": "2026-12-04T04:00:00Z", "kernel": "k",
             "server": {"url": "http://127.0.0.1:8000", "model": "m", "root": "/models/m", "max_model_len": 4096},
             "config": {"model": None, "prompt_tokens": 1024, "output_tokens": 128, "concurrency": [32], "requests": 128,
@@ -104,3 +106,13 @@ def test_bad_latency_margins_are_refused_at_start(tmp_path, capsys):
     assert bad_gate["failed"] and "latency_margins.ttft_p50 must be an increase between 0.01 and 1.0" in bad_gate["msg"]
     bad_profile = run_module(tune_measured, {**common, "profiles": [dict(PROFILE, latency_margins={"itl": 0.1})]}, capsys)
     assert bad_profile["failed"] and "profile 'serving'" in bad_profile["msg"] and "itl" in bad_profile["msg"]
+
+
+def test_threshold_auto_widens_the_default_latency_margins_from_the_baseline_cv(tmp_path, capsys):
+    wide = [1.0, 1.2, 0.8, 1.1, 0.9]  # TTFT and TPOT runs about 16% apart (sd of the logs)
+    result = through_the_stage(tmp_path, capsys, document(BASE, wiggle=wide), document(SAME, wiggle=wide),
+                               gate={"threshold": "auto", "latency_margins": {"tpot_p90": 0.2}})
+    auto = result["state"]["gate"]["latency_auto"]
+    assert auto["ttft_p50"] == pytest.approx(3 * 0.158, abs=0.01)
+    margins = {k: m["margin"] for k, m in stage(result)["verdicts"]["serving"]["32"]["latency"]["metrics"].items()}
+    assert margins["ttft_p50"] == auto["ttft_p50"] and margins["tpot_p90"] == 0.2  # a margin set by hand is kept
