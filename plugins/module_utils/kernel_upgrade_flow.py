@@ -844,7 +844,8 @@ def _latency(value: Any) -> bool:
 
 
 # field: (check, what it must be); a field that is absent is not checked (older journals, optional data)
-SIDE_FIELDS = {"latency": (_opt(_latency), "per-run latency: {metric: [ms per run]}"), "samples": (_list(_num), "a list of finite numbers"), "files": (_list(_str), "a list of paths"),
+SIDE_FIELDS = {"latency": (_opt(_latency), "per-run latency: {metric: [ms per run]}"),
+               "samples": (_list(_num), "a list of finite numbers"), "files": (_list(_str), "a list of paths"),
                "contaminated": (_list(_str), "a list of run indices as text"), "rounds": (_count, "a count"),
                "failed": (_opt(_count), "a count"), "requests": (_opt(_count), "a count"),
                "concurrency": (_opt(_count), "a concurrency level"), "kernel": (_opt(_str), "a kernel release")}

@@ -35,12 +35,12 @@ description:
     is a V(regression), a dead baseline run refused (measure the baseline again).
   - Given both sides' workloads (O(baseline_workload), O(candidate_workload)), runs of different workloads (model, prompt
     and output lengths, concurrency, requests per run, sampling settings) are refused, naming each field that differs.
-  - The latency part, given each run's TTFT and TPOT (O(baseline_latency), O(candidate_latency)): each of TTFT p50, TTFT
+  - The latency part, given each run's TTFT and TPOT (O(baseline_latency), O(candidate_latency)), each of TTFT p50, TTFT
     p90, TPOT p50 and TPOT p90 is judged across runs with the same sequential test, lower is better, against its margin
     (O(latency_margins)) and answers V(pass), V(regression) or V(inconclusive) with its ratio and interval
-    (RV(latency.metrics)). The verdict combines both parts; any V(regression) is a V(regression) naming the metric and
+    (C(metrics) of RV(latency)). The verdict combines both parts. Any V(regression) is a V(regression) naming the metric and
     its figures, any final V(inconclusive) is V(inconclusive), a V(pass) needs every part's V(pass). Without latency the
-    answer is throughput's alone and RV(latency.status) is V(not measured).
+    answer is throughput's alone and C(status) of RV(latency) is V(not measured).
   - Every setting is checked before anything is judged; run counts are at most 1000 and O(bootstrap_resamples) at most 100000.
   - The exact Mann-Whitney p-value and a seeded bootstrap interval of the median ratio are reported beside the answer; they
     do not change it. The same logic is the P(gpufleet.inference.throughput_gate#filter) filter. Nothing on the host changes.
@@ -190,7 +190,7 @@ options:
         of that run's requests), a list each with one figure per O(baseline) run in the same order. The
         P(gpufleet.inference.latency_samples#filter) filter makes it from an M(gpufleet.inference.inference_benchmark)
         result's C(benchmark.levels), per level.
-      - A metric judged needs both sides; without latency the verdict is throughput's alone (RV(latency.status) V(not measured)).
+      - A metric judged needs both sides; without latency the verdict is throughput's alone (C(status) of RV(latency) is V(not measured)).
     type: dict
   candidate_latency:
     description: Each candidate run's latency, as O(baseline_latency).

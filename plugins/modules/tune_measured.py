@@ -19,7 +19,7 @@ description:
     concurrency level against the state before it (the last kept measurement) - any regression reverts it, all pass keep
     it, and an inconclusive answer measures more runs (up to O(more_rounds) times) and then follows O(inconclusive).
   - The gate's verdict has a latency part (each run's TTFT and TPOT p50 and p90, judged lower-is-better with the same
-    sequential test against per-metric margins): a stage that keeps the throughput but raises a latency beyond its
+    sequential test against per-metric margins); a stage that keeps the throughput but raises a latency beyond its
     margin is a regression and is reverted, the reason naming the metric. Each verdict in the state keeps C(latency)
     (its status and per-metric answer, ratio, interval and margin); a state stored before per-run latency was kept
     judges its old measurements on throughput alone (C(not measured)).
