@@ -31,7 +31,10 @@ Stages, in order (see docs/roles/kernel_upgrade.md for the diagram):
                (``boot_id`` says from which boot).
 ``booted``     the host came up on the target; verification is next.
 ``candidate``  the target is being benchmarked (runs recorded as they come).
-``verdict``    a verdict is recorded: ``pass`` is committed, anything else rolled back.
+``verdict``    a verdict is recorded: ``pass`` is committed, anything else rolled back. The verdict has the
+               gate's latency part when both sides carry per-run latency (each side's ``latency``, journaled
+               with its runs): a candidate at the same tok/s with a TTFT/TPOT beyond its margin is a
+               ``regression``; a journal written before (no ``latency``) is judged on throughput alone.
 ``committed`` / ``rolled_back`` / ``stopped``  terminal: the journal goes to the history.
 """
 

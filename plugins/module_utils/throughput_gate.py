@@ -62,6 +62,12 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
   inference_benchmark result, or its fingerprint, see ``workload()``), any difference is a GateError naming
   each field, "field: baseline X, candidate Y" (``workload_mismatch()``; the rule for older results that carry
   no fingerprint is in its docstring and docs/benchmark.md).
+* **Latency.** decide() is decide_throughput() plus the latency part: given each run's TTFT and TPOT (p50 and p90,
+  ``baseline_latency``/``candidate_latency``), each metric is judged by decide_throughput() on 1/latency at threshold
+  1/(1 + its margin) (``latency_margins``, DEFAULT_LATENCY_MARGINS) and ``latency_alpha``, each part a sequential test
+  of its own (its first final answer over the looks), and the parts combined by _combine(): any regression is a
+  regression, any final inconclusive is inconclusive, a pass needs every part's pass. Without latency the answer is
+  throughput's alone, ``latency.status`` ``not measured`` (docs/benchmark.md, "The latency part").
 * **Settings** are checked before any run (``check_all_settings()``), each with its allowed range; run counts
   are at most ``MAX_RUNS`` (1000) and bootstrap resamples at most ``MAX_BOOTSTRAP`` (100000).
 
