@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide
+from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide, latency_series
 
 FLOATS = ("threshold", "alpha", "pass_alpha", "detect", "power", "screen_alpha", "drift_alpha", "trend_guard", "pass_floor")
 INTS = ("min_runs", "candidate_min_runs", "max_runs", "step", "max_baseline_runs", "baseline_step", "bootstrap", "seed",
@@ -16,7 +16,8 @@ INTS = ("min_runs", "candidate_min_runs", "max_runs", "step", "max_baseline_runs
 def throughput_gate(baseline, candidate, threshold=0.95, alpha=0.01, pass_alpha=0.005, min_runs=5, max_runs=15,
                     bootstrap=2000, seed=0, unit="tok/s", **options):
     """Judge candidate runs against baseline runs; see gpufleet.inference.throughput_gate."""
-    known = set(FLOATS) | set(INTS) | {"spending", "order", "baseline_workload", "candidate_workload"}
+    known = set(FLOATS) | set(INTS) | {"spending", "order", "baseline_workload", "candidate_workload", "baseline_latency",
+                                       "candidate_latency", "latency_margins", "latency_alpha"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise AnsibleFilterError(f"throughput_gate: unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
@@ -25,8 +26,10 @@ def throughput_gate(baseline, candidate, threshold=0.95, alpha=0.01, pass_alpha=
         for name, value in options.items():
             if value is None:
                 continue
-            if name.endswith("_workload"):
-                extra[name] = value  # a benchmark result or its fingerprint: checked by the gate
+            if name.endswith(("_workload", "_latency", "_margins")):
+                extra[name] = value  # a benchmark result or its fingerprint, per-run latency, margins: checked by the gate
+            elif name == "latency_alpha":
+                extra[name] = float(value)
             else:
                 extra[name] = float(value) if name in FLOATS else int(value) if name in INTS else str(value)
         return decide(list(baseline) if isinstance(baseline, tuple) else baseline,
@@ -38,8 +41,20 @@ def throughput_gate(baseline, candidate, threshold=0.95, alpha=0.01, pass_alpha=
         raise AnsibleFilterError(f"throughput_gate: {err}") from err
 
 
+def latency_samples(levels):
+    """``inference_benchmark_result.benchmark.levels | gpufleet.inference.latency_samples``: per concurrency level (a
+    string key), the gate's per-run latency, {metric: [ms per run]} (TTFT and TPOT, p50 and p90 of each run)."""
+    if not isinstance(levels, (list, tuple)):
+        raise AnsibleFilterError(f"latency_samples: expected the benchmark's levels (a list), got {type(levels).__name__}")
+    out = {}
+    for level in levels:
+        if isinstance(level, dict) and "concurrency" in level:
+            out[str(level["concurrency"])] = latency_series(level.get("runs") or [])
+    return out
+
+
 class FilterModule:
-    """Throughput gate filter."""
+    """Throughput gate filters."""
 
     def filters(self):
-        return {"throughput_gate": throughput_gate}
+        return {"throughput_gate": throughput_gate, "latency_samples": latency_samples}

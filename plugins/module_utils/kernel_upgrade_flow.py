@@ -31,7 +31,10 @@ Stages, in order (see docs/roles/kernel_upgrade.md for the diagram):
                (``boot_id`` says from which boot).
 ``booted``     the host came up on the target; verification is next.
 ``candidate``  the target is being benchmarked (runs recorded as they come).
-``verdict``    a verdict is recorded: ``pass`` is committed, anything else rolled back.
+``verdict``    a verdict is recorded: ``pass`` is committed, anything else rolled back. The verdict has the
+               gate's latency part when both sides carry per-run latency (each side's ``latency``, journaled
+               with its runs): a candidate at the same tok/s with a TTFT/TPOT beyond its margin is a
+               ``regression``; a journal written before (no ``latency``) is judged on throughput alone.
 ``committed`` / ``rolled_back`` / ``stopped``  terminal: the journal goes to the history.
 """
 
@@ -42,7 +45,7 @@ import math
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import (
-    CANDIDATE_MIN_RUNS, GateError, check_all_settings, check_count, decide, workload, workload_mismatch,
+    CANDIDATE_MIN_RUNS, LATENCY_METRICS, GateError, check_all_settings, check_count, decide, workload, workload_mismatch,
 )
 
 JOURNAL_FORMAT = "gpufleet.kernel_upgrade_journal/1"
@@ -209,7 +212,27 @@ def _bench_side(data: dict[str, Any]) -> dict[str, Any]:
         raise FlowError(f"the benchmark result cannot be used: {err}") from None
     return {"samples": samples, "files": list(data.get("files") or []), "kernel": data.get("kernel"),
             "concurrency": level, "duration_s": data.get("duration_s"), "contaminated": dirty, "rounds": 1,
-            "failed": failed, "requests": requests, "model": fingerprint.get("model"), "workload": fingerprint}
+            "failed": failed, "requests": requests, "model": fingerprint.get("model"), "workload": fingerprint,
+            "latency": _level_latency(data.get("latency"), level, len(samples))}
+
+
+def _level_latency(latency: Any, level: int | None, runs: int) -> dict[str, list[float]]:
+    """The gated level's per-run latency ({metric: [ms per run]}, see throughput_gate.latency_series) from the
+    benchmark's ``latency`` ({level: {metric: [...]}}, the latency_samples filter, or one level's dict); {} when the
+    role sent none (an older role): the verdict is then throughput's alone, marked ``not measured``."""
+    if not isinstance(latency, dict) or not latency:
+        return {}
+    if not set(latency) <= set(LATENCY_METRICS):
+        latency = latency.get(str(level), latency.get(level)) if level is not None else None
+        if not isinstance(latency, dict):
+            return {}
+    out = {}
+    for key, values in latency.items():
+        if key not in LATENCY_METRICS or not isinstance(values, list) or len(values) != runs:
+            raise FlowError(f"the benchmark's latency.{key} is not one figure per run of the gated level ({runs} runs): "
+                            "pass the latency_samples filter's output of the same benchmark")
+        out[key] = [float(v) for v in values]
+    return out
 
 
 def _round_mismatch(side: dict[str, Any], more: dict[str, Any], label: str) -> str:
@@ -224,7 +247,10 @@ def _add_rounds(side: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     return {**side, "samples": side["samples"] + more["samples"], "files": side["files"] + more["files"],
             "contaminated": side["contaminated"] + more["contaminated"], "rounds": int(side.get("rounds", 1)) + 1,
             "failed": int(side.get("failed") or 0) + more["failed"],
-            "requests": int(side.get("requests") or 0) + more["requests"]}
+            "requests": int(side.get("requests") or 0) + more["requests"],
+            # a metric is kept only while every round carries it (judged on every run or not at all)
+            "latency": {k: v + (more.get("latency") or {})[k] for k, v in (side.get("latency") or {}).items()
+                        if k in (more.get("latency") or {})}}
 
 
 def _failures(journal: dict[str, Any]) -> dict[str, Any]:
@@ -246,6 +272,10 @@ def _gate_settings(obs: dict[str, Any]) -> dict[str, Any]:
             out["max_baseline_runs"] = int(g["max_baseline_runs"])
         if g.get("requests_per_run"):
             out["requests_per_run"] = int(g["requests_per_run"])
+        if g.get("latency_margins"):
+            out["latency_margins"] = dict(g["latency_margins"])
+        if g.get("latency_alpha"):
+            out["latency_alpha"] = float(g["latency_alpha"])
     except (TypeError, ValueError) as err:
         raise FlowError(f"a gate setting is not a number ({err}): set the kernel_upgrade_gate_* variables to numbers") from None
     return out
@@ -430,7 +460,7 @@ def judge_baseline(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[dict, 
     fails = _failures(journal)
     try:
         gate = decide(base["samples"], [], baseline_failed=fails["baseline_failed"],
-                      baseline_requests=fails["baseline_requests"], **g)
+                      baseline_requests=fails["baseline_requests"], baseline_latency=base.get("latency"), **g)
     except GateError as err:
         return _stop_before_change(journal, obs, "error", f"the gate could not judge the baseline: {err} (before any "
                                    "change to the host)", "baseline not judged")
@@ -636,8 +666,10 @@ def judge(journal, obs):
         return journal, _benchmark("candidate", g["candidate_min_runs"], 0)
     try:
         # a journal written before workload fingerprints has none: the gate judges it and warns
+        # ... and none of the per-run latency either: the latency part is then "not measured", never guessed
         gate = decide(journal["baseline"]["samples"], cand["samples"], **_failures(journal), **g,
-                      baseline_workload=journal["baseline"].get("workload"), candidate_workload=cand.get("workload"))
+                      baseline_workload=journal["baseline"].get("workload"), candidate_workload=cand.get("workload"),
+                      baseline_latency=journal["baseline"].get("latency"), candidate_latency=cand.get("latency"))
     except GateError as err:
         return _verdict(journal, obs, "error", f"the gate could not judge: {err}")
     journal["gate"] = gate
@@ -807,8 +839,16 @@ def _runs(value: Any) -> bool:
     return _list(_numlike)(value)
 
 
+def _latency(value: Any) -> bool:
+    """Per-run latency: {metric: [numbers]}, or {level: {metric: [numbers]}}."""
+    if not isinstance(value, dict):
+        return False
+    return all(_list(_numlike)(v) if k in LATENCY_METRICS else _count(k) and _latency(v) for k, v in value.items())
+
+
 # field: (check, what it must be); a field that is absent is not checked (older journals, optional data)
-SIDE_FIELDS = {"samples": (_list(_num), "a list of finite numbers"), "files": (_list(_str), "a list of paths"),
+SIDE_FIELDS = {"latency": (_opt(_latency), "per-run latency: {metric: [ms per run]}"),
+               "samples": (_list(_num), "a list of finite numbers"), "files": (_list(_str), "a list of paths"),
                "contaminated": (_list(_str), "a list of run indices as text"), "rounds": (_count, "a count"),
                "failed": (_opt(_count), "a count"), "requests": (_opt(_count), "a count"),
                "concurrency": (_opt(_count), "a concurrency level"), "kernel": (_opt(_str), "a kernel release")}
@@ -846,7 +886,8 @@ EVENT_FIELDS = {
                     "numbers, or {level: [numbers]}"), "contaminated": (_opt(_runs), "run indices, or {level: [index]}"),
                     "concurrency": (_opt(_count), "a concurrency level (0: the highest)"), "kernel": (_opt(_str), "a "
                     "kernel release"), "files": (_opt(_list(_str)), "a list of paths"), "failed": (_opt(_count), "a "
-                    "count"), "requests": (_opt(_count), "a count")},
+                    "count"), "requests": (_opt(_count), "a count"), "latency": (_opt(_latency), "per-run latency: "
+                    "{metric: [ms]}, or {level: {metric: [ms]}}")},
     "audited": {"findings": (_opt(_list(_dict)), "a list of findings")},
     "verified": {"cmdline_missing": (_opt(_list(_str)), "a list of kernel arguments"),
                  "findings_after": (_opt(_list(_dict)), "a list of findings"), "vllm": (_opt(_dict), "vllm_ready's answer")},

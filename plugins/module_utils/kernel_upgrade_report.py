@@ -27,7 +27,7 @@ def gate_summary(gate: dict[str, Any] | None) -> dict[str, Any]:
     if not gate:
         return {}
     keep = ("decision", "final", "stage", "ratio", "p_value", "p_value_pass", "decided_by", "threshold", "alpha", "reason",
-            "ci", "interval", "cv", "smallest_detectable_drop", "too_noisy", "advice", "screened")
+            "ci", "interval", "cv", "smallest_detectable_drop", "too_noisy", "advice", "screened", "latency", "throughput")
     out = {k: gate.get(k) for k in keep if k in gate}
     for side in ("baseline", "candidate"):
         stats = gate.get(side) or {}

@@ -5,7 +5,8 @@
 
 From tune_measured state documents: per stage what changed, output tok/s per concurrency level,
 TTFT and TPOT p50/p99, the ratio to the baseline and to the previous measured stage, the gate's
-verdict and p-value, and whether it was kept or reverted. The HTML page has one inline SVG chart
+verdict and p-value, its latency part (each TTFT/TPOT metric's answer and ratio, or not measured),
+and whether it was kept or reverted. The HTML page has one inline SVG chart
 per host and profile (tok/s per stage, one line per concurrency level). Pure functions.
 """
 
@@ -15,6 +16,7 @@ import html
 from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.svg_chart import line_chart
+from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import LATENCY_LABELS
 from ansible_collections.gpufleet.inference.plugins.module_utils.tune_measured import changed_text
 
 CSS = """
@@ -54,7 +56,7 @@ def rows(state: dict[str, Any]) -> list[dict[str, Any]]:
                     "vs_previous": (lv["median"] / pv["median"]) if pv.get("median") and prev is not None else None,
                     "reference": e.get("reference"), "verdict": verdict.get("decision"),
                     "gate_ratio": verdict.get("ratio"), "p_value": verdict.get("p_value"),
-                    "p_value_pass": verdict.get("p_value_pass"),
+                    "p_value_pass": verdict.get("p_value_pass"), "latency": verdict.get("latency"),
                     "outcome": {"baseline": "baseline", "kept": "kept", "reverted": "reverted"}.get(
                         e["status"], e["status"]),
                     "reason": e.get("reason", "")})
@@ -75,6 +77,22 @@ def _gate(r: dict[str, Any]) -> str:
         return "-"
     p = r["p_value"] if r["verdict"] == "regression" else r["p_value_pass"]
     return f"{r['verdict']} (p={p:.4f})" if isinstance(p, (int, float)) else r["verdict"]
+
+
+def latency_cell(part: Any) -> str:
+    """The gate's latency part in a few words: each metric that did not pass with its answer and ratio (a regression
+    first), "pass (4 metrics)" when all passed, "not measured" when no per-run latency was judged, "-" for no verdict."""
+    if not isinstance(part, dict):
+        return "-"
+    metrics = part.get("metrics") or {}
+    if part.get("status") != "judged" or not metrics:
+        return "not measured"
+    order = {"regression": 0, "inconclusive": 1, "pass": 2}
+    bad = sorted(((k, m) for k, m in metrics.items() if m.get("decision") != "pass"),
+                 key=lambda km: order.get(km[1].get("decision"), 1))
+    if not bad:
+        return f"pass ({len(metrics)} metrics)"
+    return "; ".join(f"{LATENCY_LABELS.get(k, k)} {m.get('decision')} {_x(m.get('ratio'))}" for k, m in bad)
 
 
 def _md(text: Any) -> str:
@@ -110,13 +128,14 @@ def render_markdown(states: Sequence[dict[str, Any]], title: str = "Measured tun
                     stage, first["changed"], *[_n(rs[c]["tok_s"]) if c in rs else "-" for c in levels],
                     _x(worst), first["outcome"])) + " |")
             out += ["", "| stage | c | tok/s | CV | runs | TTFT p50/p99 ms | TPOT p50/p99 ms | x baseline | x previous | "
-                    "gate vs state before | outcome |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+                    "gate vs state before | latency (gate) | outcome |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in mine:
                 out.append("| " + " | ".join(_md(c) for c in (
                     r["stage"], r["concurrency"], _n(r["tok_s"]), _n(r["cv"], "{:.3f}"), r["runs"],
                     f"{_n(r['ttft_p50_ms'])}/{_n(r['ttft_p99_ms'])}", f"{_n(r['tpot_p50_ms'], '{:.2f}')}/"
                     f"{_n(r['tpot_p99_ms'], '{:.2f}')}", _x(r["vs_baseline"]), _x(r["vs_previous"]),
-                    _gate(r) + (f" vs {r['reference']}" if r["reference"] else ""), r["outcome"])) + " |")
+                    _gate(r) + (f" vs {r['reference']}" if r["reference"] else ""),
+                    latency_cell(r["latency"]) if r["verdict"] else "-", r["outcome"])) + " |")
             out.append("")
         reasons = [(e["name"], e["reason"]) for e in state["stages"] if e.get("reason")]
         if reasons:
@@ -154,13 +173,14 @@ def render_html(states: Sequence[dict[str, Any]], title: str = "Measured tuning"
             parts.append(_chart(state, prof, table))
             parts.append("<table><tr><th>stage</th><th>what changed</th><th>c</th><th>tok/s</th><th>TTFT p50/p99 ms</th>"
                          "<th>TPOT p50/p99 ms</th><th>x baseline</th><th>x previous</th><th>gate</th>"
-                         "<th>outcome</th></tr>")
+                         "<th>latency (gate)</th><th>outcome</th></tr>")
             for r in (x for x in table if x["profile"] == prof["name"]):
                 cls = {"kept": "kept", "reverted": "reverted"}.get(r["outcome"], "")
                 cells = (r["stage"], r["changed"], r["concurrency"], _n(r["tok_s"]),
                          f"{_n(r['ttft_p50_ms'])}/{_n(r['ttft_p99_ms'])}",
                          f"{_n(r['tpot_p50_ms'], '{:.2f}')}/{_n(r['tpot_p99_ms'], '{:.2f}')}",
-                         _x(r["vs_baseline"]), _x(r["vs_previous"]), _gate(r))
+                         _x(r["vs_baseline"]), _x(r["vs_previous"]), _gate(r),
+                         latency_cell(r["latency"]) if r["verdict"] else "-")
                 parts.append("<tr>" + "".join(f"<td>{e_(str(c))}</td>" for c in cells)
                              + f'<td class="{cls}">{e_(r["outcome"])}</td></tr>')
             parts.append("</table>")

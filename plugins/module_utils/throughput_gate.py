@@ -62,6 +62,12 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
   inference_benchmark result, or its fingerprint, see ``workload()``), any difference is a GateError naming
   each field, "field: baseline X, candidate Y" (``workload_mismatch()``; the rule for older results that carry
   no fingerprint is in its docstring and docs/benchmark.md).
+* **Latency.** decide() is decide_throughput() plus the latency part: given each run's TTFT and TPOT (p50 and p90,
+  ``baseline_latency``/``candidate_latency``), each metric is judged by decide_throughput() on 1/latency at threshold
+  1/(1 + its margin) (``latency_margins``, DEFAULT_LATENCY_MARGINS) and ``latency_alpha``, each part a sequential test
+  of its own (its first final answer over the looks), and the parts combined by _combine(): any regression is a
+  regression, any final inconclusive is inconclusive, a pass needs every part's pass. Without latency the answer is
+  throughput's alone, ``latency.status`` ``not measured`` (docs/benchmark.md, "The latency part").
 * **Settings** are checked before any run (``check_all_settings()``), each with its allowed range; run counts
   are at most ``MAX_RUNS`` (1000) and bootstrap resamples at most ``MAX_BOOTSTRAP`` (100000).
 
@@ -90,7 +96,8 @@ __all__ = [
     "mwu_less", "percentile", "replay", "sample_stats", "schedule", "screen_one", "slope_test", "spent_alpha",
     "t_quantile", "t_sf", "theil_sen_slope", "trend", "u_distribution", "u_statistic",
     "MAX_BOOTSTRAP", "MAX_RUNS", "WORKLOAD_FIELDS", "WORKLOAD_REQUIRED", "check_all_settings", "check_count",
-    "workload", "workload_mismatch",
+    "workload", "workload_mismatch", "decide_throughput", "LATENCY_METRICS", "DEFAULT_LATENCY_MARGINS", "LATENCY_ALPHA",
+    "check_latency_margins", "latency_series", "run_latency", "LATENCY_LABELS", "latency_part",
 ]
 
 DECISIONS = ("pass", "regression", "inconclusive")
@@ -415,7 +422,7 @@ def _failure_rate(side: str, failed: Any, requests: Any) -> float:
     return failed / requests if requests else 0.0
 
 
-def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.95, alpha: float = 0.01,
+def decide_throughput(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.95, alpha: float = 0.01,
            pass_alpha: float = 0.005, min_runs: int = 5, max_runs: int = 15, step: int | None = None,
            bootstrap: int = 2000, seed: int = 0, ci_level: float = 0.95, unit: str = "tok/s", noisy_cv: float = 0.05,
            max_baseline_runs: int = 15, baseline_step: int | None = None, power: float = 0.8, spending: str = "pocock",
@@ -425,7 +432,8 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
            candidate_min_runs: int | None = CANDIDATE_MIN_RUNS, trend_guard: float = 0.1, guard_from: int = 2,
            pass_floor: float = 0.75, reserve: float = 0.3, order: str = "sequential", baseline_workload: Any = None,
            candidate_workload: Any = None) -> dict[str, Any]:
-    """Judge candidate runs against baseline runs (higher is better); with no candidate runs, judge the baseline alone.
+    """The throughput part: judge candidate runs against baseline runs (higher is better); with no candidate runs,
+    judge the baseline alone. decide() is this plus the latency part.
 
     See the module docstring for the design (``order``: "sequential" or "interleaved"). ``step`` is the candidate runs between looks (default 2),
     ``baseline_step`` the baseline runs asked for at a time (default ``min_runs``). ``baseline_workload`` and
@@ -639,6 +647,257 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], threshold: flo
     return result
 
 
+# ---- the latency part: TTFT and TPOT, lower is better ----------------------------------------------
+# Each metric is one figure per run (that run's p50 or p90 over its requests, in ms), judged with the throughput
+# part's machinery on its reciprocal (1/latency: higher is better, and log(1/x) = -log(x), so the same log-t test,
+# looks, spending, outlier screen and drift checks apply) against threshold 1/(1 + margin). The defaults and their
+# calibration on the stored H200 A/A runs are in docs/benchmark.md ("The latency part").
+LATENCY_METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
+LATENCY_LABELS = {"ttft_p50": "TTFT p50", "ttft_p90": "TTFT p90", "tpot_p50": "TPOT p50", "tpot_p90": "TPOT p90"}
+# the largest increase (a fraction: 0.10 = +10%) each metric may take before the change is a regression
+DEFAULT_LATENCY_MARGINS = {"ttft_p50": 0.10, "ttft_p90": 0.15, "tpot_p50": 0.075, "tpot_p90": 0.10}
+LATENCY_MARGIN_RANGE = (0.01, 1.0)
+# each metric's false-regression rate: the four together spend 0.01, the throughput part's alpha (Bonferroni; a
+# pass needs every part's pass, so pass_alpha bounds a false pass of each part without a correction)
+LATENCY_ALPHA = 0.0025
+_THROUGHPUT_ONLY = ("baseline_failed", "baseline_requests", "candidate_failed", "candidate_requests", "baseline_workload",
+                    "candidate_workload", "detect", "alpha", "threshold", "unit", "bootstrap")
+
+
+def check_latency_margins(margins: Any) -> dict[str, float]:
+    """The margins in force: DEFAULT_LATENCY_MARGINS with the given ones over them. A metric set to null or 0 is not
+    judged (left out). GateError for an unknown metric or a margin outside LATENCY_MARGIN_RANGE."""
+    if margins is None:
+        margins = {}
+    if not isinstance(margins, dict):
+        raise GateError(f"latency_margins must be a dict of metric: margin ({', '.join(LATENCY_METRICS)}), got "
+                        f"{type(margins).__name__}")
+    unknown = sorted(str(k) for k in margins if k not in LATENCY_METRICS)
+    if unknown:
+        raise GateError(f"latency_margins: unknown metric(s) {', '.join(unknown)}; known: {', '.join(LATENCY_METRICS)}")
+    out = dict(DEFAULT_LATENCY_MARGINS)
+    low, high = LATENCY_MARGIN_RANGE
+    for key, value in margins.items():
+        if value is None or (not isinstance(value, bool) and value == 0):
+            out.pop(key)
+            continue
+        try:
+            value = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            value = math.nan
+        if not low <= value <= high:
+            raise GateError(f"latency_margins.{key} must be an increase between {low} and {high} (0.10: +10% is still a "
+                            f"pass), or null/0 to leave {LATENCY_LABELS[key]} unjudged; got {margins[key]!r}")
+        out[key] = value
+    return out
+
+
+def run_latency(run: Any) -> dict[str, float | None]:
+    """One benchmark run's latency figures (an inference_benchmark run: ``ttft_ms`` and ``tpot_ms`` with ``p50`` and
+    ``p90``), by metric; None where the run does not carry one (a result stored before, or a run with no tokens)."""
+    run = run if isinstance(run, dict) else {}
+    out: dict[str, float | None] = {}
+    for key in LATENCY_METRICS:
+        stats = run.get(key[:4] + "_ms")
+        value = stats.get(key[5:]) if isinstance(stats, dict) else None
+        out[key] = value if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+    return out
+
+
+def latency_series(runs: Any) -> dict[str, list[float]]:
+    """Per metric, the runs' figures in run order (the gate's ``*_latency`` input), from benchmark runs; a metric that
+    a run lacks is left out whole (judged on every run or not at all)."""
+    per_run = [run_latency(r) for r in runs or []]
+    return {k: [r[k] for r in per_run] for k in LATENCY_METRICS  # type: ignore[misc]
+            if per_run and all(r[k] is not None for r in per_run)}
+
+
+def _latency_side(name: str, series: Any, n_runs: int) -> dict[str, list[float]]:
+    """One side's latency as {metric: [ms per run]}, each list as long as the side's throughput runs; GateError else."""
+    if not series:
+        return {}
+    if not isinstance(series, dict):
+        raise GateError(f"{name}_latency must be a dict of metric: [ms per run] ({', '.join(LATENCY_METRICS)}), got "
+                        f"{type(series).__name__}")
+    out = {}
+    for key, values in series.items():
+        if key not in LATENCY_METRICS:
+            raise GateError(f"{name}_latency: unknown metric {key!r}; known: {', '.join(LATENCY_METRICS)}")
+        if values is None:
+            continue
+        runs = check_runs(f"{name}_latency.{key}", values)
+        if len(runs) != n_runs:
+            raise GateError(f"{name}_latency.{key} has {len(runs)} runs but the {name} has {n_runs} throughput runs: give "
+                            "one figure per run, in the same order")
+        if any(v <= 0 for v in runs):
+            raise GateError(f"{name}_latency.{key} has a run at 0 ms: a latency is positive (leave the metric out for a "
+                            "run that produced no tokens; its throughput of 0 is already a failure)")
+        out[key] = runs
+    return out
+
+
+def _at_looks(base: list[float], cand: list[float], settings: dict[str, Any], judge: Any) -> dict[str, Any]:
+    """A part's answer as a sequential test of its own: the first final answer over the scheduled looks up to the
+    candidate runs taken (a part that passed at look 4 stays passed while another part needs more runs), else the
+    answer at the runs taken. ``judge(base, cand)`` judges one look."""
+    if not cand:
+        return judge(base, cand)
+    first = settings.get("candidate_min_runs", CANDIDATE_MIN_RUNS) or settings.get("min_runs", 5)
+    looks = [k for k in schedule(first, settings.get("step") or 2, settings.get("max_runs", 15)) if k < len(cand)]
+    extra = len(base) - len(cand) if settings.get("order") == "interleaved" else None
+    result: dict[str, Any] = {}
+    for k in looks + [len(cand)]:
+        b = base if extra is None else base[:max(extra, 0) + k]
+        result = judge(b, cand[:k])
+        result["look_runs"] = k
+        if result["final"]:
+            break
+    return result
+
+
+def _latency_metric(key: str, margin: float, base: list[float], cand: list[float], settings: dict[str, Any],
+                    alpha: float) -> dict[str, Any]:
+    """One metric judged like throughput on 1/latency at threshold 1/(1 + margin), translated back to latency."""
+    s = {k: v for k, v in settings.items() if k not in _THROUGHPUT_ONLY}
+    s.update(threshold=1.0 / (1.0 + margin), alpha=alpha, bootstrap=0, unit="/s")
+    inv = _at_looks([1000.0 / v for v in base], [1000.0 / v for v in cand], settings,
+                    lambda b, c: decide_throughput(b, c, **s))
+    label = LATENCY_LABELS[key]
+    sdd = inv.get("smallest_detectable_drop")
+    out = {"metric": key, "margin": margin, "decision": inv["decision"], "final": inv["final"],
+           "decided_by": inv["decided_by"], "runs_needed": inv["runs_needed"],
+           "baseline_runs_needed": inv["baseline_runs_needed"], "too_noisy": inv["too_noisy"], "cv": inv["cv"],
+           "baseline_ms": median(base) if base else None, "candidate_ms": median(cand) if cand else None,
+           "ratio": 1.0 / inv["ratio"] if inv.get("ratio") else None, "p_value": inv["p_value"],
+           "p_value_pass": inv["p_value_pass"],
+           "interval": [1.0 / inv["interval"][1], 1.0 / inv["interval"][0]] if inv.get("interval") else None,
+           "smallest_detectable_increase": 1.0 / (1.0 - sdd) - 1.0 if sdd is not None and sdd < 1 else None,
+           "look_runs": inv.get("look_runs"), "screened": inv["screened"]}
+    out["reason"] = f"{label} " + _latency_reason(out, inv)
+    return out
+
+
+def _latency_reason(m: dict[str, Any], inv: dict[str, Any]) -> str:
+    margin = m["margin"]
+    if m["ratio"] is None:  # the baseline alone
+        sdi = m["smallest_detectable_increase"]
+        noise = f"CV {m['cv']:.1%}, smallest detectable increase {sdi:.1%}" if sdi is not None and m["cv"] is not None else ""
+        if m["too_noisy"]:
+            return (f"too noisy for a +{margin:.0%} margin ({noise}): raise its latency margin, set it to null to leave it "
+                    "unjudged, or make the runs longer")
+        return {"baseline-ready": f"baseline ready ({noise}, margin +{margin:.0%})",
+                "baseline-noisy": f"the baseline is too noisy for +{margin:.0%} yet ({noise})"}.get(
+                    m["decided_by"], inv["reason"])
+    where = (f"candidate/baseline {m['ratio']:.3g}x (medians {_fmt(m['baseline_ms'])} -> {_fmt(m['candidate_ms'])} ms"
+             + (f", interval {m['interval'][0]:.3g}x-{m['interval'][1]:.3g}x" if m["interval"] else "")
+             + f", margin +{margin:.0%}, look {m['look_runs']})")
+    if m["decision"] == "regression" and m["decided_by"] == "test":
+        return f"regression: {where}, above the margin and significantly higher (p={m['p_value']:.2g})"
+    if m["decision"] == "regression":
+        return f"regression: {where}: {inv['reason']}"
+    if m["decision"] == "pass":
+        return f"pass: {where}, a larger increase ruled out (p={m['p_value_pass']:.2g})"
+    if m["final"]:
+        return f"inconclusive ({m['decided_by']}): {where}"
+    return f"inconclusive: {where}; {m['runs_needed']} more candidate runs"
+
+
+def latency_part(baseline_latency: Any, candidate_latency: Any, n_base: int, n_cand: int, margins: Any,
+                 alpha: float, settings: dict[str, Any]) -> dict[str, Any]:
+    """The latency part: each metric both sides carry (the baseline alone before the change), judged; ``status``
+    ``not measured`` (no latency given: the verdict is throughput's alone, never a guess) or ``judged``."""
+    in_force = check_latency_margins(margins)
+    if not 0.0 < alpha < 0.5:
+        raise GateError(f"latency_alpha must be in (0, 0.5) (each latency metric's false-regression rate), got {alpha}")
+    base = _latency_side("baseline", baseline_latency, n_base)
+    cand = _latency_side("candidate", candidate_latency, n_cand)
+    keys = [k for k in LATENCY_METRICS if k in in_force and k in base and (k in cand or not n_cand)]
+    part: dict[str, Any] = {"status": "judged" if keys else "not measured", "margins": in_force, "alpha": alpha,
+                            "metrics": {}}
+    if not keys:
+        part["reason"] = ("not measured: no per-run TTFT/TPOT given for both sides (a result or journal from before the "
+                          "latency part), so the verdict is throughput's alone")
+        return part
+    missing = [LATENCY_LABELS[k] for k in in_force if k not in keys]
+    if missing:
+        part["not_measured"] = missing
+    for key in keys:
+        part["metrics"][key] = _latency_metric(key, in_force[key], base[key], cand.get(key, []), settings, alpha)
+    return part
+
+
+def _combine(throughput: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """The verdict of throughput and latency together: any regression is a regression, any final inconclusive (or a
+    too noisy baseline) ends inconclusive, a pass needs every part's pass; otherwise more runs for whoever needs them.
+    The throughput figures (ratio, interval, p-values) stay at the top level, each latency metric's are in
+    ``latency.metrics``, and ``throughput`` keeps the throughput part's own answer."""
+    result = dict(throughput)
+    result["latency"] = part
+    result["throughput"] = {k: throughput.get(k) for k in ("decision", "final", "decided_by", "ratio", "reason")}
+    metrics = list(part["metrics"].values())
+    if not metrics or (throughput["final"] and throughput["decision"] == "regression"):
+        return result
+    summary = "; ".join(m["reason"] for m in metrics)
+    bad = next((m for m in metrics if m["decision"] == "regression"), None)
+    stuck = next((m for m in metrics if m["final"] and m["decision"] == "inconclusive"), None)
+    if bad or (stuck and not (throughput["final"] and throughput["decision"] == "inconclusive")):
+        m = bad or stuck
+        result.update(decision=m["decision"], final=True, decided_by=f"latency: {m['metric']}", runs_needed=0,
+                      baseline_runs_needed=0, too_noisy=bool(m["too_noisy"]) or throughput["too_noisy"])
+        result["reason"] = f"{m['decision']} on latency: {m['reason']} (throughput: {throughput['reason']}; latency: {summary})"
+        if m["too_noisy"]:
+            result["reason"] += ". Nothing was changed."
+        return result
+    if throughput["final"] and throughput["decision"] == "inconclusive":
+        result["reason"] = f"{throughput['reason']} (latency: {summary})"
+        return result
+    if throughput.get("stage") == "baseline":
+        waiting = [m for m in metrics if m["decided_by"] != "baseline-ready"]
+    else:
+        waiting = [m for m in metrics if not m["final"] and m["decision"] != "pass"]
+    if not waiting and (throughput["final"] or throughput.get("stage") == "baseline"):
+        result["reason"] = f"{throughput['reason']} (latency: {summary})"
+        return result
+    result.update(decision="inconclusive", final=False,
+                  runs_needed=max([throughput["runs_needed"]] + [m["runs_needed"] for m in waiting]),
+                  baseline_runs_needed=max([throughput["baseline_runs_needed"]] + [m["baseline_runs_needed"] for m in waiting]))
+    if waiting and throughput["decided_by"] in ("baseline-ready", "test"):
+        result["decided_by"] = {"baseline-ready": "baseline-noisy", "test": "waiting"}[throughput["decided_by"]]
+    result["reason"] = (f"inconclusive: {', '.join(LATENCY_LABELS[m['metric']] for m in waiting) or 'throughput'} not "
+                        f"decided yet: run {result['baseline_runs_needed'] or result['runs_needed']} more "
+                        f"{'baseline' if result['baseline_runs_needed'] else 'candidate'} runs (throughput: "
+                        f"{throughput['reason']}; latency: {summary})")
+    return result
+
+
+def decide(baseline: Sequence[float], candidate: Sequence[float], baseline_latency: Any = None,
+           candidate_latency: Any = None, latency_margins: Any = None, latency_alpha: float = LATENCY_ALPHA,
+           **settings: Any) -> dict[str, Any]:
+    """The verdict: the throughput part (decide_throughput(), its settings) and the latency part.
+
+    ``baseline_latency`` / ``candidate_latency``: {metric: [ms per run]} (``LATENCY_METRICS``, one figure per
+    throughput run, in the same order; latency_series() makes it from benchmark runs), each metric judged lower-is-
+    better against ``latency_margins`` (DEFAULT_LATENCY_MARGINS overlaid; null leaves a metric out) at
+    ``latency_alpha``. Without latency the answer is throughput's alone and ``latency.status`` is ``not measured``.
+    With it, each part is a sequential test of its own (its first final answer over the looks) and the parts are
+    combined (_combine()). Raises GateError for bad input or settings.
+    """
+    sizes = [len(side) if isinstance(side, (list, tuple)) else 0 for side in (baseline, candidate)]
+    part = latency_part(baseline_latency, candidate_latency, sizes[0], sizes[1],
+                        latency_margins, latency_alpha, settings)
+    if not part["metrics"]:
+        result = decide_throughput(baseline, candidate, **settings)
+        result["latency"] = part
+        return result
+    base, cand = check_runs("baseline", baseline), check_runs("candidate", candidate)
+    full = decide_throughput(base, cand, **settings)
+    quick = dict(settings, bootstrap=0)
+    throughput = _at_looks(base, cand, settings, lambda b, c: decide_throughput(b, c, **quick))
+    if throughput.get("look_runs", len(cand)) == len(cand):
+        throughput = dict(full, look_runs=throughput.get("look_runs"))
+    return _combine(throughput, part)
+
+
 def replay(baseline: Sequence[float], candidate: Sequence[float], **settings: Any) -> dict[str, Any]:
     """Judge stored runs as the sequential gate would have while taking them: decide() at each scheduled look on the
     candidate runs taken so far (in the order taken), stopping at the first final answer. The baseline is whole for
@@ -649,6 +908,7 @@ def replay(baseline: Sequence[float], candidate: Sequence[float], **settings: An
     The result is decide()'s at that look, with ``candidate_runs_used``; when the stored runs end before a final
     answer it is the last look's (``final`` false, ``runs_needed`` more). Runs past the last look they reach are not
     used. Stored runs taken when the first look was at ``min_runs`` should pass ``candidate_min_runs=min_runs``.
+    ``baseline_latency`` / ``candidate_latency`` (per-run, as decide() takes them) are cut to the same runs.
     """
     cand = check_runs("candidate", candidate)
     base = check_runs("baseline", baseline)
@@ -662,8 +922,12 @@ def replay(baseline: Sequence[float], candidate: Sequence[float], **settings: An
         looks = (start,) + tuple(k for k in looks if k > start)
     used = [k for k in looks if k <= len(cand)] or [len(cand)]
     result: dict[str, Any] = {}
+    b_lat, c_lat = settings.pop("baseline_latency", None) or {}, settings.pop("candidate_latency", None) or {}
     for k in used:
-        result = decide(base if extra is None else base[:extra + k], cand[:k], **settings)
+        nb = len(base) if extra is None else extra + k
+        lat = {"baseline_latency": {m: list(v)[:nb] for m, v in b_lat.items()},
+               "candidate_latency": {m: list(v)[:k] for m, v in c_lat.items()}} if b_lat and c_lat else {}
+        result = decide(base[:nb], cand[:k], **lat, **settings)
         result["candidate_runs_used"] = k
         if result["final"]:
             break

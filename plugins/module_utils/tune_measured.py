@@ -27,12 +27,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import math
 from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS, HostFSError
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import (
-    GateError, check_all_settings, decide, workload, workload_mismatch,
+    DEFAULT_LATENCY_MARGINS, LATENCY_ALPHA, GateError, check_all_settings, check_latency_margins, decide, latency_series, workload,
+    workload_mismatch,
 )
 
 FORMAT = "gpufleet.tune_measured/1"
@@ -48,9 +50,9 @@ PROFILES: dict[str, dict[str, Any]] = {
                      "repetitions": 5},
 }
 PROFILE_KEYS = ("prompt_tokens", "output_tokens", "concurrency", "requests", "repetitions", "warmup", "settle_runs",
-                "seed", "prompt_mode", "ignore_eos", "token_id_range")
+                "seed", "prompt_mode", "ignore_eos", "token_id_range", "latency_margins")
 GATE_DEFAULTS = {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.05, "min_runs": 5, "max_runs": 15,
-                 "auto_k": 3.0, "auto_floor": 0.5}
+                 "auto_k": 3.0, "auto_floor": 0.5, "latency_margins": {}, "latency_alpha": LATENCY_ALPHA}
 # What a benchmark result must share with its profile to be taken as that profile's measurement (its config);
 # repetitions, warm-up, settle runs and the seed differ between rounds by design.
 PROFILE_MATCH = ("prompt_tokens", "output_tokens", "requests", "prompt_mode", "ignore_eos", "token_id_range")
@@ -82,6 +84,11 @@ def resolve_profiles(profiles: Sequence[Any], max_model_len: int | None = None) 
         if unknown:
             raise TuneError(f"profile {name!r} has unknown keys {', '.join(unknown)}; known: {', '.join(PROFILE_KEYS)}")
         base.update({k: v for k, v in spec.items() if k != "name"})
+        if "latency_margins" in base:
+            try:  # the profile's own latency margins, over the gate's (a latency profile may be stricter on TTFT)
+                check_latency_margins(base["latency_margins"])
+            except GateError as err:
+                raise TuneError(f"profile {name!r}: {err}") from None
         if base.get("prompt_tokens") == "near_max":
             if not max_model_len:
                 raise TuneError(f"profile {name!r} asks for a prompt near max_model_len, but the server's max_model_len "
@@ -230,7 +237,7 @@ def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, 
     for key in ("min_runs", "max_runs"):  # templated by the playbook: "5" is 5
         if isinstance(g[key], str) and g[key].strip().isdigit():
             g[key] = int(g[key])
-    for key in ("alpha", "pass_alpha"):
+    for key in ("alpha", "pass_alpha", "latency_alpha"):
         try:
             g[key] = float(g[key]) if isinstance(g[key], str) else g[key]
         except ValueError:
@@ -238,7 +245,8 @@ def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, 
     try:  # every setting the gate will use, before the baseline is measured (auto: the threshold comes later)
         threshold = g["threshold"] if g["threshold_basis"] == "given" and g["threshold"] < 1.0 else 0.95
         check_all_settings(threshold=threshold, alpha=g["alpha"], pass_alpha=g["pass_alpha"], min_runs=g["min_runs"],
-                           max_runs=g["max_runs"], max_baseline_runs=_baseline_cap(g), candidate_min_runs=3, bootstrap=1000)
+                           max_runs=g["max_runs"], max_baseline_runs=_baseline_cap(g), candidate_min_runs=3, bootstrap=1000,
+                           latency_margins=g["latency_margins"], latency_alpha=g["latency_alpha"])
     except (GateError, TypeError) as err:
         raise TuneError(f"gate settings cannot be used: {err}") from None
     entries = [{"name": "baseline", "kind": "baseline", "description": "as found", "apply": [], "revert": [],
@@ -389,7 +397,8 @@ def _measurement(doc: dict[str, Any], profile: str = "") -> dict[str, Any]:
             "ttft_p50_ms": (lv.get("ttft_ms") or {}).get("p50"), "ttft_p99_ms": (lv.get("ttft_ms") or {}).get("p99"),
             "tpot_p50_ms": (lv.get("tpot_ms") or {}).get("p50"), "tpot_p99_ms": (lv.get("tpot_ms") or {}).get("p99"),
             "errors": lv.get("errors"), "failed": (lv.get("errors") or 0) + (lv.get("short_outputs") or 0),
-            "requests": lv.get("requests"), "workload": fingerprint}
+            "requests": lv.get("requests"), "workload": fingerprint,
+            "latency": latency_series(lv.get("runs") or [])}  # per run, for the gate's latency part
     return {"levels": levels, "finished_at": doc.get("finished_at"), "kernel": doc.get("kernel")}
 
 
@@ -414,6 +423,10 @@ def _merge(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
                 if lv.get(count) is not None and merged["levels"][key].get(count) is not None:
                     merged["levels"][key][count] += lv[count]
             merged["levels"][key]["samples"] += lv["samples"]
+            # a latency metric is kept while every round carries it (a state stored before has none: not measured)
+            old_lat = merged["levels"][key].get("latency") or {}
+            merged["levels"][key]["latency"] = {k: v + lv["latency"][k] for k, v in old_lat.items()
+                                                if k in (lv.get("latency") or {})}
             s = sorted(merged["levels"][key]["samples"])
             merged["levels"][key]["median"] = (s[(len(s) - 1) // 2] + s[len(s) // 2]) / 2.0
             for k in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "cv", "errors"):
@@ -441,12 +454,53 @@ def fit_threshold(state: dict[str, Any], baseline: dict[str, Any]) -> None:
         floor = f", floor {g['auto_floor']}" if g["threshold"] == g["auto_floor"] else ""
         g["threshold_basis"] = (f"auto: 1 - {g['auto_k']:g} x the baseline's largest run-to-run CV {cv:.1%} "
                                 f"({where}) = {g['threshold']}{floor}")
+        g["latency_auto"] = _auto_latency_margins(baseline, float(g["auto_k"]))
     else:
         fits = 1.0 - g["threshold"] >= 3.0 * cv
         g["threshold_basis"] = (f"given {g['threshold']}; the baseline's largest run-to-run CV is {cv:.1%} ({where}): "
                                 + ("the drop it looks for is at least 3 CVs" if fits else
                                    f"a drop of {1 - g['threshold']:.0%} is under 3 CVs, so expect inconclusive "
                                    "answers; lengthen the runs or use threshold: auto"))
+
+
+def _latency_inputs(g: dict[str, Any], profile: dict[str, Any], ref_lv: dict[str, Any], lv: dict[str, Any]) -> dict[str, Any]:
+    """The gate's latency part for one level: the per-run latency of both sides and the margins in force (the
+    profile's over the gate's); a measurement stored before per-run latency was kept has none (``not measured``)."""
+    auto = {k: max(v, DEFAULT_LATENCY_MARGINS[k]) for k, v in (g.get("latency_auto") or {}).items()}
+    margins = {**auto, **(g.get("latency_margins") or {}), **(profile.get("latency_margins") or {})}
+    return {"baseline_latency": ref_lv.get("latency") or None, "candidate_latency": lv.get("latency") or None,
+            "latency_margins": margins, "latency_alpha": g.get("latency_alpha", LATENCY_ALPHA)}
+
+
+def latency_summary(part: dict[str, Any]) -> dict[str, Any]:
+    """What the state and the stage table keep of the gate's latency part: its status and, per metric, the answer,
+    the candidate/baseline ratio, its interval and the margin."""
+    return {"status": part["status"],
+            "metrics": {k: {f: m[f] for f in ("decision", "ratio", "interval", "margin", "baseline_ms", "candidate_ms")}
+                        for k, m in part["metrics"].items()}}
+
+
+def _worst(flat: list[dict[str, Any]], verdict: str) -> dict[str, Any]:
+    """The level that decided the stage: the first with the stage's verdict (a latency regression at an equal tok/s
+    is named, not the level with the lowest tok/s ratio), else the lowest tok/s ratio."""
+    hits = [v for v in flat if v["decision"] == verdict]
+    return hits[0] if hits and verdict != "pass" else min(flat, key=lambda v: v["ratio"] if v["ratio"] is not None else 1.0)
+
+
+def _auto_latency_margins(baseline: dict[str, Any], k: float) -> dict[str, float]:
+    """With ``threshold: auto``, each latency metric's default margin widened as the throughput threshold is: to k x the
+    baseline's largest run-to-run CV of that metric (sd of the logs over its runs, any profile and level), at most
+    1.0. Margins the user set (gate or profile) are kept as given."""
+    out: dict[str, float] = {}
+    for m in baseline["measurements"].values():
+        for lv in m["levels"].values():
+            for key, values in (lv.get("latency") or {}).items():
+                if len(values) >= 3 and min(values) > 0:
+                    logs = [math.log(v) for v in values]
+                    mean = sum(logs) / len(logs)
+                    sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (len(logs) - 1))
+                    out[key] = max(out.get(key, 0.0), min(1.0, round(k * sd, 3)))
+    return out
 
 
 def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
@@ -476,12 +530,14 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
                            candidate_min_runs=min(max(first, 3), g["max_runs"]), bootstrap=1000,
                            max_baseline_runs=_baseline_cap(g),
                            **_failures("baseline", ref_lv), **_failures("candidate", lv),
-                           baseline_workload=ref_lv.get("workload"), candidate_workload=lv.get("workload"))
+                           baseline_workload=ref_lv.get("workload"), candidate_workload=lv.get("workload"),
+                           **_latency_inputs(g, prof, ref_lv, lv))
             except GateError as err:
                 raise TuneError(f"the gate cannot judge {e['name']!r} {name} c={key}: {err}") from err
             verdicts[name][key] = {k: v[k] for k in ("decision", "ratio", "p_value", "p_value_pass", "ci",
                                                      "runs_needed", "reason", "decided_by")}
             verdicts[name][key]["warnings"] = v["warnings"]
+            verdicts[name][key]["latency"] = latency_summary(v["latency"])
     e["verdicts"] = verdicts
     flat = [v for lv in verdicts.values() for v in lv.values()]
     if any(v["decision"] == "regression" for v in flat):
@@ -490,7 +546,7 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
         e["verdict"] = "pass"
     else:
         e["verdict"] = "inconclusive"
-    worst = min(flat, key=lambda v: v["ratio"] if v["ratio"] is not None else 1.0)
+    worst = _worst(flat, e["verdict"])
     if e.get("force_revert"):
         e["decision"], e["status"] = "revert", "reverting"
         e["reason"] = f"reverted as told (force_revert), whatever the gate said: {e['verdict']}, {worst['reason']}"

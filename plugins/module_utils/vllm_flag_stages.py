@@ -89,14 +89,27 @@ def _pct(runs: Sequence[dict], key: str, q: str) -> float | None:
     return tg.median(vals) if vals else None
 
 
-def stage_table(records: Sequence[dict], gate_level: int, threshold: float = 0.95) -> list[dict[str, Any]]:
+def _latency_args(gate: dict[str, Any], b: list[float], c: list[float]) -> dict[str, Any]:
+    """The gate's latency inputs from the stored gate runs (their per-run TTFT/TPOT p50 and p90), when both sides carry
+    them for every run; {} otherwise (the row's latency part is then ``not measured``)."""
+    base, cand = tg.latency_series(gate["baseline_runs"]), tg.latency_series(gate["candidate_runs"])
+    if not base or not cand or len(gate["baseline_runs"]) != len(b) or len(gate["candidate_runs"]) != len(c):
+        return {}
+    return {"baseline_latency": base, "candidate_latency": cand, "latency_margins": gate.get("latency_margins")}
+
+
+def stage_table(records: Sequence[dict], gate_level: int, threshold: float = 0.95,
+                latency: bool = False) -> list[dict[str, Any]]:
     """One row per stage record (the first is the baseline), the gate's verdict recomputed from the stored runs.
 
     A record: ``stage``, ``changed`` (the role variables it set), ``levels`` ({concurrency: [runs]}) and
     ``gate`` ({baseline_runs, candidate_runs}: the interleaved runs against the configuration before it, and
     optionally baseline_workload/candidate_workload), or None for the baseline. The gate level's figures are the
     candidate's gate runs. A gate run without tok/s is a dead run (a failure); a record the gate cannot judge
-    (a dead baseline run, other workloads) is an ``error`` row, reverted.
+    (a dead baseline run, other workloads) is an ``error`` row, reverted. With ``latency`` the verdict has the latency
+    part too (the runs' TTFT/TPOT p50 and p90, the record's ``gate.latency_margins`` or the defaults) and the row its
+    ``latency`` (status and per-metric answers); without it (the stored sessions' verdicts) the verdict is throughput's
+    and the row's latency is ``not measured``.
     """
     rows: list[dict[str, Any]] = []
     if not records:
@@ -132,7 +145,8 @@ def stage_table(records: Sequence[dict], gate_level: int, threshold: float = 0.9
                 d = tg.replay(b, c, threshold=st.get("threshold", threshold), min_runs=st.get("min_runs", 5),
                               candidate_min_runs=st.get("candidate_min_runs", st.get("min_runs", 5)),
                               max_runs=st.get("max_runs", 15), bootstrap=0, order=st.get("order", "interleaved"),
-                              baseline_workload=gate.get("baseline_workload"), candidate_workload=gate.get("candidate_workload"))
+                              baseline_workload=gate.get("baseline_workload"), candidate_workload=gate.get("candidate_workload"),
+                              **(_latency_args(gate, b, c) if latency else {}))
             except tg.GateError as err:
                 row.update(verdict="error", kept=False, error=str(err))
                 rows.append(row)
@@ -141,7 +155,10 @@ def stage_table(records: Sequence[dict], gate_level: int, threshold: float = 0.9
             row.update(verdict=d["decision"], final=d["final"], runs_needed=d["runs_needed"], p_value=d["p_value"],
                        candidate_runs=d["candidate_runs_used"], kept=d["decision"] == "pass",
                        ratio_to_previous=round(d["ratio"], 4) if d["ratio"] else None,
-                       ratio_to_baseline=round(cmed / base_med, 4) if base_med else None)
+                       ratio_to_baseline=round(cmed / base_med, 4) if base_med else None,
+                       latency={"status": d["latency"]["status"],
+                                "metrics": {k: {f: m[f] for f in ("decision", "ratio", "interval", "margin")}
+                                            for k, m in d["latency"]["metrics"].items()}})
         else:
             row.update(verdict="not measured", kept=False)
         rows.append(row)

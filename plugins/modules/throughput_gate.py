@@ -35,6 +35,12 @@ description:
     is a V(regression), a dead baseline run refused (measure the baseline again).
   - Given both sides' workloads (O(baseline_workload), O(candidate_workload)), runs of different workloads (model, prompt
     and output lengths, concurrency, requests per run, sampling settings) are refused, naming each field that differs.
+  - The latency part, given each run's TTFT and TPOT (O(baseline_latency), O(candidate_latency)), each of TTFT p50, TTFT
+    p90, TPOT p50 and TPOT p90 is judged across runs with the same sequential test, lower is better, against its margin
+    (O(latency_margins)) and answers V(pass), V(regression) or V(inconclusive) with its ratio and interval
+    (C(metrics) of RV(latency)). The verdict combines both parts. Any V(regression) is a V(regression) naming the metric and
+    its figures, any final V(inconclusive) is V(inconclusive), a V(pass) needs every part's V(pass). Without latency the
+    answer is throughput's alone and C(status) of RV(latency) is V(not measured).
   - Every setting is checked before anything is judged; run counts are at most 1000 and O(bootstrap_resamples) at most 100000.
   - The exact Mann-Whitney p-value and a seeded bootstrap interval of the median ratio are reported beside the answer; they
     do not change it. The same logic is the P(gpufleet.inference.throughput_gate#filter) filter. Nothing on the host changes.
@@ -178,6 +184,27 @@ options:
   workload_concurrency:
     description: The concurrency level compared, when the workloads are results that swept several levels.
     type: int
+  baseline_latency:
+    description:
+      - Each baseline run's latency in ms, per metric, C(ttft_p50), C(ttft_p90), C(tpot_p50), C(tpot_p90) (the p50 and p90
+        of that run's requests), a list each with one figure per O(baseline) run in the same order. The
+        P(gpufleet.inference.latency_samples#filter) filter makes it from an M(gpufleet.inference.inference_benchmark)
+        result's C(benchmark.levels), per level.
+      - A metric judged needs both sides; without latency the verdict is throughput's alone (C(status) of RV(latency) is V(not measured)).
+    type: dict
+  candidate_latency:
+    description: Each candidate run's latency, as O(baseline_latency).
+    type: dict
+  latency_margins:
+    description:
+      - Per latency metric, the largest increase that is still a pass (V(0.10) is +10%; 0.01 to 1.0; null leaves the metric
+        unjudged); metrics not given keep the defaults, C(ttft_p50) 0.10, C(ttft_p90) 0.15, C(tpot_p50) 0.075, C(tpot_p90)
+        0.10 (docs/benchmark.md says why and how to calibrate them).
+    type: dict
+  latency_alpha:
+    description: Each latency metric's false-regression rate over all looks (the four together spend 0.01); in (0, 0.5).
+    type: float
+    default: 0.0025
   bootstrap_resamples:
     description: Resamples of the bootstrap interval of the median ratio; V(0) skips it (at most 100000).
     type: int
@@ -270,6 +297,23 @@ reason:
   type: str
   sample: "regression: candidate/baseline 91.7% (geometric means; threshold 95%, CV 0.8%, look 5/15, 5 vs 5 runs); below
     the threshold and significantly slower than the baseline (p=1.2e-06 <= 0.0016, this look's share of alpha 0.01)"
+latency:
+  description:
+    - The latency part. C(status) V(judged) or V(not measured) (no latency given; the verdict is throughput's alone); the
+      C(margins) in force and C(alpha); C(metrics), per metric judged, C(decision), C(final), C(ratio) (candidate/baseline
+      of the runs' geometric means), C(interval) (its interval at the look's levels), C(margin), C(baseline_ms),
+      C(candidate_ms) (medians of the runs), C(p_value) (that it rose), C(p_value_pass), C(cv), C(look_runs), C(runs_needed)
+      and C(reason); C(not_measured), metrics with a margin that one side did not carry.
+  returned: always
+  type: dict
+  sample: {status: judged, margins: {ttft_p50: 0.1, ttft_p90: 0.15, tpot_p50: 0.075, tpot_p90: 0.1}, alpha: 0.0025,
+           metrics: {ttft_p50: {decision: regression, final: true, ratio: 2.01, interval: [1.93, 2.09], margin: 0.1,
+                                baseline_ms: 50.2, candidate_ms: 100.9, reason: "TTFT p50 regression: candidate/baseline 2.01x"}}}
+throughput:
+  description: The throughput part's own answer (C(decision), C(final), C(decided_by), C(ratio), C(reason)) when latency was judged.
+  returned: when latency was judged
+  type: dict
+  sample: {decision: pass, final: true, decided_by: test, ratio: 0.993, reason: "pass: candidate/baseline 99.3% ..."}
 gate:
   description: The whole judgement.
   returned: always
@@ -422,6 +466,10 @@ def main():
             baseline_workload=dict(type="dict"),
             candidate_workload=dict(type="dict"),
             workload_concurrency=dict(type="int"),
+            baseline_latency=dict(type="dict"),
+            candidate_latency=dict(type="dict"),
+            latency_margins=dict(type="dict"),
+            latency_alpha=dict(type="float", default=0.0025),
             bootstrap_resamples=dict(type="int", default=2000),
             seed=dict(type="int", default=0),
             unit=dict(type="str", default="tok/s"),
@@ -442,13 +490,17 @@ def main():
                       baseline_requests=p["baseline_requests"], candidate_failed=p["candidate_failed"],
                       candidate_requests=p["candidate_requests"], requests_per_run=p["requests_per_run"],
                       bootstrap=p["bootstrap_resamples"], seed=p["seed"], unit=p["unit"],
-                      baseline_workload=workloads["baseline"], candidate_workload=workloads["candidate"])
+                      baseline_workload=workloads["baseline"], candidate_workload=workloads["candidate"],
+                      baseline_latency=p["baseline_latency"], candidate_latency=p["candidate_latency"],
+                      latency_margins=p["latency_margins"], latency_alpha=p["latency_alpha"])
     except GateError as err:
         module.fail_json(msg=f"Cannot judge the runs: {err}")
     for warning in gate["warnings"]:
         module.warn(warning)
     result = dict(changed=False, actions=[], decision=gate["decision"], ratio=gate["ratio"], p_value=gate["p_value"],
-                  runs_needed=gate["runs_needed"], reason=gate["reason"], gate=gate)
+                  runs_needed=gate["runs_needed"], reason=gate["reason"], latency=gate["latency"], gate=gate)
+    if "throughput" in gate:
+        result["throughput"] = gate["throughput"]
     if p["fail_on_regression"] and gate["decision"] == "regression":
         module.fail_json(msg=gate["reason"], **result)
     module.exit_json(**result)

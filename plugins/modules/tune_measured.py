@@ -18,6 +18,11 @@ description:
   - The baseline is benchmarked before any change. Each stage is judged by the throughput gate per profile and
     concurrency level against the state before it (the last kept measurement) - any regression reverts it, all pass keep
     it, and an inconclusive answer measures more runs (up to O(more_rounds) times) and then follows O(inconclusive).
+  - The gate's verdict has a latency part (each run's TTFT and TPOT p50 and p90, judged lower-is-better with the same
+    sequential test against per-metric margins); a stage that keeps the throughput but raises a latency beyond its
+    margin is a regression and is reverted, the reason naming the metric. Each verdict in the state keeps C(latency)
+    (its status and per-metric answer, ratio, interval and margin); a state stored before per-run latency was kept
+    judges its old measurements on throughput alone (C(not measured)).
   - Before a stage is applied the module records what its revert needs (C(record) readings such as the ASPM
     policy or the 2 MiB pages per node, and copies of C(files)); before a revert it puts those files back.
   - Stages with C(reboot=true) are grouped into one stage named C(reboot), applied, rebooted and measured as one.
@@ -75,7 +80,10 @@ options:
     elements: str
     default: []
   profiles:
-    description: Benchmark profiles, names (V(serving), V(latency), V(long_context)) or dicts with C(name) and overrides.
+    description:
+      - Benchmark profiles, names (V(serving), V(latency), V(long_context)) or dicts with C(name) and overrides.
+      - A dict may set C(latency_margins) (as in O(gate)) for its own levels, for example a stricter TTFT for an
+        interactive profile; checked at O(op=start).
     type: list
     elements: raw
     default: [serving]
@@ -88,6 +96,11 @@ options:
         M(gpufleet.inference.throughput_gate)).
       - C(threshold=auto) sets it from the baseline's largest run-to-run CV, C(1 - auto_k x CV) (C(auto_k) 3), at least
         C(auto_floor) (0.5), at most 0.95. With a threshold given, the state says whether it fits that CV.
+      - C(latency_margins), per metric (C(ttft_p50), C(ttft_p90), C(tpot_p50), C(tpot_p90)), the largest increase still a
+        pass (0.01 to 1.0, null leaves one unjudged; defaults 0.10, 0.15, 0.075, 0.10), and C(latency_alpha) (0.0025), each
+        metric's false-regression rate. A profile's own C(latency_margins) (in O(profiles)) overrides these for its levels.
+        With C(threshold=auto) the default margins of metrics not set are widened alike, to C(auto_k) x the baseline's
+        largest run-to-run CV of that metric (at most 1.0).
       - Checked at O(op=start), before the baseline, with the allowed ranges (C(min_runs) 3 to C(max_runs), C(max_runs)
         at most 1000).
     type: dict

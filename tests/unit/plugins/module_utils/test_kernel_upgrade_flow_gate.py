@@ -173,7 +173,8 @@ def test_the_role_passes_every_cap_of_the_gate():
     defaults = yaml.safe_load((REPO / "roles/kernel_upgrade/defaults/main.yml").read_text())
     specs = yaml.safe_load((REPO / "roles/kernel_upgrade/meta/argument_specs.yml").read_text())
     options = specs["argument_specs"]["main"]["options"]
-    for name in ("kernel_upgrade_gate_max_baseline_runs", "kernel_upgrade_gate_candidate_min_runs"):
+    for name in ("kernel_upgrade_gate_max_baseline_runs", "kernel_upgrade_gate_candidate_min_runs",
+                 "kernel_upgrade_gate_latency_margins", "kernel_upgrade_gate_latency_alpha"):
         assert name in defaults and options[name]["default"] == defaults[name]
     action = yaml.safe_load((REPO / "roles/kernel_upgrade/tasks/action_benchmark.yml").read_text())[-1]
     data = action["vars"]["__kernel_upgrade_data"]
