@@ -97,7 +97,8 @@ options:
     default: 1800
   gate:
     description: The gate's settings (C(threshold), C(alpha), C(pass_alpha), C(min_runs), C(max_runs), and optionally
-      C(max_baseline_runs), C(candidate_min_runs) (the first look, default 4) and C(requests_per_run)).
+      C(max_baseline_runs), C(candidate_min_runs) (the first look, default 4), C(requests_per_run), C(latency_margins)
+      (TTFT/TPOT p50/p90 margins; missing keys keep the gate's defaults) and C(latency_alpha)), checked before any run.
     type: dict
     default: {}
   journal:
