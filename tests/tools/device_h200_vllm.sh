@@ -64,7 +64,7 @@ D=(python3 tests/tools/h200_vllm.py)
 stash() {
   mkdir -p /tmp/acc
   for d in "$CHUNKS"/[cm][0-9]*; do [ -d "$d" ] && cp "$d"/* /tmp/acc/; done
-  echo "stashed: $(cd /tmp/acc && ls | tr '\n' ' ')"
+  echo "stashed: $(find /tmp/acc -maxdepth 1 -type f -printf '%f ')"
 }
 install_payload() {
   [ -d /tmp/site/vllm ] && return 0

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Read-only, on a real GPU host (the device tool's H200): each GPU's link read at rest, then during the audit's
 copy probe (the samples pcie_audit's PROBE_SCRIPT takes), the audit's verdict on it (pcie_audit.reread_under_load),
 and the host lint of the host as it is. Never writes config space or changes a GPU setting.

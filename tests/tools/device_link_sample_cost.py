@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Read-only, on a real GPU host: what one monitor_links sample costs there. The GPUs (class 03xx) and every bridge
 above them, as inference_benchmark samples them (benchmark_run.link_devices, link_samples.LinkMonitor.sample), read
 N times in a row through HostFS("/"); prints the devices, the readings and the time per sample.
@@ -32,7 +32,7 @@ def main() -> None:
     devices = link_devices({"monitor_links": True}, fs)
     monitor = LinkMonitor(fs, devices)
     start = time.perf_counter()
-    for _ in range(n):
+    for _sample in range(n):
         monitor.sample()
     per = (time.perf_counter() - start) / n
     print(json.dumps({"devices": devices, "caps": monitor.caps, "now": {b: read_link(fs, b) for b in devices},

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """What monitor_links costs a benchmark run, on the lab stand-in: (1) the time of one sample (every GPU's and
 bridge's current_link_speed/width read through HostFS) over a fake 8-GPU tree (2 sockets x 2 switches x 2 GPUs,
 tests/unit/fakesysfs.eight_gpus), and (2) the lab inference server benchmarked with monitor_links on and off,
@@ -27,7 +27,7 @@ from tests.unit.test_lab_inference_server import LabServer
 def sample_cost(fs: HostFS, devices: list[str], n: int = 2000) -> dict:
     monitor = LinkMonitor(fs, devices)
     start = time.perf_counter()
-    for _ in range(n):
+    for _sample in range(n):
         monitor.sample()
     per = (time.perf_counter() - start) / n
     return {"devices": len(devices), "samples": n, "us_per_sample": round(per * 1e6, 1)}

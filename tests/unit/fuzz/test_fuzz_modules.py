@@ -45,8 +45,8 @@ TEXTS = ["", "\0", "a\0b", "x\ny", "../../x", "\u00e9\u202e\u540d", " ", "-", "a
 SAFE_TEXT = st.text(alphabet=st.characters(blacklist_characters="/.", blacklist_categories=("Cs",)), max_size=12)
 SCALARS = st.one_of(st.sampled_from(NUMBERS), st.sampled_from(TEXTS), st.none(), st.booleans(), SAFE_TEXT,
                     st.integers(), st.floats())
-GENERIC = st.one_of(SCALARS, st.lists(SCALARS, max_size=3), st.dictionaries(st.sampled_from(["a", "\0", "", "x\ny"]), SCALARS,
-                                                                           max_size=2))
+KEYS = st.sampled_from(["a", "\0", "", "x\ny"])
+GENERIC = st.one_of(SCALARS, st.lists(SCALARS, max_size=3), st.dictionaries(KEYS, SCALARS, max_size=2))
 HOST_PATHS = ["", "relative/x", "/a\0b", "/x\ny/z", "/../../outside/x", "/etc/../../outside/x", "/\u00e9/\u00fc", "/etc/.."]
 
 

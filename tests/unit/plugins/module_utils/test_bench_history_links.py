@@ -36,7 +36,7 @@ FLAPPED = {PORT: verdict("at_capability", [32.0, 16]), GPU: verdict("flapping", 
 def test_flapping_run_is_stored_with_its_tok_s(tmp_path):
     conn = bh.connect(str(tmp_path / "h.sqlite"))
     values = [1000.0, 1004.0, 812.0, 1002.0, 1001.0]
-    run_id, _ = bh.append(conn, monitored("2026-12-01T00:00:00Z", [STABLE, STABLE, FLAPPED, STABLE, STABLE], values))
+    run_id, _count = bh.append(conn, monitored("2026-12-01T00:00:00Z", [STABLE, STABLE, FLAPPED, STABLE, STABLE], values))
     rows = conn.execute("SELECT run_id, concurrency, repetition, device, code, severity, top_speed_gts, top_width, "
                         "changes, output_tps FROM link_findings").fetchall()
     assert [tuple(r) for r in rows] == [(run_id, 8, 2, GPU, "link_flapping", "critical", 32.0, 16, 4, 812.0)]
@@ -119,5 +119,5 @@ def test_a_drop_in_a_run_whose_link_flapped_says_so(tmp_path):
                if d["decision"] != "change point (E-divisive)"]
     assert flagged == [("2026-12-02T00:00:00Z", [850.5])]
     md = hr.render_markdown(model)
-    assert f"| critical: link_flapping {GPU} (top 32 GT/s x16) in run 1: 850.5 tok/s |" in md.split("## gpu-01")[0]
+    assert f"| critical: link_flapping {GPU} (top 32 GT/s x16) in run 1: 850.5 tok/s |" in md.split("## gpu-01", maxsplit=1)[0]
     assert "PCIe links in that run" in hr.render_html(model)

@@ -67,7 +67,7 @@ def race(tmp_path, before, asks) -> list[tuple]:
     procs = [ctx.Process(target=contender, args=(side, roots, ask, barrier, results)) for side, ask in enumerate(asks)]
     for proc in procs:
         proc.start()
-    got = dict(results.get(timeout=120) for _ in procs)
+    got = dict(results.get(timeout=120) for _proc in procs)
     for proc in procs:
         proc.join(timeout=30)
     return [(root, got[0][i], got[1][i]) for i, root in enumerate(roots)]
@@ -94,4 +94,3 @@ def test_exactly_one_of_two_synchronised_runs_holds_the_lease(scenario, tmp_path
     assert (double, wrong) == (0, 0), f"{scenario}: {double} of {PAIRS} pairs both held the lease, {wrong} named another run on disk"
     assert single == PAIRS, f"{scenario}: {PAIRS - single} of {PAIRS} pairs had no winner"
     assert unnamed == 0, f"{scenario}: {unnamed} refusals do not name the run that won"
-

@@ -54,7 +54,7 @@ def host(root: Path) -> None:
     BUILDERS["grubenv"](root, saved_entry=PRE_OK["running_entry"])
     BUILDERS["boot"](root, boot_id="boot-a")
     BUILDERS["dpkg"](root, packages=["linux-image-6.1.0-50-cloud-amd64", "linux-image-6.1.0-56-cloud-amd64",
-                                      "linux-image-cloud-amd64", "nvidia-kernel-dkms"])
+                                     "linux-image-cloud-amd64", "nvidia-kernel-dkms"])
     BUILDERS["json_file"](root, LEASE, run_id="run1", expires_at=4000000000, taken_at=3999990000)
 
 
