@@ -160,19 +160,24 @@ def env_file(text: str, file: str, rank: int) -> list[Setting]:
     """A systemd EnvironmentFile: ``NAME=value`` lines, ``#``/``;`` comments, quotes removed, ``export`` allowed."""
     out = []
     lines = text.splitlines()
+    for number, key, value in _assignments(lines):
+        if key.startswith("export "):
+            key = key[len("export "):].strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
+            value = value[1:-1]
+        out.append(Setting("env", key, value, file, number, "env_file", rank, _comment_above(lines, number - 1)))
+    return out
+
+
+def _assignments(lines: list[str]):
+    """(line number, key, value) of each ``key = value`` line, blank lines and ``#``/``;`` comments skipped, both
+    sides stripped: the shape EnvironmentFile= and sysctl.d files share."""
     for number, line in enumerate(lines, 1):
         stripped = line.strip()
         if not stripped or stripped.startswith(("#", ";")) or "=" not in stripped:
             continue
         key, value = stripped.split("=", 1)
-        key = key.strip()
-        if key.startswith("export "):
-            key = key[len("export "):].strip()
-        value = value.strip()
-        if len(value) >= 2 and value[0] == value[-1] and value[0] in "\"'":
-            value = value[1:-1]
-        out.append(Setting("env", key, value, file, number, "env_file", rank, _comment_above(lines, number - 1)))
-    return out
+        yield number, key.strip(), value.strip()
 
 
 def unit_settings(text: str, file: str, rank: int) -> tuple[list[Setting], list[str], str | None]:
@@ -217,16 +222,10 @@ def modprobe_options(text: str, file: str, rank: int) -> list[Setting]:
 
 def sysctl_lines(text: str, file: str, rank: int) -> list[Setting]:
     """``key = value`` lines of a sysctl.d file (``/`` in keys read as ``.``, a leading ``-`` dropped)."""
-    out = []
     lines = text.splitlines()
-    for number, line in enumerate(lines, 1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith(("#", ";")) or "=" not in stripped:
-            continue
-        key, value = stripped.split("=", 1)
-        key = key.strip().lstrip("-").replace("/", ".")
-        out.append(Setting("sysctl", key, value.strip(), file, number, "sysctl", rank, _comment_above(lines, number - 1)))
-    return out
+    return [Setting("sysctl", key.lstrip("-").replace("/", "."), value, file, number, "sysctl", rank,
+                    _comment_above(lines, number - 1))
+            for number, key, value in _assignments(lines)]
 
 
 def passwd_home(text: str, user: str) -> str | None:
