@@ -423,15 +423,15 @@ def _failure_rate(side: str, failed: Any, requests: Any) -> float:
 
 
 def decide_throughput(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.95, alpha: float = 0.01,
-           pass_alpha: float = 0.005, min_runs: int = 5, max_runs: int = 15, step: int | None = None,
-           bootstrap: int = 2000, seed: int = 0, ci_level: float = 0.95, unit: str = "tok/s", noisy_cv: float = 0.05,
-           max_baseline_runs: int = 15, baseline_step: int | None = None, power: float = 0.8, spending: str = "pocock",
-           screen_alpha: float = 0.001, drift_alpha: float = 0.001, baseline_failed: int = 0,
-           baseline_requests: int = 0, candidate_failed: int = 0, candidate_requests: int = 0,
-           requests_per_run: int | None = None, detect: float | None = None,
-           candidate_min_runs: int | None = CANDIDATE_MIN_RUNS, trend_guard: float = 0.1, guard_from: int = 2,
-           pass_floor: float = 0.75, reserve: float = 0.3, order: str = "sequential", baseline_workload: Any = None,
-           candidate_workload: Any = None) -> dict[str, Any]:
+                      pass_alpha: float = 0.005, min_runs: int = 5, max_runs: int = 15, step: int | None = None,
+                      bootstrap: int = 2000, seed: int = 0, ci_level: float = 0.95, unit: str = "tok/s", noisy_cv: float = 0.05,
+                      max_baseline_runs: int = 15, baseline_step: int | None = None, power: float = 0.8, spending: str = "pocock",
+                      screen_alpha: float = 0.001, drift_alpha: float = 0.001, baseline_failed: int = 0,
+                      baseline_requests: int = 0, candidate_failed: int = 0, candidate_requests: int = 0,
+                      requests_per_run: int | None = None, detect: float | None = None,
+                      candidate_min_runs: int | None = CANDIDATE_MIN_RUNS, trend_guard: float = 0.1, guard_from: int = 2,
+                      pass_floor: float = 0.75, reserve: float = 0.3, order: str = "sequential", baseline_workload: Any = None,
+                      candidate_workload: Any = None) -> dict[str, Any]:
     """The throughput part: judge candidate runs against baseline runs (higher is better); with no candidate runs,
     judge the baseline alone. decide() is this plus the latency part.
 

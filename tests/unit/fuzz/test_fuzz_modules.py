@@ -177,6 +177,8 @@ def test_every_module_with_a_main_is_fuzzed():
     modules = Path(__file__).resolve().parents[3] / "plugins" / "modules"
     with_main = sorted(p.stem for p in modules.glob("*.py") if "def main(" in p.read_text())
     assert with_main == ALL
+
+
 WITH_STATE = sorted(n for n, s in specs("http://127.0.0.1:9").items() if s.state)
 
 

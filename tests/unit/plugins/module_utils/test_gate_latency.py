@@ -24,8 +24,9 @@ QUIET_CAND = [1004.0, 1008.0, 999.0, 1006.0]
 WIGGLE = [1.0, 1.01, 0.99, 1.005, 0.995, 1.008, 0.992, 1.003, 0.997, 1.006, 0.994, 1.002, 0.998, 1.004, 0.996]
 
 
-def latency(n, ttft=50.0, tpot=3.0, wiggle=WIGGLE):
+def latency(n, ttft=50.0, tpot=3.0, wiggle=None):
     """Per-run latency of n runs: quiet (under 1% run to run) unless another wiggle is given."""
+    wiggle = wiggle or WIGGLE
     w = [wiggle[i % len(wiggle)] for i in range(n)]
     return {"ttft_p50": [ttft * x for x in w], "ttft_p90": [1.2 * ttft * x for x in w],
             "tpot_p50": [tpot * x for x in w], "tpot_p90": [1.1 * tpot * x for x in w]}
@@ -33,7 +34,7 @@ def latency(n, ttft=50.0, tpot=3.0, wiggle=WIGGLE):
 
 def noisy(n, cv, seed):
     rng = random.Random(seed)
-    return [math.exp(rng.gauss(0.0, cv)) for _ in range(n)]
+    return [math.exp(rng.gauss(0.0, cv)) for _run in range(n)]
 
 
 def test_equal_throughput_and_doubled_ttft_is_a_regression_naming_the_metric():
