@@ -245,7 +245,7 @@ def workload_mismatch(baseline: dict[str, Any] | None, candidate: dict[str, Any]
 
 def check_workloads(baseline: Any, candidate: Any) -> str:
     """GateError naming every difference when both workloads are given and differ; a warning (or '') otherwise."""
-    b, c = workload(baseline), workload(candidate)
+    b, c = side_workload("baseline", baseline), side_workload("candidate", candidate)
     diff = workload_mismatch(b, c)
     if diff:
         raise GateError("the runs are of different workloads and cannot be compared (" + "; ".join(diff) + "): measure "
@@ -255,6 +255,14 @@ def check_workloads(baseline: Any, candidate: Any) -> str:
         return (f"the {side}'s workload was not recorded (a result stored before workload fingerprints): the gate could "
                 "not check that both sides ran the same model and benchmark")
     return ""
+
+
+def side_workload(side: str, value: Any, concurrency: Any = None) -> dict[str, Any]:
+    """workload() of one side, its error naming the side's option (``baseline_workload``, ``candidate_workload``)."""
+    try:
+        return workload(value, concurrency)
+    except GateError as err:
+        raise GateError(f"{side}_workload: {err}") from err
 
 
 def check_all_settings(**settings: Any) -> None:

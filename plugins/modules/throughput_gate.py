@@ -433,7 +433,7 @@ actions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide, workload
+from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide, side_workload
 
 
 def main():
@@ -480,7 +480,7 @@ def main():
     p = module.params
     try:
         level = p["workload_concurrency"]
-        workloads = {side: workload(p[f"{side}_workload"], level) for side in ("baseline", "candidate")}
+        workloads = {side: side_workload(side, p[f"{side}_workload"], level) for side in ("baseline", "candidate")}
         gate = decide(p["baseline"], p["candidate"], threshold=p["threshold"], alpha=p["alpha"], pass_alpha=p["pass_alpha"],
                       detect=p["detect"], min_runs=p["min_runs"], candidate_min_runs=p["candidate_min_runs"],
                       step=p["step"], max_runs=p["max_runs"], max_baseline_runs=p["max_baseline_runs"],

@@ -27,6 +27,8 @@ import signal
 import stat
 import subprocess
 from contextlib import contextmanager
+
+from ansible.module_utils.common import warnings as module_warnings
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
@@ -91,6 +93,14 @@ def fake_get_bin_path(_module, arg, required=False, opt_dirs=None):  # pylint: d
     return f"/testbin/{arg}"
 
 
+def forget_module_warnings() -> None:
+    """Drop the warnings and deprecations a call left in ansible's process-wide lists (a module run in its own
+    process starts with none; a call that hung or raised never gave them to exit_json): the next call, here or in
+    another test of this process, starts with none either."""
+    module_warnings._global_warnings.clear()  # pylint: disable=protected-access
+    module_warnings._global_deprecations.clear()  # pylint: disable=protected-access
+
+
 class Call:
     """Runs one module's main() with arguments on the tree ``top/root`` and judges the call."""
 
@@ -128,6 +138,7 @@ class Call:
         except Exception as err:  # pylint: disable=broad-except  # any exception out of main() is the finding
             problems.append(f"traceback: {type(err).__name__}: {err}")
         self.capsys.readouterr()
+        forget_module_warnings()
         if result is not None:
             msg = str(result.get("msg", ""))
             if "exception" in result or "Traceback" in msg:

@@ -177,7 +177,7 @@ def test_missing_logprobs_and_a_refused_prompt_are_errors(recorded, model_dir, t
     ({"tolerance_top1": 1.5}, "tolerance_top1 must be between 0 and 1"),
     ({"max_tokens": 0}, "max_tokens must be between 1 and 1024"),
     ({"timeout": 0.0}, "timeout must be between 1 and 3600"),
-    ({"reference": "relative.json"}, "reference must be an absolute path"),
+    ({"reference": "relative.json"}, "reference='relative.json' is refused: a relative path"),
     ({"url": "ftp://x"}, "url 'ftp://x' is not usable"),
     ({"model": "nope"}, "does not serve model 'nope'"),
     ({"api_key": "wrong"}, "refused the API key"),

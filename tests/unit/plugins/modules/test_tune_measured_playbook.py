@@ -53,7 +53,11 @@ def test_measured_tuning_playbook_keeps_the_helpful_flag_and_reverts_the_harmful
         "tune_measured_profiles": [{"name": "serving", "concurrency": [16], "prompt_tokens": 16, "output_tokens": 16,
                                     "requests": 48, "repetitions": 5, "warmup": 16, "settle_runs": 0,
                                     "token_id_range": [100, 4000]}],
-        "tune_measured_gate": {"threshold": "auto"},
+        # the stand-in batches 16 sequences a step with seqs_16: its tokens/s rise several-fold while each step, and so
+        # TPOT, grows on these 2 shared cores (by 1.29x in one run): a trade the latency part rightly calls a
+        # regression at its default margins. This test is about the loop keeping the helpful flag and reverting
+        # the harmful one, so it accepts that trade as a user would for a throughput-bound site (TPOT margins 100%).
+        "tune_measured_gate": {"threshold": "auto", "latency_margins": {"tpot_p50": 1.0, "tpot_p90": 1.0}},
         "host_lease_path": str(tmp_path / "host" / "lease.json"),
     }
     inventory = tmp_path / "inventory.yml"
