@@ -27,12 +27,12 @@ import signal
 import stat
 import subprocess
 from contextlib import contextmanager
-
-from ansible.module_utils.common import warnings as module_warnings
 from pathlib import Path
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
+
+from tests.unit.plugins.modules.uthelper import forget_module_warnings
 
 # Seconds one module call may take: every module here answers in well under a second on a fake root.
 LIMIT_S = 8
@@ -91,14 +91,6 @@ def fake_run_command(module, args, check_rc=False, **_kw):
 
 def fake_get_bin_path(_module, arg, required=False, opt_dirs=None):  # pylint: disable=unused-argument
     return f"/testbin/{arg}"
-
-
-def forget_module_warnings() -> None:
-    """Drop the warnings and deprecations a call left in ansible's process-wide lists (a module run in its own
-    process starts with none; a call that hung or raised never gave them to exit_json): the next call, here or in
-    another test of this process, starts with none either."""
-    module_warnings._global_warnings.clear()  # pylint: disable=protected-access
-    module_warnings._global_deprecations.clear()  # pylint: disable=protected-access
 
 
 class Call:

@@ -51,6 +51,7 @@ import pytest
 import yaml
 from ansible.module_utils import _internal as module_utils_internal
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.common import warnings as module_warnings
 from ansible.module_utils.testing import patch_module_args
 
 CASE_KEYS = {"id", "setup", "input", "flags", "bins", "run_command", "output", "output_contains", "files",
@@ -69,6 +70,15 @@ def target_side(monkeypatch) -> None:
     """
     monkeypatch.setattr(module_utils_internal, "is_controller", False)
 
+
+def forget_module_warnings() -> None:
+    """Drop the warnings and deprecations left in ansible's process-wide lists.
+
+    AnsibleModule.warn() and module_utils' warn() append to lists that live as long as the process; a module run
+    in its own process starts with none. In a test process a warning left by one test (or by a call that hung or
+    raised before exit_json) would appear in the result of the next module run, of any test."""
+    module_warnings._global_warnings.clear()  # pylint: disable=protected-access
+    module_warnings._global_deprecations.clear()  # pylint: disable=protected-access
 
 # scripts/run-tests (what CI runs) sets it: a test that needs a tool scripts/bootstrap installs
 # (setpci from pciutils, systemctl) then fails when the tool is missing, instead of skipping.
