@@ -2,7 +2,7 @@
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """gpufleet.inference.controller_files: write whole report files on the controller, in the
-controller's own process (no module run, no connection), with module_utils/managed_files."""
+controller's own process (no module run, no connection), with module_utils/_host/managed_files."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import os
 from ansible.errors import AnsibleActionFail
 from ansible.plugins.action import ActionBase
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import managed_files as mf
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files as mf
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 
 ARGUMENT_SPEC = {
     "files": {"type": "list", "elements": "dict", "default": [], "options": {

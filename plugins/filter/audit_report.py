@@ -6,9 +6,9 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.inference.plugins.module_utils.audit_report import (
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.audit_report import (
     fleet_audits, render_html, render_markdown, tuning_changes)
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_audit import render_report
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_facts import render_report
 
 
 def _fleet_audits(hostvars, hosts, key="__audit_result", benchmark_dir=None, tuning_dir=None, audit_dir=None):

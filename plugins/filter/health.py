@@ -1,12 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The health comparison as a filter (logic in module_utils/health_compare)."""
+"""The health comparison as a filter (logic in module_utils/pcie/health)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.inference.plugins.module_utils.health_compare import compare
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.health import compare
 
 
 def health_compare(current, previous=None, kernel_log="", previous_kernel=None, current_kernel=None):

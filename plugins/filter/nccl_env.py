@@ -3,14 +3,14 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of the nccl_env role: resolve and render the NCCL settings, decide the P2P A/B.
 
-The logic lives in module_utils/nccl_env.py (unit tested); these wrappers turn its errors into
+The logic lives in module_utils/nccl/env.py (unit tested); these wrappers turn its errors into
 AnsibleFilterError with the same message.
 """
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.inference.plugins.module_utils import nccl_env as ne
+from ansible_collections.gpufleet.inference.plugins.module_utils.nccl import env as ne
 
 
 def _nccl_env(profile, settings=None, allow_unknown=None, p2p=None, bench=None, note="", pcie=None, gpus=None):

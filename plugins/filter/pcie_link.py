@@ -6,8 +6,8 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload import payload_mismatches
-from ansible_collections.gpufleet.inference.plugins.module_utils.reboot_contract import reboot_plan
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.payload import payload_mismatches
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.reboot_contract import reboot_plan
 
 
 def _reboot_plan(names, required, allowed=None):

@@ -1,13 +1,13 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Filters that render measured-tuning states as the stage table (logic in module_utils/stage_table)."""
+"""Filters that render measured-tuning states as the stage table (logic in module_utils/tuning/stage_table)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.inference.plugins.module_utils.stage_table import render_html, render_markdown
-from ansible_collections.gpufleet.inference.plugins.module_utils.tune_measured import FORMAT
+from ansible_collections.gpufleet.inference.plugins.module_utils.tuning.stage_table import render_html, render_markdown
+from ansible_collections.gpufleet.inference.plugins.module_utils.tuning.tune_measured import FORMAT
 
 
 def _states(value):

@@ -3,14 +3,14 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of the vllm_service role: the checked vLLM command line and environment, and the venv name.
 
-The logic lives in module_utils/vllm_args.py (unit tested); these wrappers turn its errors into
+The logic lives in module_utils/vllm/args.py (unit tested); these wrappers turn its errors into
 AnsibleFilterError with the same message.
 """
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_args as va
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm import args as va
 
 
 def _vllm_args(params):

@@ -50,7 +50,7 @@ import socket
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.host_lease import holder_status, proc_start
+from ansible_collections.gpufleet.inference.plugins.module_utils.lease.host_lease import holder_status, proc_start
 
 
 def _read(path: str) -> str | None:

@@ -50,8 +50,9 @@ _raw:
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import irq_reapply, pcie_boot_apply
-from ansible_collections.gpufleet.inference.plugins.module_utils.reapply_bundle import BundleError
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq import reapply as irq_reapply
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import reapply as pcie_boot_apply
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.bundle import BundleError
 
 SCRIPTS = {"irq_affinity": irq_reapply.render_script, "pcie_boot": pcie_boot_apply.render_script}
 

@@ -208,9 +208,10 @@ files:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench_history import SOURCES
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench_history_apply import execute
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history import SOURCES
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.bench_history import execute
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 
 ARGUMENT_SPEC = dict(
     path=dict(type="path", required=True),

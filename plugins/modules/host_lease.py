@@ -117,8 +117,9 @@ actions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.host_lease import LeaseError, execute
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.lease.host_lease import LeaseError, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
 
 
 def main():

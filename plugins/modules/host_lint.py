@@ -113,8 +113,8 @@ service_user:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.host_lint import run
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.lint.host_lint import run
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 
 
 def main():

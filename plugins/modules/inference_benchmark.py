@@ -406,8 +406,9 @@ benchmark:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.benchmark_run import BenchmarkError, execute
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.inference_benchmark import BenchmarkError, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
 
 ARGUMENT_SPEC = dict(
     url=dict(type="str", default="http://127.0.0.1:8000"),

@@ -320,10 +320,11 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.irq_affinity import IrqError
-from ansible_collections.gpufleet.inference.plugins.module_utils.irq_boot import execute
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq.affinity import IrqError
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq.irq_affinity import execute
 
 
 def main():

@@ -89,10 +89,11 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_boot_entry import execute
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import KernelUpgradeError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_boot_entry import execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import KernelUpgradeError
 
 
 def main():

@@ -103,9 +103,10 @@ actions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.boot_health import BootHealthError, execute
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_boot_health import BootHealthError, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
 
 
 def main():

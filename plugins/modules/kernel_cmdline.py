@@ -183,12 +183,13 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import ToolMissing
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline import (
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import ToolMissing
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.cmdline import (
     CmdlineError, find_conflicts, validate_args, validate_owner,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline_apply import Bootloader, KernelCmdline
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_cmdline import Bootloader, KernelCmdline
 
 
 def main():

@@ -98,8 +98,8 @@ owner_reboot_required:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_cmdline import CmdlineError, gather
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.cmdline import CmdlineError, gather
 
 
 def main():

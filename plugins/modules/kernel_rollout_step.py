@@ -185,9 +185,10 @@ actions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_rollout_apply import EVENTS, execute
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import FlowError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_rollout_step import EVENTS, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import FlowError
 
 
 def main():

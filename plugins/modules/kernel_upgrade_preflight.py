@@ -214,9 +214,10 @@ actions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import SAVED_DROPIN, SAVED_DROPIN_TEXT
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_preflight import Host, gather_and_decide
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import SAVED_DROPIN, SAVED_DROPIN_TEXT
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_upgrade_preflight import Host, gather_and_decide
 
 
 def main():

@@ -207,9 +207,10 @@ model:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.output_equivalence import EquivalenceError
-from ansible_collections.gpufleet.inference.plugins.module_utils.output_equivalence_run import Settings, run
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.equivalence import EquivalenceError
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.output_equivalence import Settings, run
 
 
 def settings(params: dict) -> Settings:

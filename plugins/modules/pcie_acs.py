@@ -168,12 +168,13 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import TopologyError, normalize_bdfs
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_acs import AcsError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot import PERSIST_CONFIG
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_acs_apply import PcieAcs
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import TopologyError, normalize_bdfs
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.acs import AcsError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.boot import PERSIST_CONFIG
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_acs import PcieAcs
 
 
 def main():

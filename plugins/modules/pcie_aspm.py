@@ -75,8 +75,8 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_aspm import POLICY_FILE, PolicyError, set_policy
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_aspm import POLICY_FILE, PolicyError, set_policy
 
 
 def main():

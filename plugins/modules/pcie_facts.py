@@ -473,16 +473,17 @@ ansible_facts:
 
 from ansible.module_utils.basic import AnsibleModule, missing_required_lib
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.nvml import (  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.nvml import (  # noqa: F401 pylint: disable=unused-import
     HAS_PYNVML, PYNVML_IMPORT_ERROR, NvmlUnavailable,
 )
-# The audit lives in module_utils/pcie_audit.py; its names stay importable from here (tests, callers).
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_audit import (  # noqa: F401 pylint: disable=unused-import
+# The audit lives in module_utils/pcie/pcie_facts.py; its names stay importable from here (tests, callers).
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_facts import (  # noqa: F401 pylint: disable=unused-import
     KNOWN_ERRORS, NVIDIA, PROBE_SCRIPT, bandwidth, execute, gather, keep_report, path_bandwidth, process_privileges,
     render_report,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import (  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import (  # noqa: F401 pylint: disable=unused-import
     BMC_VENDORS, TopologyError,
 )
 

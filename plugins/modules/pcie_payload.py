@@ -224,13 +224,14 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import TopologyError, normalize_bdfs
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload import (
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import TopologyError, normalize_bdfs
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.payload import (
     PERSIST_CONFIG, PayloadError, parse_mps, parse_size,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_payload_apply import PciePayload
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_payload import PciePayload
 
 
 def main():

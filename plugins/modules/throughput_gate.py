@@ -433,7 +433,7 @@ actions:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import GateError, decide, side_workload
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import GateError, decide, side_workload
 
 
 def main():

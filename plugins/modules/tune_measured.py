@@ -216,8 +216,9 @@ state_file:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.tune_measured import TuneError, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.tuning.tune_measured import TuneError, execute
 
 ARGUMENT_SPEC = dict(
     op=dict(type="str", choices=["start", "next", "complete", "reset"], default="next"),

@@ -244,10 +244,11 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import VfioError
-from ansible_collections.gpufleet.inference.plugins.module_utils.vfio_bind import execute, modprobe_with
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.vfio.binding import VfioError
+from ansible_collections.gpufleet.inference.plugins.module_utils.vfio.vfio_bind import execute, modprobe_with
 
 
 def main():

@@ -116,10 +116,11 @@ port:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-# The checks live in module_utils/vllm_preflight.py; their names stay importable from here (tests).
-from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_preflight import (  # noqa: F401 pylint: disable=unused-import
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+# The checks live in module_utils/vllm/vllm_preflight.py; their names stay importable from here (tests).
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.vllm_preflight import (  # noqa: F401 pylint: disable=unused-import
     bind_probe, check_model, check_port, execute, listeners, overlaps, parse_proc_net, unit_active, unit_of,
 )
 

@@ -223,9 +223,10 @@ unit:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostcmd import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_ready import NotReady, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.vllm_ready import NotReady, execute
 
 
 def main():

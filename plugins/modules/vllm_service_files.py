@@ -113,8 +113,9 @@ diff:
 
 from ansible.module_utils.basic import AnsibleModule
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, finish
-from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_service_files import VllmFilesError, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.vllm_service_files import VllmFilesError, execute
 
 
 def main():

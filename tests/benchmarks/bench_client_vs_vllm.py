@@ -48,7 +48,7 @@ for path in (os.path.join(REPO, ".collections"), REPO):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import inference_client as ic  # noqa: E402
+from tests.tools import inference_client as ic  # noqa: E402
 
 TARGET = 0.03
 

@@ -29,7 +29,7 @@ for path in (os.path.join(REPO, ".collections"), REPO):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS  # noqa: E402
 from ansible_collections.gpufleet.inference.plugins.modules.pcie_facts import gather  # noqa: E402
 from tests.unit.fakesysfs import eight_gpus  # noqa: E402
 

@@ -37,8 +37,8 @@ for path in (os.path.join(REPO, ".collections"), REPO, HERE):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import inference_client as ic  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import decide  # noqa: E402
+from tests.tools import inference_client as ic  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import decide  # noqa: E402
 from bench_throughput_gate import simulate  # noqa: E402
 
 

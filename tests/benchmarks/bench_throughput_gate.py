@@ -37,7 +37,7 @@ for path in (os.path.join(REPO, ".collections"), REPO):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.throughput_gate import decide  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import decide  # noqa: E402
 
 FIXED_RUNS = 20  # a fixed test of 10 runs per side
 

@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import parse_cpulist
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import parse_cpulist
 
 from tests.lab.labutil import (CONTAINER, LAB, NAMES, ansible_env, boots, container_sh, lab_ssh,
                                play_recap as recap, run)

@@ -24,7 +24,7 @@ import re
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import parse_cpulist
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import parse_cpulist
 
 from tests.lab.labutil import ansible_env, lab_ssh, run
 

@@ -22,9 +22,10 @@ if not os.path.exists(os.path.join(LINK, "inference")):
 sys.path.insert(0, os.path.join(REPO, ".collections"))
 
 # pylint: disable=wrong-import-position
-from ansible_collections.gpufleet.inference.plugins.module_utils import host_lint, pcie_audit  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_findings import classify_link_samples  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.lint import host_lint  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import pcie_facts as pcie_audit  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.findings import classify_link_samples  # noqa: E402
 
 
 def sysfs_link(bdf: str) -> list:

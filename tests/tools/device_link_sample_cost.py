@@ -21,9 +21,9 @@ if not os.path.exists(os.path.join(LINK, "inference")):
 sys.path.insert(0, os.path.join(REPO, ".collections"))
 
 # pylint: disable=wrong-import-position
-from ansible_collections.gpufleet.inference.plugins.module_utils.benchmark_run import link_devices  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils.link_samples import LinkMonitor, read_link  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.inference_benchmark import link_devices  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.link_samples import LinkMonitor, read_link  # noqa: E402
 
 
 def main() -> None:

@@ -57,7 +57,7 @@ stamp "four environments"
 cands=$(python3 - <<'PY'
 import json, sys
 sys.path.insert(0, ".collections")
-from ansible_collections.gpufleet.inference.plugins.module_utils import nccl_env as n
+from ansible_collections.gpufleet.inference.plugins.module_utils.nccl import env as n
 safe = n.resolve("pcie_safe")
 print(json.dumps({
     "nccl_defaults": {},

@@ -6,7 +6,7 @@
 
 Client against ``vllm bench serve``, run-to-run noise with the gate's simulated false-rollback and
 5%-drop detection at each measured CV, the gate's verdicts (throughput_gate.decide() on the stored
-runs), the measured-tuning stage table (module_utils/vllm_flag_stages.py) and the PCIe probe. The unit
+runs), the measured-tuning stage table (tests/tools/vllm_flag_stages.py) and the PCIe probe. The unit
 test tests/unit/plugins/module_utils/test_h200_replay.py checks these against expected.yml.
 
     . scripts/lib.sh; gpufleet_env
@@ -30,8 +30,8 @@ for _path in (os.path.join(REPO, ".collections"), REPO, os.path.join(REPO, "test
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import throughput_gate as tg  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_flag_stages as vfs  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg  # noqa: E402
+from tests.tools import vllm_flag_stages as vfs  # noqa: E402
 
 DIR = os.path.join(REPO, "docs", "examples", "h200-vllm")
 GATE = {"threshold": 0.95, "min_runs": 5, "max_runs": 15}  # the rest at decide()'s defaults

@@ -28,8 +28,8 @@ for _path in (os.path.join(REPO, ".collections"), REPO):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import throughput_gate as tg  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils.gate_stats import betainc, t_quantile  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import betainc, t_quantile  # noqa: E402
 
 # the kernel upgrade's gate settings at the role's defaults (kernel_upgrade_flow._gate_settings)
 UPGRADE_GATE = {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.005, "min_runs": 5, "max_runs": 15,

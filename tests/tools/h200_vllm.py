@@ -22,7 +22,7 @@ here against the lab stand-in, extras/lab_inference_server.py, through a vllm_se
 * ``restarts``: server starts one after another, whole runs of each (noise between starts), the kernel upgrade's
   gate loop across a restart (h200_restarts.py); the server's tokenizer must round-trip before any run.
 * ``tune``: the measured-tuning stages of a profiles file: each stage's server started beside the current one,
-  gated, kept or reverted; the stage table from module_utils/vllm_flag_stages.py.
+  gated, kept or reverted; the stage table from tests/tools/vllm_flag_stages.py.
 
 Every result is a JSON file written as soon as it is known (a killed call still leaves the finished parts).
 """
@@ -45,9 +45,9 @@ for _path in (os.path.join(REPO, ".collections"), REPO, os.path.join(REPO, "test
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import inference_client as ic  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils import throughput_gate as tg  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_flag_stages as vfs  # noqa: E402
+from tests.tools import inference_client as ic  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg  # noqa: E402
+from tests.tools import vllm_flag_stages as vfs  # noqa: E402
 
 # the environment systemd gives a unit before its EnvironmentFile= lines (systemd.exec(5): PATH, LANG)
 SYSTEMD_BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}

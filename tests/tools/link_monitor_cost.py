@@ -16,9 +16,9 @@ import tempfile
 import time
 
 # pylint: disable=wrong-import-position
-from ansible_collections.gpufleet.inference.plugins.module_utils.benchmark_run import execute, link_devices
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils.link_samples import LinkMonitor
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.inference_benchmark import execute, link_devices
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.link_samples import LinkMonitor
 from ansible_collections.gpufleet.inference.plugins.modules.inference_benchmark import ARGUMENT_SPEC
 from tests.unit.fakesysfs import eight_gpus
 from tests.unit.test_lab_inference_server import LabServer

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Measured tuning of vLLM flag stages against the LAB STAND-IN server on 127.0.0.1 (not vLLM).
 
-The same decisions as playbooks/tune_measured.yml (module_utils/tune_measured: baseline, each
+The same decisions as playbooks/tune_measured.yml (module_utils/tuning/tune_measured: baseline, each
 stage alone, gated against the state before it, keep or revert), with the playbook's two outside
 steps done here for real: "apply" restarts extras/lab_inference_server.py with the stage's flags
 (vllm_service_max_num_seqs -> --max-num-seqs; the stand-in batches up to that many sequences per
@@ -29,11 +29,11 @@ for _p in (os.path.join(REPO, ".collections"), REPO):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import bench_history as bh  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils import history_report as hr  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils import stage_table as st  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils import tune_measured as tm  # noqa: E402
-from ansible_collections.gpufleet.inference.plugins.module_utils.inference_client import (  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.tuning import stage_table as st  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.tuning import tune_measured as tm  # noqa: E402
+from tests.tools.inference_client import (  # noqa: E402
     BenchmarkConfig, benchmark, results_document, run)
 from tests.unit.test_lab_inference_server import LabServer  # noqa: E402
 

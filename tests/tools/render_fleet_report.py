@@ -11,7 +11,7 @@ import sys
 
 sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", ".collections")]
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.audit_report import (  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.audit_report import (  # noqa: E402
     render_html, render_markdown)
 
 

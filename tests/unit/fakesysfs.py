@@ -482,7 +482,7 @@ class SimKernel:
     def __init__(self, host: FakeHost, managed_irqs=(), hugepage_cap=None, online: str | None = None):
         import errno as _errno
         import re as _re
-        from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+        from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 
         self.host = host
         self.managed = set(managed_irqs)

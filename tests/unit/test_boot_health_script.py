@@ -97,7 +97,7 @@ def test_unreadable_uptime_fails_closed():
 
 
 def test_the_scripts_commit_timeout_range_is_the_flows():
-    from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import COMMIT_TIMEOUT_S
+    from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import COMMIT_TIMEOUT_S
     assert bh.COMMIT_TIMEOUT_S == COMMIT_TIMEOUT_S
 
 

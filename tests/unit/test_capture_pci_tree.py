@@ -13,7 +13,7 @@ import tarfile
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules.pcie_facts import gather
 from tests.unit.fakesysfs import capture_tool, eight_gpus, two_gpus_one_switch
 

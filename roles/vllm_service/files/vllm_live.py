@@ -21,7 +21,7 @@ import subprocess
 import sys
 
 SHOWN = ("NCCL_", "CUDA_", "HF_", "VLLM_", "TRANSFORMERS_")
-# The same names vllm_args refuses in the plain environment (module_utils/vllm_args.py SECRET_NAME).
+# The same names vllm_args refuses in the plain environment (module_utils/vllm/args.py SECRET_NAME).
 SECRET = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE_KEY|ACCESS_KEY|AUTH)", re.IGNORECASE)
 
 

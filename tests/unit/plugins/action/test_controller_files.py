@@ -17,7 +17,7 @@ from ansible.plugins.filter.core import to_nice_json
 
 from ansible_collections.gpufleet.inference.plugins.action.controller_files import write
 from ansible_collections.gpufleet.inference.plugins.filter.audit_report import FilterModule
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_audit
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import pcie_facts as pcie_audit
 
 FILES = FilterModule().filters()
 

@@ -18,7 +18,8 @@ import pytest
 from ansible.errors import AnsibleLookupError
 
 from ansible_collections.gpufleet.inference.plugins.lookup import reapply_script
-from ansible_collections.gpufleet.inference.plugins.module_utils import irq_reapply, pcie_boot_apply
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq import reapply as irq_reapply
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import reapply as pcie_boot_apply
 
 REPO = Path(__file__).resolve().parents[4]
 PLAYBOOK = """\

@@ -18,7 +18,7 @@ import os
 
 import yaml
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import step
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import step
 from tests.helpers import REPO
 
 TASKS = os.path.join(REPO, "roles", "kernel_upgrade", "tasks")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import audit_report as ar
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import audit_report as ar
 
 
 def _dev(cur_gts, cur_w, max_gts, max_w, name="GH100"):

@@ -18,9 +18,9 @@ import sqlite3
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import bench_history as bh
-from ansible_collections.gpufleet.inference.plugins.module_utils import bench_changepoint as cp
-from ansible_collections.gpufleet.inference.plugins.module_utils import history_report as hr
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import changepoint as cp
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr
 from ansible_collections.gpufleet.inference.plugins.modules import bench_history as bench_history_module
 from ansible_collections.gpufleet.inference.plugins.modules import inference_benchmark
 from tests.unit.plugins.modules.uthelper import run_module, target_side

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import bench_history as bh
-from ansible_collections.gpufleet.inference.plugins.module_utils import history_report as hr
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr
 from tests.unit.plugins.module_utils.test_bench_history import STEADY, doc
 
 GPU, PORT = "0000:01:00.0", "0000:00:01.0"

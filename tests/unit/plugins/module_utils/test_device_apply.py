@@ -6,7 +6,7 @@ that take a value, ignore it (read-only), take another one, refuse the write, or
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.device_apply import IGNORE, SKIP_GROUP, STOP, apply_steps
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.device_apply import IGNORE, SKIP_GROUP, STOP, apply_steps
 
 
 class Device:

@@ -15,8 +15,8 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.inference.plugins.filter.throughput_gate import latency_samples, throughput_gate
-from ansible_collections.gpufleet.inference.plugins.module_utils import throughput_gate as tg
-from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_flag_stages as vfs
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
+from tests.tools import vllm_flag_stages as vfs
 from tests.helpers import REPO
 
 QUIET_BASE = [1000.0, 1010.0, 995.0, 1005.0, 1002.0]

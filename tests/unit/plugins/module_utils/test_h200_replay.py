@@ -15,8 +15,8 @@ import sys
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import throughput_gate as tg
-from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_flag_stages as vfs
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
+from tests.tools import vllm_flag_stages as vfs
 from tests.helpers import REPO
 
 BASE = os.path.join(REPO, "docs", "examples", "h200-vllm")

@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import health_compare as hc
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import health as hc
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 from tests.unit.fakesysfs import FakeHost, load_capture, two_numa_nodes
 

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import host_lease as hl
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.lease import host_lease as hl
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 
 PAIRS = 200
 NOW = time.time()

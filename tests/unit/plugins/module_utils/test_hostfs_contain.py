@@ -12,8 +12,8 @@ import os
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import hostfs
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError, HostPathError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host import files as hostfs
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError, HostPathError
 from ansible_collections.gpufleet.inference.plugins.modules import nccl_env_files
 from tests.unit.plugins.module_utils.test_hostfs_finish import Module, end
 from tests.unit.plugins.modules.uthelper import run_module

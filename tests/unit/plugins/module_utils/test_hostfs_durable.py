@@ -12,9 +12,9 @@ import os
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import kernel_upgrade_journal as kj
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade_flow import JOURNAL_FORMAT, FlowError
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import journal as kj
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import JOURNAL_FORMAT, FlowError
 
 
 def test_write_durable_replaces_the_file_whole(tmp_path):

@@ -9,7 +9,8 @@ import errno
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFSError, finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
 
 
 class Ended(Exception):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 import stat
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import hostfs as hostfs_mod
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host import files as hostfs_mod
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 
 
 def spy_fsync(monkeypatch):

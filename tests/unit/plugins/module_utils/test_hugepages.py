@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import hugepages as hp
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.hugepages import hugepages as hp
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from tests.unit.fakesysfs import FakeHost, node_memory
 
 GIB_KB = 1048576

@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import inference_client as ic
+from tests.tools import inference_client as ic
 
 # ---- chunked transfer coding ---------------------------------------------------------------------
 CHUNKED = b"5\r\nhello\r\n7;name=value\r\n, world\r\n1\r\n!\r\n0\r\nX-Trailer: 1\r\n\r\n"

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import inference_client as ic
+from tests.tools import inference_client as ic
 from tests.unit.test_lab_inference_server import LabServer
 
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import inference_client as ic
+from tests.tools import inference_client as ic
 from tests.unit.plugins.module_utils.test_inference_client_http import (
     Scripted, chunked_stream, final_usage, json_response, run, tok,
 )

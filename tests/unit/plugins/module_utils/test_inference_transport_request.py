@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.inference_transport import request_text
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport import request_text
 
 
 class Handler(http.server.BaseHTTPRequestHandler):

@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import irq_affinity as ia
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq import affinity as ia
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker
 from tests.unit.fakesysfs import DEBIAN_IRQBALANCE, FakeHost, SimKernel, cpus_online, two_numa_nodes
 
 G0, G1 = "0000:17:00.0", "0000:97:00.0"  # node 0 (CPUs 0-7) and node 1 (CPUs 8-15), 4 vectors each

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import irq_affinity as ia
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq import affinity as ia
 from tests.unit.plugins.module_utils.test_irq_affinity import G0, G1, numa_host, settings, walker_for
 
 

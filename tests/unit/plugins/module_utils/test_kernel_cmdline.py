@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import kernel_cmdline as kc
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import cmdline as kc
 
 
 @pytest.mark.parametrize("arg", ["iommu=pt", "intel_iommu=on", "amd_iommu=on", "pcie_aspm=off", "pcie_aspm.policy=performance",

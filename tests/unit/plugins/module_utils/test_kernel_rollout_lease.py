@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import kernel_rollout_apply
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import kernel_rollout_step as kernel_rollout_apply
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from tests.unit.plugins.modules.test_host_modules import BUILDERS
 
 LEASE = "/var/lib/gpufleet/lease.json"

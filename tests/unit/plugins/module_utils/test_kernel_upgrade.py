@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import kernel_upgrade as ku
-from ansible_collections.gpufleet.inference.plugins.module_utils import kernel_upgrade_report as kr
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import upgrade as ku
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import report as kr
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "grub"
 OLD = "6.1.0-50-cloud-amd64"

@@ -1,16 +1,20 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The layering of plugins/module_utils (docs/development.md, "Layers of module_utils"), from the
-imports themselves (parsed with ast, nothing is imported):
+"""The folders of plugins/module_utils (docs/development.md, "Where the code is"), from the imports themselves
+(parsed with ast, nothing is imported):
 
-- every module_utils file has a layer, and imports module_utils of lower layers only (no cycles,
-  no reaching up);
-- no module_utils imports AnsibleModule or calls fail_json/exit_json, and no module calls them below main();
+- every file sits in a topic folder, one level down; shared packages start with ``_``;
+- two rules: a shared package imports shared packages only (``_pci`` may use ``_host``); a topic imports the shared
+  packages, its own files, and the topics on its line of ALLOWED; no file imports a package (only names from files),
+  and the files import each other without a cycle;
+- the name rule: the executor of module M is ``<topic>/M.py``, one file for each module;
+- no module_utils but ``_host/module.py`` (run_module) imports AnsibleModule, and none but ``_host/result.py``
+  (finish) calls fail_json/exit_json; no module calls them below main();
 - every module documents its ``actions`` as a list of dicts, each naming its verb in ``action``;
-- the layer table in docs/development.md is this one;
+- the folder map in docs/development.md names every folder;
 - the re-apply scripts (the PCIe boot unit's, the irq_affinity role's) carry exactly the import
-  closure of their entry module_utils, in dependency order, as reapply_bundle.import_closure()
+  closure of their entry module_utils, in dependency order, as bundle.import_closure()
   computes it from the imports (checked here against this file's own walk of the import graph), the
   sources byte for byte; no role or vars file keeps a list of module_utils by hand; each module that
   writes a script imports (so ships, in its module run) everything that script carries.
@@ -26,55 +30,58 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import irq_reapply, pcie_boot_apply, reapply_bundle
+from ansible_collections.gpufleet.inference.plugins.module_utils._host import bundle
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq import reapply as irq_reapply
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import reapply as pcie_reapply
 
 REPO = Path(__file__).resolve().parents[4]
 MODULE_UTILS = REPO / "plugins" / "module_utils"
 PREFIX = "ansible_collections.gpufleet.inference.plugins.module_utils"
-
-# Layer -> module_utils. A file imports module_utils of lower layers only.
-LAYERS = {
-    0: ["device_apply", "gate_stats", "hostfs", "hostcmd", "inference_transport", "reapply_bundle"],
-    1: ["audit_report", "bench_history", "grub", "host_lease", "host_lint", "inference_metrics", "link_samples", "managed_files", "nccl_env",
-        "output_equivalence", "output_prompts", "pci_config", "pcie_aspm", "pcie_boot", "pcie_p2p", "reboot_contract", "svg_chart",
-        "throughput_gate", "vllm_args", "vllm_preflight", "vllm_startlog"],
-    2: ["bench_changepoint", "health_compare", "inference_sweep", "kernel_cmdline", "kernel_upgrade", "kernel_upgrade_flow",
-        "nccl_env_files", "pci_topology", "pcie_state", "tune_measured", "vllm_flag_stages", "vllm_ready",
-        "vllm_service_files"],
-    3: ["history_report", "hugepages", "inference_client", "irq_affinity", "kernel_boot_entry", "kernel_upgrade_journal",
-        "kernel_upgrade_report", "load_monitor", "nvml", "output_equivalence_run", "pcie_acs", "pcie_findings", "pcie_payload", "pcie_users",
-        "stage_table", "vfio"],
-    4: ["bench_history_apply", "benchmark_run", "boot_health", "irq_pinning", "irq_reapply", "kernel_cmdline_apply", "kernel_rollout_apply",
-        "kernel_upgrade_preflight", "pcie_audit", "pcie_boot_apply", "vfio_bind"],
-    5: ["irq_boot", "pcie_acs_apply", "pcie_payload_apply"],
+SHARED = {"_host": set(), "_pci": {"_host"}}
+# The topics a topic may import besides the shared packages and itself.
+ALLOWED = {
+    "bench": {"pcie"},          # a benchmark samples the PCIe links under load
+    "kernel": {"bench", "lease"},  # the rollout judges with the gate and renews the host lease
+    "pcie": {"lint"},           # the audit runs the host lint
+    "tuning": {"bench"},        # measured stages are judged by the gate
+    "vllm": {"bench"},          # readiness speaks the benchmark's HTTP transport
+    "irq": {"vfio"},            # a device bound to vfio-pci keeps no IRQ pinning
 }
-LAYER = {name: layer for layer, names in LAYERS.items() for name in names}
+
+
+def name_of(path: Path) -> str:
+    """``topic.file`` of a module_utils file."""
+    return ".".join(path.relative_to(MODULE_UTILS).with_suffix("").parts)
 
 
 def imports_of(path: Path) -> tuple[set[str], set[str]]:
-    """(module_utils names, other ansible modules) that ``path`` imports, at any depth of the file."""
+    """(module_utils ``topic.file`` names, other ansible modules) that ``path`` imports, at any depth of the file."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     ours, ansible = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module:
-            if node.module == PREFIX:
-                ours.update(alias.name for alias in node.names)
+            if node.module == PREFIX or (node.module.startswith(PREFIX + ".") and node.module.count(".") == PREFIX.count(".") + 1):
+                ours.update(f"{node.module[len(PREFIX) + 1:]}.{alias.name}".lstrip(".") for alias in node.names)
             elif node.module.startswith(PREFIX + "."):
-                ours.add(node.module[len(PREFIX) + 1:].split(".")[0])
+                ours.add(node.module[len(PREFIX) + 1:])
             elif node.module.startswith("ansible."):
                 ansible.add(node.module)
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith(PREFIX + "."):
-                    ours.add(alias.name[len(PREFIX) + 1:].split(".")[0])
+                    ours.add(alias.name[len(PREFIX) + 1:])
                 elif alias.name.startswith("ansible."):
                     ansible.add(alias.name)
     return ours, ansible
 
 
+def files() -> list[Path]:
+    return sorted(p for p in MODULE_UTILS.rglob("*.py") if p.name != "__init__.py")
+
+
 @functools.lru_cache(maxsize=None)
 def graph() -> dict[str, set[str]]:
-    return {p.stem: imports_of(p)[0] for p in sorted(MODULE_UTILS.glob("*.py")) if p.stem != "__init__"}
+    return {name_of(p): imports_of(p)[0] for p in files()}
 
 
 def closure(names, edges: dict[str, set[str]]) -> set[str]:
@@ -87,34 +94,69 @@ def closure(names, edges: dict[str, set[str]]) -> set[str]:
     return out
 
 
-def test_every_module_utils_file_has_a_layer():
-    files = set(graph())
-    assert files - set(LAYER) == set(), "new module_utils: give them a layer here and in docs/development.md"
-    assert set(LAYER) - files == set(), "module_utils listed here that no longer exist"
+def modules() -> list[str]:
+    """The modules with a main(): controller_files is an action plugin, its module file documents it only."""
+    return sorted(p.stem for p in (REPO / "plugins" / "modules").glob("*.py") if "\ndef main(" in p.read_text(encoding="utf-8"))
 
 
-def test_module_utils_import_only_lower_layers():
+def test_every_file_sits_in_a_topic_folder():
+    loose = sorted(p.name for p in MODULE_UTILS.glob("*.py") if p.name != "__init__.py")
+    assert loose == [], "module_utils files go in a topic folder (docs/development.md, 'Where the code is')"
+    deep = sorted(str(p.relative_to(MODULE_UTILS)) for p in files() if len(p.relative_to(MODULE_UTILS).parts) != 2)
+    assert deep == []
+    for folder in sorted(p for p in MODULE_UTILS.iterdir() if p.is_dir() and p.name != "__pycache__"):
+        marker = folder / "__init__.py"
+        assert marker.is_file() and marker.read_text(encoding="utf-8") == "", f"{folder.name}/__init__.py: empty package marker"
+
+
+def test_two_rules_of_imports():
     wrong = []
     for name, deps in graph().items():
+        topic = name.split(".")[0]
         for dep in sorted(deps):
-            if dep not in LAYER:
+            dep_topic = dep.split(".")[0]
+            if dep not in graph():
                 wrong.append(f"{name} imports {dep}, which is not a module_utils file")
-            elif LAYER[dep] >= LAYER[name]:
-                wrong.append(f"{name} (layer {LAYER[name]}) imports {dep} (layer {LAYER[dep]})")
+            elif topic in SHARED and dep_topic != topic and dep_topic not in SHARED[topic]:
+                wrong.append(f"{name}: the shared package {topic} imports {dep}")
+            elif topic not in SHARED and dep_topic != topic and dep_topic not in SHARED and dep_topic not in ALLOWED.get(topic, ()):
+                wrong.append(f"{name} imports {dep}: add {dep_topic} to {topic}'s line of ALLOWED, with why, or move the code")
+    assert wrong == []
+
+
+def test_no_import_cycle():
+    state: dict[str, str] = {}
+
+    def visit(name, chain):
+        if state.get(name) == "done":
+            return
+        assert state.get(name) != "open", " -> ".join(chain + [name])
+        state[name] = "open"
+        for dep in sorted(graph().get(name, ())):
+            visit(dep, chain + [name])
+        state[name] = "done"
+    for name in graph():
+        visit(name, [])
+
+
+def test_the_executor_of_module_m_is_topic_slash_m():
+    where = {p.stem: [] for p in files()}
+    for p in files():
+        where[p.stem].append(name_of(p))
+    wrong = [f"{m}: {where.get(m) or 'no <topic>/' + m + '.py'}" for m in modules() if len(where.get(m, [])) != 1]
     assert wrong == []
 
 
 def test_module_utils_never_use_ansible_module():
     wrong = []
-    for path in sorted(MODULE_UTILS.glob("*.py")):
+    for path in files():
         _ours, ansible = imports_of(path)
-        if "ansible.module_utils.basic" in ansible:
-            wrong.append(f"{path.name} imports ansible.module_utils.basic")
+        if "ansible.module_utils.basic" in ansible and name_of(path) != "_host.module":
+            wrong.append(f"{name_of(path)} imports ansible.module_utils.basic (only _host/module.py's run_module may)")
         text = path.read_text(encoding="utf-8")
         code = re.sub(r'(?s)""".*?"""', "", text)  # docstrings may name them
-        if path.name != "hostfs.py" and re.search(r"\.(fail_json|exit_json)\(", code):
-            wrong.append(f"{path.name} calls fail_json/exit_json (only a module's main() may)")
-    # hostfs.finish() is the one shared end of a module run: it is what main() calls.
+        if name_of(path) != "_host.result" and re.search(r"\.(fail_json|exit_json)\(", code):
+            wrong.append(f"{name_of(path)} calls fail_json/exit_json (only _host/result.py's finish() may)")
     assert wrong == []
 
 
@@ -157,18 +199,18 @@ def test_every_module_documents_its_actions_as_dicts_of_one_schema():
     assert wrong == []
 
 
-def test_the_layer_table_in_the_development_guide_is_this_one():
+def test_the_folder_map_in_the_development_guide_names_every_folder():
     text = (REPO / "docs" / "development.md").read_text(encoding="utf-8")
-    section = text.split("## Layers of module_utils", 1)[1].split("\n## ", 1)[0]
-    rows = dict(re.findall(r"^\| (\d) \| [^|]+ \| ([^|]+) \|$", section, re.M))
-    assert {int(k): sorted(v.replace("`", "").replace(" ", "").split(",")) for k, v in rows.items()} == \
-        {k: sorted(v) for k, v in LAYERS.items()}
+    section = text.split("## Where the code is", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^- `([\w]+)/`", section, re.M))
+    folders = {p.name for p in MODULE_UTILS.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert listed == folders
 
 
 # The re-apply scripts: entry module_utils -> (its script, the modules that write it or the role that copies it).
 SCRIPTS = {
-    "pcie_boot_apply": (pcie_boot_apply.render_script, ["pcie_payload", "pcie_acs"]),
-    "irq_reapply": (irq_reapply.render_script, ["irq_affinity"]),
+    "pcie.reapply": (pcie_reapply.render_script, ["pcie_payload", "pcie_acs"]),
+    "irq.reapply": (irq_reapply.render_script, ["irq_affinity"]),
 }
 
 
@@ -183,29 +225,32 @@ def dependency_ordered(names: list[str]) -> list[str]:
 
 
 def test_the_closure_is_computed_from_the_imports():
-    sources = {name: (MODULE_UTILS / f"{name}.py").read_text(encoding="utf-8") for name in graph()}
+    sources = {name: (MODULE_UTILS / (name.replace(".", "/") + ".py")).read_text(encoding="utf-8") for name in graph()}
     for entry in SCRIPTS:
-        computed = reapply_bundle.import_closure(sources, [entry])
+        computed = bundle.import_closure(sources, [entry])
         assert sorted(computed) == sorted(closure([entry], graph())), entry
         assert dependency_ordered(computed) == [], entry
-        assert reapply_bundle.loaded_sources([entry]) == {name: sources[name] for name in computed}
+        assert bundle.loaded_sources([entry]) == {name: sources[name] for name in computed}
     # a closure can only be computed, never assumed: a missing file and a cycle are errors that say so
-    with pytest.raises(reapply_bundle.BundleError, match="irq_affinity imports module_utils pci_topology, whose source is not given"):
-        reapply_bundle.import_closure({k: v for k, v in sources.items() if k != "pci_topology"}, ["irq_reapply"])
-    cycle = {"a": f"from {PREFIX} import b\n", "b": f"from {PREFIX}.a import x\n"}
-    with pytest.raises(reapply_bundle.BundleError, match="a -> b -> a"):
-        reapply_bundle.import_closure(cycle, ["a"])
+    with pytest.raises(bundle.BundleError, match="imports module_utils _pci.topology, whose source is not given"):
+        bundle.import_closure({k: v for k, v in sources.items() if k != "_pci.topology"}, ["irq.reapply"])
+    cycle = {"t.a": f"from {PREFIX}.t.b import y\n", "t.b": f"from {PREFIX}.t.a import x\n"}
+    with pytest.raises(bundle.BundleError, match="t.a -> t.b -> t.a"):
+        bundle.import_closure(cycle, ["t.a"])
+    assert bundle.import_closure({"t.a": f"from {PREFIX}.t import b as bee\n", "t.b": ""}, ["t.a"]) == ["t.b", "t.a"]
+    with pytest.raises(bundle.BundleError, match="imports a topic package, not a file"):
+        bundle.import_closure({"t.a": f"from {PREFIX} import t\n"}, ["t.a"])
 
 
 @pytest.mark.parametrize("entry", sorted(SCRIPTS))
 def test_each_script_carries_exactly_the_closure_of_its_entry(entry):
     render, _writers = SCRIPTS[entry]
-    carried = reapply_bundle.bundled_sources(render("/usr/bin/python3"))
+    carried = bundle.bundled_sources(render("/usr/bin/python3"))
     assert sorted(carried) == sorted(closure([entry], graph()))
     assert dependency_ordered(list(carried)) == []
     for name, source in carried.items():  # the collection's own files, byte for byte: one capability walk, one apply loop
-        assert source == (MODULE_UTILS / f"{name}.py").read_text(encoding="utf-8"), name
-    assert {"pci_config", "device_apply", "hostfs"} <= set(carried)
+        assert source == (MODULE_UTILS / (name.replace(".", "/") + ".py")).read_text(encoding="utf-8"), name
+    assert {"_pci.config", "_host.device_apply", "_host.files"} <= set(carried)
 
 
 @pytest.mark.parametrize("entry", sorted(SCRIPTS))
@@ -220,7 +265,7 @@ def test_the_modules_that_write_a_script_ship_what_it_carries(entry):
 
 def test_no_list_of_module_utils_is_kept_by_hand():
     """The roles ship module_utils through the reapply_script lookup only: no vars file or task names a module_utils file."""
-    names = set(graph())
+    names = {name.split(".")[-1] for name in graph()}
     wrong = []
     for path in sorted((REPO / "roles").glob("*/**/*.yml")):
         text = path.read_text(encoding="utf-8")

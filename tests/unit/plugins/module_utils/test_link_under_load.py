@@ -11,9 +11,10 @@ import json
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import link_samples, pcie_audit
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_findings import classify_link_samples, judge_under_load
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import link_samples
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import pcie_facts as pcie_audit
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.findings import classify_link_samples, judge_under_load
 from tests.unit.fakesysfs import degraded_link
 
 GEN5_X16 = {"speed_gts": 32.0, "width": 16}

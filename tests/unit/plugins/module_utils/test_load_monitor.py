@@ -12,8 +12,8 @@ import threading
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import inference_client as ic
-from ansible_collections.gpufleet.inference.plugins.module_utils import load_monitor as lm
+from tests.tools import inference_client as ic
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import load_monitor as lm
 from tests.unit.test_lab_inference_server import LabServer
 
 # As vLLM 0.x prints them (two engines, one model), with a histogram line that must not count.

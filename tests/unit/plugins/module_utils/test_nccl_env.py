@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import nccl_env as ne
+from ansible_collections.gpufleet.inference.plugins.module_utils.nccl import env as ne
 
 
 # ---- validation ----------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import nvml
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import nvml
 
 from tests.unit.fakenvml import FakeNVML
 

@@ -9,8 +9,8 @@ from collections import Counter
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import output_equivalence as oe
-from ansible_collections.gpufleet.inference.plugins.module_utils import output_prompts as op
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import equivalence as oe
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import prompts as op
 
 
 def ref(token_ids, logprobs, pid="p"):

@@ -9,7 +9,7 @@ import struct
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pci_config as pc
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci import config as pc
 from tests.unit.fakesysfs import FIXTURES, capture_tool, config_space
 
 DEV_VM = "dev-vm-firecracker"

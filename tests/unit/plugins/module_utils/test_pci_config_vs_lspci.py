@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import decode_config
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.config import decode_config
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 from tests.unit.lspci import assert_config_matches_lspci, parse_lspci_vv
 from tests.unit.fakesysfs import FIXTURES, config_space, load_capture

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pci_topology as pt
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci import topology as pt
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from tests.unit.fakesysfs import FakeHost, load_capture, two_gpus_one_switch, two_numa_nodes
 
 DEV_VM = "dev-vm-firecracker"

@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_acs as pa
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import build_model
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import acs as pa
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import build_model
 from tests.unit.fakesysfs import ACS_REDIRECT_ON, FakeHost, eight_gpus, two_gpus_one_switch, two_numa_nodes
 from tests.unit.plugins.modules.uthelper import needs_tools
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_findings as pf
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import build_model
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import findings as pf
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import build_model
 from tests.unit.fakesysfs import FakeHost, degraded_link, load_capture, two_gpus_one_switch, two_numa_nodes
 
 SWITCH_GPUS = ["0000:03:00.0", "0000:04:00.0"]

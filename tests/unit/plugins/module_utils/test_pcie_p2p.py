@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_p2p
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import TopologyError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import p2p as pcie_p2p
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import TopologyError
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 from tests.unit.fakenvml import FakeNVML
 from tests.unit.fakesysfs import FIXTURES, FakeHost, eight_gpus, load_capture, two_gpus_one_switch, two_numa_nodes

@@ -13,9 +13,9 @@ import subprocess
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_payload as pp
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot_apply import render_script
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import payload as pp
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.reapply import render_script
 from tests.unit.fakesysfs import load_capture, payload_switch, two_gpus_one_switch, two_numa_nodes
 from tests.unit.plugins.modules.uthelper import needs_tools
 
@@ -379,7 +379,7 @@ def test_record_json_is_stable(switch):
 
 
 def test_payload_mismatches_against_pcie_facts(switch):
-    from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import build_model
+    from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import build_model
     model = pp.gather(switch)
     plan = pp.plan_present(model, "max_safe", 4096)
     facts = build_model(switch, list(plan["devices"]), with_names=False)

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import irq_reapply, pcie_boot_apply
-from ansible_collections.gpufleet.inference.plugins.module_utils import reapply_bundle as rb
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_config import decode_config
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq import reapply as irq_reapply
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import reapply as pcie_boot_apply
+from ansible_collections.gpufleet.inference.plugins.module_utils._host import bundle as rb
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.config import decode_config
 from tests.unit.fakesysfs import FIXTURES, load_capture, payload_switch, two_gpus_one_switch, two_numa_nodes
 
 REPO = Path(__file__).resolve().parents[4]
@@ -60,7 +61,7 @@ def test_a_source_is_carried_byte_for_byte(text):
 
 
 def test_every_module_utils_file_survives_the_trip():
-    for path in sorted(MODULE_UTILS.glob("*.py")):
+    for path in sorted(MODULE_UTILS.rglob("*.py")):
         text = path.read_text(encoding="utf-8")
         assert ast.literal_eval(rb._literal(path.stem, text)) == text, path.name  # pylint: disable=protected-access
 
@@ -74,15 +75,15 @@ def test_what_a_host_cannot_run_is_refused():
         render("/usr/bin/python3", {"entry": "x = 1\r\n"})
     with pytest.raises(rb.BundleError, match="module_utils entry does not parse"):
         render("/usr/bin/python3", {"entry": "def (\n"})
-    with pytest.raises(rb.BundleError, match=f"cannot read the source of {PREFIX}.no_such_file"):
-        rb.loaded_sources(["no_such_file"])
+    with pytest.raises(rb.BundleError, match=f"cannot read the source of {PREFIX}.pcie.no_such_file"):
+        rb.loaded_sources(["pcie.no_such_file"])
 
 
 # ---- the script, run alone ---------------------------------------------------------------------------------------
 def test_the_script_serves_its_module_utils_and_shows_their_lines_in_tracebacks(tmp_path):
     sources = {
-        "base": "import sys\n\nVALUE = 41\n\n\ndef fail():\n    raise RuntimeError('from the bundled base')\n",
-        "entry": (f"import json\nfrom {PREFIX} import base\nfrom {PREFIX}.base import VALUE\n\n\n"
+        "t.base": "import sys\n\nVALUE = 41\n\n\ndef fail():\n    raise RuntimeError('from the bundled base')\n",
+        "t.entry": (f"import json\nfrom {PREFIX}.t import base\nfrom {PREFIX}.t.base import VALUE\n\n\n"
                   "def main(argv):\n"
                   "    if argv == ['fail']:\n        base.fail()\n"
                   "    print(json.dumps({'name': __name__, 'file': __file__, 'value': VALUE + 1, 'argv': argv}))\n"
@@ -90,20 +91,20 @@ def test_the_script_serves_its_module_utils_and_shows_their_lines_in_tracebacks(
     }
     script = tmp_path / "bin" / "tool"
     script.parent.mkdir()
-    script.write_text(render(sys.executable, sources))
-    assert rb.bundled_sources(script.read_text()) == {"base": sources["base"], "entry": sources["entry"]}
+    script.write_text(render(sys.executable, sources, "t.entry"))
+    assert rb.bundled_sources(script.read_text()) == {"t.base": sources["t.base"], "t.entry": sources["t.entry"]}
     proc = run_alone(script, "--x", "y")
     assert proc.returncode == 3, proc.stderr
-    assert json.loads(proc.stdout) == {"name": f"{PREFIX}.entry", "file": f"{script}/entry.py", "value": 42, "argv": ["--x", "y"]}
+    assert json.loads(proc.stdout) == {"name": f"{PREFIX}.t.entry", "file": f"{script}/t/entry.py", "value": 42, "argv": ["--x", "y"]}
     proc = run_alone(script, "fail")
-    assert proc.returncode == 1 and f'File "{script}/base.py", line 7, in fail' in proc.stderr
+    assert proc.returncode == 1 and f'File "{script}/t/base.py", line 7, in fail' in proc.stderr
     assert "raise RuntimeError('from the bundled base')" in proc.stderr
 
 
 def test_a_script_missing_a_module_utils_says_so_and_how_to_fix_it(tmp_path):
     script = tmp_path / "tool"
-    text = render(sys.executable, {"entry": f"from {PREFIX} import gone\n", "gone": "X = 1\n"})
-    script.write_text(text.replace("SOURCES['gone'] = ", "NOT_SHIPPED = "))
+    text = render(sys.executable, {"t.entry": f"from {PREFIX}.t import gone\n", "t.gone": "X = 1\n"}, "t.entry")
+    script.write_text(text.replace("SOURCES['t.gone'] = ", "NOT_SHIPPED = "))
     proc = run_alone(script)
     assert proc.returncode == 2
     assert proc.stderr.startswith(f"tool: cannot import the collection's module_utils from {script}: ")
@@ -125,9 +126,9 @@ READ_OFFSETS = f"""
 import json, runpy, sys
 bundle = runpy.run_path(sys.argv[1], run_name="bundle")
 sys.meta_path.insert(0, bundle["BundleImporter"](sys.argv[1]))
-from {PREFIX}.hostfs import HostFS
-from {PREFIX}.pcie_acs import read_acs
-from {PREFIX}.pcie_payload import read_payload
+from {PREFIX}._host.files import HostFS
+from {PREFIX}.pcie.acs import read_acs
+from {PREFIX}.pcie.payload import read_payload
 out = {{}}
 for config in sys.argv[2:]:
     dev = config.rsplit("/", 2)[-2]
@@ -203,8 +204,8 @@ class _Module:
 
 def test_the_boot_script_names_the_interpreter_that_runs_the_module(tmp_path, monkeypatch):
     """/usr/bin/python3 only when it is that interpreter: on EL 8 it may be a 3.6 beside the 3.11 Ansible runs."""
-    from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-    from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_state import PcieState
+    from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+    from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.state import PcieState
     real = PcieState(_Module(), HostFS("/"), "/usr/bin/setpci", "originals.json", pcie_boot_apply.render_script)
     other = tmp_path / "python3.11"
     other.symlink_to(sys.executable)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.reboot_contract import reboot_plan, truthy
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.reboot_contract import reboot_plan, truthy
 
 REPO = Path(__file__).resolve().parents[4]
 

@@ -14,7 +14,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.inference.plugins.filter.stage_table import stage_table_html, stage_table_markdown
-from ansible_collections.gpufleet.inference.plugins.module_utils import stage_table as st
+from ansible_collections.gpufleet.inference.plugins.module_utils.tuning import stage_table as st
 from tests.helpers import REPO
 from tests.unit.browser import inspect_charts
 

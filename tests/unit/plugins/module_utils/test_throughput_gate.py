@@ -17,7 +17,7 @@ from statistics import NormalDist
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import throughput_gate as tg
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
 
 
 def brute_force_p(x, y) -> float:

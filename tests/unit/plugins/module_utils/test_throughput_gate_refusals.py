@@ -10,7 +10,7 @@ import copy
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import throughput_gate as tg
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
 
 BASE = [1012.5, 1003.1, 998.7, 1020.0, 1009.9]
 SAME = [1005.0, 1011.2, 1000.4, 1016.8, 1008.0]
@@ -146,7 +146,7 @@ def test_good_settings_pass_the_check():
 
 # ---- the vLLM flag stages' table (its own path to the gate) ----------------------------------------
 def _records(candidate_runs, baseline_runs=None, **gate):
-    from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_flag_stages as vfs
+    from tests.tools import vllm_flag_stages as vfs
 
     runs = [{"output_throughput": v} for v in BASE]
     cand = [{"output_throughput": v} for v in candidate_runs]

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import vfio
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker
+from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import binding as vfio
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker
 from tests.unit.fakesysfs import (
     FakeHost, driver_module, gpu_with_audio, group_of, hold, mount, net_interface, nvidia_proc, nvme_disk, two_gpus_one_switch,
 )

@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_args as va
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm import args as va
 
 PY = "/opt/gpufleet/vllm/current/bin/python"
 BASE = [PY, "-m", "vllm.entrypoints.openai.api_server"]

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_startlog as vs
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm import startlog as vs
 from tests.helpers import REPO
 
 H200 = os.path.join(REPO, "docs", "examples", "h200-vllm")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hugepages import HugepagesError
+from ansible_collections.gpufleet.inference.plugins.module_utils.hugepages.hugepages import HugepagesError
 from ansible_collections.gpufleet.inference.plugins.modules import hugepages
 from tests.unit.fakesysfs import SimKernel, node_memory
 from tests.unit.plugins.module_utils.test_hugepages import G1, GIB_KB, M2, two_node_host

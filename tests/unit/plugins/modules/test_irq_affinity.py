@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import irq_affinity as ia
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils.irq_reapply import render_script
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq import affinity as ia
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq.reapply import render_script
 from ansible_collections.gpufleet.inference.plugins.modules import irq_affinity
 from tests.unit.fakesysfs import DEBIAN_IRQBALANCE, SimKernel, irqbalance_installed
 from tests.unit.plugins.module_utils.test_irq_affinity import G0, G1, numa_host
@@ -241,11 +241,11 @@ def test_script_without_configuration_or_with_unknown_device_is_quiet(tmp_path, 
 
 
 def test_script_reports_a_missing_library(tmp_path, script):
-    """A script whose copy of the module_utils is incomplete (pci_topology cut out of it) says so, and how to fix it."""
+    """A script whose copy of the module_utils is incomplete (_pci/topology.py cut out of it) says so, and how to fix it."""
     host = numa_host(tmp_path)
     text = script.read_text()
-    cut = re.sub(r"\nSOURCES\['pci_topology'\] = '''.*?(?<!\\)'''\n", "\n", text, count=1, flags=re.S)
-    assert cut != text and "SOURCES['pci_topology']" not in cut and "SOURCES['irq_affinity']" in cut
+    cut = re.sub(r"\nSOURCES\['_pci.topology'\] = '''.*?(?<!\\)'''\n", "\n", text, count=1, flags=re.S)
+    assert cut != text and "SOURCES['_pci.topology']" not in cut and "SOURCES['irq.affinity']" in cut
     script.write_text(cut)
     proc = subprocess.run([sys.executable, "-I", str(script), "--root", str(host.root)], capture_output=True, text=True,
                           check=False, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, cwd=str(tmp_path))

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""irq_affinity with install_reapply (module_utils/irq_boot.py): the pinning and, in the same run, the re-apply
+"""irq_affinity with install_reapply (module_utils/irq/irq_affinity.py): the pinning and, in the same run, the re-apply
 script, units, udev rule and timer that the irq_affinity role once installed with 10 to 14 tasks. main() runs as
 Ansible runs it, on fake trees, with the real systemctl enabling and disabling units offline (--root); the script it
 installs then runs as a real process, isolated from the checkout."""
@@ -15,9 +15,9 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import irq_affinity as ia
-from ansible_collections.gpufleet.inference.plugins.module_utils import irq_boot
-from ansible_collections.gpufleet.inference.plugins.module_utils.irq_reapply import render_script
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq import affinity as ia
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq import irq_affinity as irq_boot
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq.reapply import render_script
 from ansible_collections.gpufleet.inference.plugins.modules import irq_affinity
 from tests.unit.fakesysfs import irqbalance_installed
 from tests.unit.plugins.module_utils.test_irq_affinity import G0, G1, numa_host
@@ -129,7 +129,7 @@ def test_unpinning_everything_removes_the_rule_and_leaves_the_inert_unit(tmp_pat
 @needs_systemctl
 def test_the_module_utils_copy_of_earlier_versions_is_removed(tmp_path, capsys):
     host = numa_host(tmp_path)
-    old = "/usr/local/lib/gpufleet/python/ansible_collections/gpufleet/inference/plugins/module_utils/irq_affinity.py"
+    old = "/usr/local/lib/gpufleet/python/ansible_collections/gpufleet/inference/plugins/module_utils/irq/affinity.py"
     host.write(old, "# an earlier version's copy\n")
     result = run_module(irq_affinity, args(host, legacy_libdir="/usr/local/lib/gpufleet/python"), capsys)
     assert ("remove_tree", "/usr/local/lib/gpufleet/python/ansible_collections") in [

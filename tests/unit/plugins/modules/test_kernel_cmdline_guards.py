@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import kernel_cmdline as kc
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import cmdline as kc
 from ansible_collections.gpufleet.inference.plugins.modules import kernel_cmdline
 from tests.unit.plugins.modules.test_kernel_cmdline import FakeUpdateGrub, debian_tree, grub_mkconfig_variables, reboot, run
 from tests.unit.plugins.modules.uthelper import target_side

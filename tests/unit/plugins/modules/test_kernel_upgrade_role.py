@@ -11,7 +11,7 @@ import re
 
 import yaml
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel_upgrade import SAVED_DROPIN
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import SAVED_DROPIN
 from tests.helpers import REPO
 
 ROLE = os.path.join(REPO, "roles", "kernel_upgrade")

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """nccl_env_files: the nccl_env role's one module run on fake trees: the directory and both files
 written (content, mode, owner), nothing done the second time, check mode and diff, the read-back's
-checks and their failure message, the per-user override's warning; module_utils/managed_files too."""
+checks and their failure message, the per-user override's warning; module_utils/_host/managed_files too."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import stat
 import pytest
 
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
-from ansible_collections.gpufleet.inference.plugins.module_utils import managed_files as mf
-from ansible_collections.gpufleet.inference.plugins.module_utils import nccl_env_files as nf
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files as mf
+from ansible_collections.gpufleet.inference.plugins.module_utils.nccl import nccl_env_files as nf
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.modules import nccl_env_files
 from tests.unit.plugins.modules.uthelper import run_module
 

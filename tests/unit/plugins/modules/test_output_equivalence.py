@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.output_equivalence import wilson
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.equivalence import wilson
 from ansible_collections.gpufleet.inference.plugins.modules import output_equivalence
 from tests.unit.plugins.modules.uthelper import patch_module_args, run_module
 from tests.unit.test_lab_inference_server import LabServer

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_boot
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import boot as pcie_boot
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_acs, pcie_payload
 from tests.unit.fakesysfs import hold, nvidia_proc, payload_switch, two_gpus_one_switch
 from tests.unit.plugins.module_utils.test_pcie_acs import two_root_ports

@@ -10,8 +10,8 @@ import errno
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_aspm as pa
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import pcie_aspm as pa
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_aspm
 from tests.unit.fakesysfs import FakeHost
 from tests.unit.plugins.modules.uthelper import run_module, target_side

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 from tests.unit.fakesysfs import eight_gpus, load_capture, two_gpus_one_switch
 from tests.unit.plugins.module_utils.test_nvml import FakeNVML, gpu

@@ -14,7 +14,7 @@ import stat
 import pytest
 from ansible.plugins.filter.core import to_nice_json
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_audit
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import pcie_facts as pcie_audit
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 from tests.unit.fakesysfs import eight_gpus, two_gpus_one_switch
 from tests.unit.plugins.modules.uthelper import run_module

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 
 from tests.unit.lspci import assert_config_matches_lspci, parse_lspci_vv

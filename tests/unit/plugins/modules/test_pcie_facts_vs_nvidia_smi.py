@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 
 from tests.unit.fakenvml import FakeNVML

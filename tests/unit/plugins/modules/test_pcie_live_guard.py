@@ -12,9 +12,9 @@ import subprocess
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_users
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils.pci_topology import PciWalker
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci import users as pcie_users
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker
 from tests.unit.fakesysfs import hold, nvidia_proc, payload_switch
 from tests.unit.plugins.modules.test_pcie_payload import restore, run_module, snapshot, unit_command
 from tests.unit.plugins.modules.uthelper import needs_tools, target_side

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 from ansible.module_utils.testing import patch_module_args
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import pcie_payload as pp
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie_boot_apply import render_script
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import payload as pp
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.reapply import render_script
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_payload
 from tests.unit.fakesysfs import load_capture, payload_switch, two_gpus_one_switch, two_numa_nodes
 from tests.unit.plugins.modules.uthelper import UTHelper, missing_tool, needs_tools, target_side

@@ -13,7 +13,7 @@ import os
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import tune_measured as tm
+from ansible_collections.gpufleet.inference.plugins.module_utils.tuning import tune_measured as tm
 from ansible_collections.gpufleet.inference.plugins.modules import tune_measured
 from tests.unit.plugins.modules.uthelper import assert_subset, run_module
 

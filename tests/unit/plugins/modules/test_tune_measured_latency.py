@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import stage_table
+from ansible_collections.gpufleet.inference.plugins.module_utils.tuning import stage_table
 from ansible_collections.gpufleet.inference.plugins.modules import tune_measured
 from tests.unit.plugins.modules.uthelper import run_module
 

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import vfio
-from ansible_collections.gpufleet.inference.plugins.module_utils import vfio_bind as vfio_bind_utils
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import binding as vfio
+from ansible_collections.gpufleet.inference.plugins.module_utils.vfio import vfio_bind as vfio_bind_utils
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import vfio_bind
 from tests.unit.fakesysfs import (
     FakeHost, SimKernel, driver_module, group_of, hold, mount, net_interface, nvidia_proc, nvme_disk, two_gpus_one_switch,

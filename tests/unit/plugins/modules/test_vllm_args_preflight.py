@@ -13,7 +13,7 @@ import socket
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import vllm_preflight as vp
 from tests.unit.plugins.modules.uthelper import UTHelper, run_module
 

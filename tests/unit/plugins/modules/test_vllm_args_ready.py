@@ -15,7 +15,7 @@ import threading
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_ready as vr
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm import vllm_ready as vr
 from ansible_collections.gpufleet.inference.plugins.modules import vllm_ready
 from tests.unit.plugins.modules.uthelper import run_module
 

@@ -15,8 +15,9 @@ import stat
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils import vllm_service_files as vsf
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import Failed, HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm import vllm_service_files as vsf
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.modules import vllm_service_files
 from tests.unit.plugins.modules.test_vllm_unit_security import render
 from tests.unit.plugins.modules.uthelper import run_module

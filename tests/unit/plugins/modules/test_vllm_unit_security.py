@@ -18,8 +18,8 @@ import yaml
 from ansible.plugins.filter.core import FilterModule as CoreFilters
 
 from ansible_collections.gpufleet.inference.plugins.filter.vllm_args import FilterModule as VllmFilters
-from ansible_collections.gpufleet.inference.plugins.module_utils.hostfs import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils.vllm_service_files import nccl_state, stamp_unit
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.vllm_service_files import nccl_state, stamp_unit
 from tests.helpers import REPO
 
 ANALYZE = shutil.which("systemd-analyze")

@@ -1,0 +1,119 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What gpufleet.inference.bench_history executes: store result documents in the history
+(bench_history.py), or read the series and render the report (history_report.py) and write its files
+through HostFS. Failures are raised as hostfs.Failed with the result so far, never fail_json-ed here.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
+
+
+def _store_action(p: dict, doc: dict, run_id: int | None = None) -> dict[str, Any]:
+    action = {"action": "store", "path": p["path"], "host": p["host"] or doc.get("host"), "source": p["source"],
+              "finished_at": doc.get("finished_at")}
+    if run_id is not None:
+        action["run_id"] = run_id
+    return action
+
+
+def append(p: dict, check_mode: bool, warn: Callable[[str], None], result: dict) -> None:
+    """Check the documents (skipping the invalid ones with a warning where ``skip_invalid`` allows it) and store
+    them; the actions, ``run_ids``, ``added`` and ``schema_version`` go into ``result``."""
+    docs = [(f"document {i}", d) for i, d in enumerate(p["documents"])]
+    docs += bh.load_documents(p["results"])
+    checked = []
+    for where, doc in docs:
+        try:
+            bh.check_document(doc, where)
+        except bh.HistoryError as err:
+            if not (p["skip_invalid"] and where in p["results"]):
+                raise
+            warn(f"Not stored: {err}")
+            continue
+        checked.append((where, doc))
+    docs = checked
+    if check_mode:
+        result["actions"] = [_store_action(p, doc) for _w, doc in docs]
+        result["schema_version"] = bh.SCHEMA_VERSION
+        return
+    conn = bh.connect(p["path"])
+    try:
+        for where, doc in docs:
+            run_id, added = bh.append(conn, doc, host=p["host"], source=p["source"], gpu_driver=p["gpu_driver"],
+                                      vllm_version=p["vllm_version"], profile=p["profile"], stage=p["stage"],
+                                      where=where)
+            result["run_ids"].append(run_id)
+            if added:
+                result["added"].append(run_id)
+                result["actions"].append(_store_action(p, doc, run_id))
+        result["schema_version"] = bh.schema_version(conn)
+    finally:
+        conn.close()
+
+
+def series(p: dict) -> tuple[list[dict[str, Any]], int]:
+    """Every series of the hosts asked for (all hosts when none), and the file's schema version."""
+    conn = bh.connect(p["path"], create=False)
+    try:
+        out = []
+        for host in (p["hosts"] or bh.hosts(conn)):
+            out += bh.series(conn, host=host)
+        return out, bh.schema_version(conn)
+    finally:
+        conn.close()
+
+
+def report(p: dict, fs: HostFS, check_mode: bool, result: dict) -> None:
+    """The drops (and for ``query`` the series); for ``report`` the Markdown and HTML files, each written only
+    when its text changed."""
+    found, version = series(p)
+    model = hr.build(found, threshold=p["threshold"], alpha=p["alpha"], min_runs=p["min_runs"], cp_alpha=p["cp_alpha"])
+    result.update(schema_version=version, drops=model["drops"], link_findings=model["links"])
+    if p["state"] == "query":
+        result["series"] = found
+        return
+    files = {"history.md": hr.render_markdown(model, p["title"]), "history.html": hr.render_html(model, p["title"])}
+    result["files"] = []
+    for name, text in files.items():
+        path = os.path.join(os.path.abspath(p["dest"]), name)
+        current = fs.read_optional(path) if os.path.exists(path) else None
+        if current is not None and current == text.rstrip("\n"):
+            continue
+        result["actions"].append({"action": "write", "path": path})
+        result["files"].append(path)
+        if not check_mode:
+            fs.write_atomic(path, text, mode=0o644)
+
+
+def execute(p: dict, fs: HostFS, check_mode: bool, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """One run of the module: ``append``, ``report`` or ``query``. Raises Failed (with the result so far) when a
+    document or the history is bad, or the report cannot be written."""
+    warn = warn or (lambda msg: None)
+    result: dict[str, Any] = {"changed": False, "actions": []}
+    try:
+        if p["state"] == "append":
+            result.update(added=[], run_ids=[])
+            append(p, check_mode, warn, result)
+        elif p["state"] == "report" and check_mode and not os.path.exists(p["path"]):
+            result.update(actions=[{"action": "write", "path": f"{p['dest']}/history.md"},
+                                   {"action": "write", "path": f"{p['dest']}/history.html"}],
+                          drops=[], link_findings=[], files=[], schema_version=bh.SCHEMA_VERSION, changed=True)
+            return result
+        else:
+            report(p, fs, check_mode, result)
+    except bh.HistoryError as err:
+        raise Failed(f"Throughput history {p['path']}: {err}", **result) from None
+    except HostFSError as err:
+        raise Failed(f"Cannot write the history report under {p['dest']}: {err}. Check the directory's permissions.",
+                     **result) from None
+    result["changed"] = bool(result["actions"])
+    return result

@@ -1,0 +1,120 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One run of the inference_benchmark module: validate, probe (check mode) or benchmark, store, judge.
+
+execute() takes the module's parameters and returns its result; every failure is a hostfs.Failed
+carrying the result so far (the module's main() ends the run through hostfs.finish()). Check mode
+asks the server for its models and sends no load; a stored result is one atomic, durable write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from typing import Any, Callable
+
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.sweep import (
+    BenchmarkError, benchmark, check_label, compact_summary, config_from_params, error_failure, plan, probe,
+    result_warnings, results_document, results_filename, run,
+)
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.link_samples import LinkMonitor, WithLinks, flapping_runs, path_devices
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.load_monitor import contaminated_runs, for_pool
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker, TopologyError, select_targets
+
+
+def link_devices(params: dict[str, Any], fs: HostFS) -> list[str]:
+    """With monitor_links, the GPUs (class 03xx, BMC display functions left out) and every bridge above them, top
+    first; none on a host without a GPU under /sys/bus/pci (a CPU host, the lab), which is benchmarked unsampled."""
+    if not params.get("monitor_links"):
+        return []
+    try:
+        return path_devices(fs, select_targets(PciWalker(fs), class_prefix="03"))
+    except TopologyError:
+        return []
+
+
+def check_params(params: dict[str, Any]):
+    """The benchmark's config and label from the module's parameters; Failed naming the bad setting."""
+    try:
+        cfg = config_from_params(params)
+        label = check_label(params["label"])
+        if not 0.0 <= params["max_error_rate"] <= 1.0:
+            raise ValueError(f"max_error_rate must be between 0 and 1, got {params['max_error_rate']}")
+        if params["results_dir"] and not os.path.isabs(params["results_dir"]):
+            raise ValueError(f"results_dir must be an absolute path, got {params['results_dir']!r}")
+    except ValueError as err:
+        raise Failed(f"Invalid benchmark settings: {err}", changed=False) from None
+    return cfg, label
+
+
+def run_monitor(params: dict[str, Any], devices: list[str], fs: HostFS):
+    """The per-run monitor factory for inference_sweep.benchmark(): the server's in-flight count (monitor_load) and
+    the PCIe links of ``devices`` (link_devices(); none: no link sampling)."""
+    load = for_pool if params["monitor_load"] else None
+    if not devices:
+        return load
+
+    def both(pool, headers):
+        return WithLinks(load(pool, headers) if load else None, LinkMonitor(fs, devices))
+    return both
+
+
+def execute(params: dict[str, Any], fs: HostFS, check_mode: bool,
+            warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """The module's result (``diff`` empty: a benchmark changes no setting). Raises Failed with the result so far."""
+    warn = warn or (lambda msg: None)
+    cfg, label = check_params(params)
+    kernel = platform.release()
+    result: dict[str, Any] = dict(changed=False, actions=[], benchmarked=False, kernel=kernel, plan=plan(cfg),
+                                  results_file=None, diff={})
+    results_dir = params["results_dir"]
+
+    def failed(msg: str) -> Failed:
+        return Failed(msg, **{k: v for k, v in result.items() if k != "diff"})
+
+    if check_mode:
+        try:
+            result["server"] = run(probe(cfg))
+        except BenchmarkError as err:
+            raise failed(str(err)) from None
+        if results_dir:
+            result["actions"] = [{"action": "write", "path": f"{results_dir}/{label}-{kernel}-<UTC time>.json"}]
+        result["changed"] = bool(result["actions"])
+        return result
+
+    devices = link_devices(params, fs)
+    result["links_monitored"] = devices
+    try:
+        outcome = run(benchmark(cfg, monitor=run_monitor(params, devices, fs)))
+    except BenchmarkError as err:
+        raise failed(str(err)) from None
+    doc = results_document(outcome, label=label, host=platform.node(), kernel=kernel, tuning=params["tuning"])
+    result.update(benchmarked=True, server=outcome["server"], samples=outcome["samples"], summary=compact_summary(outcome),
+                  contaminated=contaminated_runs(outcome["levels"]), benchmark=doc)
+
+    if results_dir:
+        path = os.path.join(results_dir, results_filename(label, kernel, outcome["finished_at"]))
+        try:
+            fs.write_atomic(path, json.dumps(doc, indent=2, sort_keys=True) + "\n", mode=0o644)
+        except HostFSError as err:
+            raise failed(f"The benchmark ran, but its results could not be stored: {err}. Check that results_dir "
+                         "is on a writable file system and that the task runs as a user who may write there "
+                         "(become: true).") from None
+        result.update(results_file=path, actions=[{"action": "write", "path": path}], changed=True)
+
+    for warning in result_warnings(outcome, cfg):
+        warn(warning)
+    if devices:
+        result["link_flapping"] = flapping_runs(outcome["levels"])
+        for f in result["link_flapping"]:
+            warn(f"Critical: at concurrency {f['concurrency']}, run {f['repetition']} ({f['output_throughput']} output tok/s), "
+                 f"the PCIe link of {', '.join(f['devices'])} changed speed or width: a marginal slot, riser or cable. "
+                 "Its tok/s is not the host's; check AER counters and reseat before trusting a gate on this host.")
+    failure = error_failure(outcome, params["max_error_rate"])
+    if failure:
+        raise failed(failure)
+    return result

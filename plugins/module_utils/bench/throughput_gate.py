@@ -1,0 +1,942 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The throughput gate: is a candidate (new kernel, new tuning) slower than its baseline? Pure, standard library only.
+
+Each sample is one whole benchmark run (its output tokens/s): requests inside a run are correlated by the
+server's batching, so runs, not requests, are the independent observations. Higher is better.
+
+The design (docs/benchmark.md has the long form and the simulated error rates):
+
+* **Scale.** Run-to-run noise is multiplicative, so the test works on log throughput; d = mean(log candidate)
+  - mean(log baseline) estimates the log of the ratio, with the pooled standard deviation s of both sides
+  (df = n_b + n_c - 2) and SE = s sqrt(1/n_b + 1/n_c).
+* **Outliers.** Before anything else, each side's run farthest from its median is screened out when a
+  leave-one-out prediction test (Student's t, Bonferroni over the side's runs) gives p <= ``screen_alpha``
+  (at most one run per side, only with ``min_runs`` runs or more); what was screened is reported.
+* **Baseline first.** decide(baseline, []) judges the baseline alone, before the reboot: the smallest drop
+  the whole design could detect, from the baseline's own spread, sdd = 1 - exp(-(t_pass + t_power) SE_cap)
+  (SE_cap with ``max_runs`` candidate runs, t quantiles at the last look's nominal level and at ``power``).
+  Above the margin (1 - threshold) it asks for more baseline runs (``baseline_step`` at a time, up to
+  ``max_baseline_runs``); still above at that cap it stops before any change (``too_noisy``).
+* **Sequential test.** Candidate looks at n_c = candidate_min_runs (4), then every ``step`` (2) runs up to
+  max_runs (15). Each look spends part of two error rates by the Lan-DeMets spending function (``spending``:
+  Pocock type by default, so a quiet host stops at the first look) of the information fraction
+  tau = (1/n_b + 1/max_runs) / (1/n_b + 1/n_c); the looks before the last spend (1 - ``reserve``) of it and
+  the last look what is left (``reserve`` 0.3: a cap that can still decide). The nominal level of a look is
+  the increment of the spent error, so by Bonferroni's inequality the error rates hold over all looks,
+  whatever their correlation (Lan and DeMets 1983; Jennison and Turnbull 2000, ch. 7 and 11):
+
+  - **pass** when d >= log(1 - pass_floor x margin) (0.9625 at 0.95) and the t-test of "lost ``detect``
+    (8%) or more" has p <= the look's share of ``pass_alpha``: P(pass) <= ``pass_alpha`` whenever the true
+    drop is ``detect`` or more; drops between 3.75% and 8% are the indifference zone (either answer is allowed,
+    and a rollback is the safe one);
+  - **regression** when d < log(threshold) and the t-test of "slower than the baseline" has p <= the look's
+    share of ``alpha``: P(regression) <= ``alpha`` with no change (or a faster candidate);
+  - otherwise ``runs_needed`` more candidate runs, and at ``max_runs`` a final ``inconclusive``.
+
+* **Drift.** A side whose runs rise or fall steadily (least-squares slope of the logs, one-sided
+  p <= ``drift_alpha`` that the change over the side exceeds half the margin) makes the answer ``inconclusive``
+  (final). From the second look on, the **trend guard**: one slope over run order shared by both sides (each side
+  its own level, analysis of covariance; df = n_b + n_c - 3) whose one-sided p in the direction that favours
+  the verdict is <= ``trend_guard`` (0.1), and with that trend taken out over the gap between the sides
+  (d - slope x (n_b + n_c) / 2) the ratio is no longer on the verdict's side of its boundary: the verdict is
+  withheld (more runs; at the cap a final ``inconclusive``, decided_by drift). A drift that goes on through the
+  reboot moves the candidate against the baseline, and every further look moves it more.
+* **Run order.** ``order="sequential"`` (the default: all baseline runs, then the change, then the candidate's)
+  is the kernel upgrade's. ``order="interleaved"`` says baseline and candidate runs were taken in turns (two
+  servers side by side, or an A/A on one), run i of each side one after the other: a speed that drifts
+  through the measurement then moves both sides alike and cancels from the ratio. There the drift check
+  tests the ratio itself (the slope of log(candidate_i / baseline_i) over the pairs, same rule), and the
+  trend guard's gap between the sides is their centroids' distance in run order ((n_c - n_b) / 2, zero for
+  equal sides) instead of (n_b + n_c) / 2.
+* **Screened baseline run.** When the baseline check screens a run out and fewer than ``min_runs`` are left,
+  it asks for one more baseline run in its place, while still before the change.
+* **Failures.** A candidate with a larger share of failed requests or short outputs than its baseline
+  cannot pass (``regression``, decided by the failures). A share is failures / requests: failures with no
+  requests counted, negative or non-integer counts, or more failures than requests are refused (GateError).
+* **Dead runs.** A run at 0 tok/s (the server died in it, or failed every request) is a failure, never an
+  outlier: a dead candidate run is a ``regression`` (decided by the failures), a dead baseline run a GateError
+  (measure the baseline again). The outlier screen never sees either.
+* **Workloads.** Runs of different workloads are never compared: given both sides' workload (an
+  inference_benchmark result, or its fingerprint, see ``workload()``), any difference is a GateError naming
+  each field, "field: baseline X, candidate Y" (``workload_mismatch()``; the rule for older results that carry
+  no fingerprint is in its docstring and docs/benchmark.md).
+* **Latency.** decide() is decide_throughput() plus the latency part: given each run's TTFT and TPOT (p50 and p90,
+  ``baseline_latency``/``candidate_latency``), each metric is judged by decide_throughput() on 1/latency at threshold
+  1/(1 + its margin) (``latency_margins``, DEFAULT_LATENCY_MARGINS) and ``latency_alpha``, each part a sequential test
+  of its own (its first final answer over the looks), and the parts combined by _combine(): any regression is a
+  regression, any final inconclusive is inconclusive, a pass needs every part's pass. Without latency the answer is
+  throughput's alone, ``latency.status`` ``not measured`` (docs/benchmark.md, "The latency part").
+* **Settings** are checked before any run (``check_all_settings()``), each with its allowed range; run counts
+  are at most ``MAX_RUNS`` (1000) and bootstrap resamples at most ``MAX_BOOTSTRAP`` (100000).
+
+``inconclusive`` is an answer: it carries the measured CV, the smallest detectable drop and what would help.
+The exact one-sided Mann-Whitney p-value and a seeded bootstrap interval are reported beside it; they do not
+change the decision. Statistics live in gate_stats.py (shared with the benchmark client).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+from typing import Any, Sequence
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import (
+    EXACT_MAX_PER_SIDE, EXACT_TIES_MAX_TOTAL, EXACT_TREND_MAX, GateError, betainc, bootstrap_ratio_ci, drift_warning,
+    inversion_distribution, median, median_ci, min_p_value, mwu_less, percentile, sample_stats, screen_one, slope_test,
+    spent_alpha, t_quantile, t_sf, theil_sen_slope, trend, u_distribution, u_statistic,
+)
+
+# The statistics stay importable from here (callers and tests used them from this module before the split).
+__all__ = [
+    "CANDIDATE_MIN_RUNS", "DECISIONS", "ORDERS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX",
+    "GateError", "betainc", "bootstrap_ratio_ci", "check_runs", "check_settings", "common_trend", "decide",
+    "detectable_drop", "drift_check", "drift_warning", "inversion_distribution", "look_level", "median", "median_ci", "min_p_value",
+    "mwu_less", "percentile", "replay", "sample_stats", "schedule", "screen_one", "slope_test", "spent_alpha",
+    "t_quantile", "t_sf", "theil_sen_slope", "trend", "u_distribution", "u_statistic",
+    "MAX_BOOTSTRAP", "MAX_RUNS", "WORKLOAD_FIELDS", "WORKLOAD_REQUIRED", "check_all_settings", "check_count",
+    "workload", "workload_mismatch", "decide_throughput", "LATENCY_METRICS", "DEFAULT_LATENCY_MARGINS", "LATENCY_ALPHA",
+    "check_latency_margins", "latency_series", "run_latency", "LATENCY_LABELS", "latency_part",
+]
+
+DECISIONS = ("pass", "regression", "inconclusive")
+ORDERS = ("sequential", "interleaved")
+CANDIDATE_MIN_RUNS = 4  # the first look: with 5 baseline runs a quiet host is decided after 9 runs in all
+SPENDING = ("obf", "pocock")
+MAX_RUNS = 1000  # runs per side at most (the looks' schedule and the t tables are built up to it)
+MAX_BOOTSTRAP = 100000  # bootstrap resamples at most (about a second of CPU per look)
+
+# The workload fingerprint: what two benchmark results must share to be compared (docs/benchmark.md, "What the
+# gate compares"). The seed is left out on purpose: extra rounds draw new prompts of the same lengths; so are
+# warm-up, settle runs and measured_only, which differ between a first round and the extra rounds by design.
+WORKLOAD_FIELDS = ("model", "model_root", "max_model_len", "prompt_tokens", "output_tokens", "prompt_mode",
+                   "token_id_range", "ignore_eos", "temperature", "max_tokens", "per_chunk_usage", "requests",
+                   "concurrency", "profile")
+# Fields every fingerprint made by this release carries: one side without it is refused, not skipped.
+WORKLOAD_REQUIRED = ("model", "prompt_tokens", "output_tokens", "requests", "concurrency")
+
+
+# ---- input --------------------------------------------------------------------------------------
+def check_runs(name: str, values: Any) -> list[float]:
+    """The runs of one side as floats; GateError naming the side and the bad value otherwise."""
+    if not isinstance(values, (list, tuple)):
+        raise GateError(f"{name} must be a list of per-run throughputs (numbers), got {type(values).__name__}")
+    out = []
+    for i, value in enumerate(values):
+        if isinstance(value, bool):
+            raise GateError(f"{name}[{i}] is {value!r}, not a number: pass one throughput (tok/s) per run")
+        if not isinstance(value, (int, float)):
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise GateError(f"{name}[{i}] is {value!r}, not a number: pass one throughput (tok/s) per run") from None
+        value = float(value)
+        if math.isnan(value) or math.isinf(value) or value < 0:
+            raise GateError(f"{name}[{i}] is {value}: throughputs must be finite and not negative")
+        out.append(value)
+    return out
+
+
+def check_settings(threshold: float, alpha: float, pass_alpha: float, min_runs: int, max_runs: int, step: int = 1,
+                   max_baseline_runs: int | None = None, baseline_step: int = 1, power: float = 0.8,
+                   spending: str = "obf", screen_alpha: float = 0.001, drift_alpha: float = 0.001) -> None:
+    """GateError when the settings cannot give a sound decision."""
+    if not 0.0 < threshold < 1.0:
+        raise GateError(f"threshold must be in (0, 1) (0.95 = a 5% drop is a regression), got {threshold}")
+    for name, value in (("alpha", alpha), ("pass_alpha", pass_alpha), ("screen_alpha", screen_alpha),
+                        ("drift_alpha", drift_alpha)):
+        if not 0.0 < value < 0.5:
+            raise GateError(f"{name} must be in (0, 0.5), got {value}")
+    if not 0.5 <= power < 1.0:
+        raise GateError(f"power must be in [0.5, 1) (0.8: the smallest detectable drop is caught 80% of the time), got {power}")
+    for name, value in (("min_runs", min_runs), ("max_runs", max_runs), ("max_baseline_runs", max_baseline_runs),
+                        ("step", step), ("baseline_step", baseline_step)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RUNS):
+            raise GateError(f"{name} must be a whole number of runs between 1 and {MAX_RUNS}, got {value!r}")
+    if min_runs < 3:
+        raise GateError(f"min_runs must be at least 3 (a side's spread needs two runs and the test a degree of freedom "
+                        f"more), got {min_runs}")
+    if max_runs < min_runs:
+        raise GateError(f"max_runs ({max_runs}) must be at least min_runs ({min_runs}): allowed {min_runs}..{MAX_RUNS}")
+    if max_baseline_runs is not None and max_baseline_runs < min_runs:
+        raise GateError(f"max_baseline_runs ({max_baseline_runs}) must be at least min_runs ({min_runs}): allowed "
+                        f"{min_runs}..{MAX_RUNS} (kernel_upgrade_gate_max_baseline_runs in the kernel_upgrade role)")
+    if spending not in SPENDING:
+        raise GateError(f"spending must be one of {', '.join(SPENDING)}, got {spending!r}")
+
+
+def check_count(name: str, value: Any) -> int:
+    """A count of requests or failures: a whole number, 0 or more; GateError naming it otherwise."""
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GateError(f"{name} must be a whole number of requests, 0 or more, got {value!r}")
+    return value
+
+
+def _norm(value: Any) -> Any:
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, (list, tuple)):
+        return [_norm(v) for v in value]
+    return value
+
+
+def workload(result: Any, concurrency: Any = None) -> dict[str, Any]:
+    """The workload fingerprint of a benchmark result, at one concurrency level: what must be equal for two results
+    to be compared (``WORKLOAD_FIELDS``; absent or None fields are left out).
+
+    ``result`` is an inference_benchmark result document (``server`` and ``config``, as stored and as returned in
+    the module's ``benchmark``), or a fingerprint already made (a dict of ``WORKLOAD_FIELDS``; other keys are
+    refused, so a typo cannot switch the check off). ``concurrency`` is the level compared (a document sweeps
+    several); without it a document's single configured level is taken. None or {} gives {} (not recorded).
+    """
+    if not result:
+        return {}
+    if not isinstance(result, dict):
+        raise GateError(f"a workload must be a benchmark result or its fingerprint (a dict), got {type(result).__name__}")
+    if "config" in result or "server" in result:
+        server, cfg = result.get("server") or {}, result.get("config") or {}
+        levels = cfg.get("concurrency")
+        if concurrency is None and isinstance(levels, list) and levels:
+            concurrency = levels[0] if len(levels) == 1 else sorted(levels)  # a sweep compared whole
+        out = {"model": server.get("model") or cfg.get("model"), "model_root": server.get("root"),
+               "max_model_len": server.get("max_model_len"), "concurrency": concurrency,
+               "profile": result.get("profile") or cfg.get("profile")}
+        for key in ("prompt_tokens", "output_tokens", "prompt_mode", "token_id_range", "ignore_eos", "temperature",
+                    "max_tokens", "per_chunk_usage", "requests"):
+            out[key] = cfg.get(key)
+    else:
+        unknown = sorted(set(result) - set(WORKLOAD_FIELDS))
+        if unknown:
+            raise GateError(f"workload fields {', '.join(map(str, unknown))} are unknown; known: {', '.join(WORKLOAD_FIELDS)}")
+        out = dict(result)
+        if concurrency is not None:
+            out["concurrency"] = concurrency
+    return {k: _norm(out[k]) for k in WORKLOAD_FIELDS if out.get(k) is not None}
+
+
+def workload_mismatch(baseline: dict[str, Any] | None, candidate: dict[str, Any] | None) -> list[str]:
+    """What differs between two fingerprints, one "field: baseline X, candidate Y" per field.
+
+    The rule for results that carry less: a side with no fingerprint at all (a result or journal stored before
+    fingerprints were recorded) compares nothing (the caller warns); between two fingerprints every field both
+    carry must be equal, and a field of ``WORKLOAD_REQUIRED`` carried by one side only is a difference (this
+    release records them all, so one side without it is not the same kind of result); other fields on one side
+    only (a server that does not say its max_model_len) are not compared.
+    """
+    if not baseline or not candidate:
+        return []
+    out = []
+    for key in WORKLOAD_FIELDS:
+        if key in baseline and key in candidate:
+            if baseline[key] != candidate[key]:
+                out.append(f"{key}: baseline {baseline[key]!r}, candidate {candidate[key]!r}")
+        elif key in WORKLOAD_REQUIRED and (key in baseline or key in candidate):
+            out.append(f"{key}: baseline {baseline.get(key, 'not recorded')!r}, candidate "
+                       f"{candidate.get(key, 'not recorded')!r}")
+    return out
+
+
+def check_workloads(baseline: Any, candidate: Any) -> str:
+    """GateError naming every difference when both workloads are given and differ; a warning (or '') otherwise."""
+    b, c = side_workload("baseline", baseline), side_workload("candidate", candidate)
+    diff = workload_mismatch(b, c)
+    if diff:
+        raise GateError("the runs are of different workloads and cannot be compared (" + "; ".join(diff) + "): measure "
+                        "the baseline and the candidate with the same model and benchmark settings")
+    if bool(b) != bool(c):
+        side = "baseline" if not b else "candidate"
+        return (f"the {side}'s workload was not recorded (a result stored before workload fingerprints): the gate could "
+                "not check that both sides ran the same model and benchmark")
+    return ""
+
+
+def side_workload(side: str, value: Any, concurrency: Any = None) -> dict[str, Any]:
+    """workload() of one side, its error naming the side's option (``baseline_workload``, ``candidate_workload``)."""
+    try:
+        return workload(value, concurrency)
+    except GateError as err:
+        raise GateError(f"{side}_workload: {err}") from err
+
+
+def check_all_settings(**settings: Any) -> None:
+    """Every setting of decide() checked, before any run is measured: GateError with the allowed range."""
+    decide([], [], **settings)
+
+
+def _fmt(value: float) -> str:
+    return f"{value:.4g}" if abs(value) < 1000 else f"{value:.1f}"
+
+
+def _logs(values: Sequence[float]) -> list[float]:
+    top = max(values) if values else 1.0
+    return [math.log(max(v, 1e-9 * max(top, 1e-9))) for v in values]
+
+
+def _mean_var(values: Sequence[float]) -> tuple[float, float]:
+    mean = sum(values) / len(values)
+    return mean, sum((v - mean) ** 2 for v in values)
+
+
+# ---- the design: looks, spent error, smallest detectable drop -------------------------------------
+@lru_cache(maxsize=1024)
+def schedule(min_runs: int, step: int, max_runs: int) -> tuple[int, ...]:
+    """Candidate run counts at which the gate looks: min_runs, min_runs + step, ..., max_runs."""
+    looks = list(range(min_runs, max_runs, step)) + [max_runs]
+    return tuple(sorted(set(looks)))
+
+
+@lru_cache(maxsize=8192)
+def look_level(n_b: int, n_c: int, min_runs: int, step: int, max_runs: int, alpha: float, kind: str,
+               reserve: float = 0.0) -> tuple[float, float, float]:
+    """(nominal level of this look, error spent up to it, information fraction) for ``n_c`` candidate runs.
+
+    The nominal level is the increment of the spent error since the previous scheduled look; runs past
+    ``max_runs`` are the last look. With ``reserve`` r, the looks before the last spend (1 - r) x the spending
+    function and the last look spends what is left (a spending function with a step at tau = 1, still
+    non-decreasing and reaching alpha, so the Bonferroni bound over the looks holds as before).
+    """
+    looks = schedule(min_runs, step, max_runs)
+    n_c = min(n_c, max_runs)
+
+    def tau(n: int) -> float:
+        return (1.0 / n_b + 1.0 / max_runs) / (1.0 / n_b + 1.0 / n)
+
+    def spent_at(n: int) -> float:
+        return alpha if n >= max_runs else (1.0 - reserve) * spent_alpha(alpha, tau(n), kind)
+
+    earlier = [k for k in looks if k < n_c]
+    before = spent_at(earlier[-1]) if earlier else 0.0
+    spent = spent_at(n_c)
+    return max(spent - before, 0.0), spent, tau(n_c)
+
+
+def detectable_drop(sd_log: float, n_b: int, df: int, settings: dict[str, Any]) -> float:
+    """Smallest drop (a fraction) told from no change with the set power, for this spread, at the cap.
+
+    The textbook size of a fixed one-sided test at level ``alpha`` with ``max_runs`` candidate runs:
+    1 - exp(-(t_alpha + t_power) x s sqrt(1/n_b + 1/max_runs)), t quantiles with the cap's degrees of freedom.
+    """
+    se_cap = sd_log * math.sqrt(1.0 / n_b + 1.0 / settings["max_runs"])
+    df = max(df, 1)
+    q = t_quantile(settings["alpha"], df) + t_quantile(1.0 - settings["power"], df)
+    return 1.0 - math.exp(-q * se_cap)
+
+
+def _cv(sd_log: float) -> float:
+    return math.sqrt(max(math.exp(sd_log * sd_log) - 1.0, 0.0))
+
+
+def _advice(sdd: float, margin: float, requests_per_run: int | None) -> str:
+    if sdd <= margin:
+        return "more runs (raise max_runs) would narrow the interval"
+    factor = (sdd / margin) ** 2
+    longer = (f"runs of about {int(math.ceil(requests_per_run * factor))} requests (now {requests_per_run})"
+              if requests_per_run else f"runs about {factor:.1f} times as long")
+    return (f"{longer}, if the noise averages out within a run; more runs (max_runs, max_baseline_runs); or a quieter host")
+
+
+def _screen(name: str, values: Sequence[float], logs: list[float], alpha: float, min_runs: int,
+            unit: str) -> tuple[list[float], list[int], list[dict[str, Any]]]:
+    """The logs kept, their run indexes, and what was screened (at most one run)."""
+    hit = screen_one(logs, alpha=alpha, min_n=min_runs)
+    if hit is None:
+        return logs, list(range(len(logs))), []
+    i = hit["index"]
+    note = {"side": name, "index": i, "value": values[i], "p": hit["p"],
+            "reason": (f"{name} run {i + 1} ({_fmt(values[i])} {unit}) stands apart from the side's other runs "
+                       f"(median {_fmt(math.exp(hit['median_of_rest']))} {unit}; leave-one-out p={hit['p']:.2g}): "
+                       "left out of the test")}
+    keep = [j for j in range(len(logs)) if j != i]
+    return [logs[j] for j in keep], keep, [note]
+
+
+def drift_check(sides: dict[str, list[float]], half_margin: float, alpha: float,
+                min_df: int = 6) -> tuple[dict[str, dict[str, Any]], str | None]:
+    """Steady drift inside each side: the least-squares slope of its logs against run order.
+
+    The slopes are tested with the residual variance pooled over the sides' fits (df = sum(n - 2)), so a side
+    of five runs does not flag drift on a lucky small residual; no flag below ``min_df``. A side flags when its
+    change over its runs is shown to exceed ``half_margin`` (logs): one-sided t-test of the slope against the
+    slope of that change, p <= ``alpha``. ``p_rising``/``p_falling`` test the slope against zero (reported).
+    """
+    fits = {name: slope_test(logs) for name, logs in sides.items()}
+    df = sum(max(len(logs) - 2, 0) for logs in sides.values())
+    ss = sum(f.get("resid_ss", 0.0) for f in fits.values())
+    info: dict[str, dict[str, Any]] = {}
+    flag = None
+    for name, fit in fits.items():
+        entry = {"change": math.expm1(fit["change"]), "t": None, "p_rising": 1.0, "p_falling": 1.0,
+                 "p_rising_beyond": 1.0, "p_falling_beyond": 1.0, "df": df}
+        if fit.get("sxx") and df > 0:
+            se = math.sqrt(ss / df / fit["sxx"])
+            t = fit["slope"] / se if se > 0 else math.copysign(math.inf, fit["slope"]) if fit["slope"] else 0.0
+            per_run = half_margin / (len(sides[name]) - 1)  # the slope of a change of half the margin
+            entry.update(t=t, p_rising=t_sf(t, df), p_falling=t_sf(-t, df),
+                         p_rising_beyond=t_sf((fit["slope"] - per_run) / se, df) if se > 0 else float(t > 0),
+                         p_falling_beyond=t_sf((-fit["slope"] - per_run) / se, df) if se > 0 else float(t < 0))
+        info[name] = entry
+        if flag or df < min_df:
+            continue
+        for direction, key, sign in (("rose", "p_rising", 1.0), ("fell", "p_falling", -1.0)):
+            if entry[key + "_beyond"] <= alpha:
+                what = f"the {name}" if name.endswith("ratio") else f"{name} runs"
+                flag = (f"{what} {direction} steadily by {entry['change']:+.1%} over {len(sides[name])} runs "
+                        f"(p={entry[key + '_beyond']:.2g} that it is beyond half the gate's margin): runs that are not "
+                        "alike cannot be compared; " +
+                        ("warm the server up longer (settle_runs, warmup)" if sign > 0 else
+                         "find what slowed the host (thermal throttling, another job)"))
+                break
+    return info, flag
+
+
+def common_trend(b_logs: Sequence[float], c_logs: Sequence[float]) -> dict[str, Any]:
+    """One slope over run order shared by both sides, each side with its own level (analysis of covariance)."""
+    sxx = sxy = ss = 0.0
+    for logs in (b_logs, c_logs):
+        n = len(logs)
+        xm, ym = (n - 1) / 2.0, sum(logs) / n
+        sxx += sum((i - xm) ** 2 for i in range(n))
+        sxy += sum((i - xm) * (v - ym) for i, v in enumerate(logs))
+        ss += sum((v - ym) ** 2 for v in logs)
+    df = len(b_logs) + len(c_logs) - 3
+    out = {"change_per_run": 0.0, "slope": 0.0, "se": None, "t": 0.0, "df": df, "p_rising": 1.0, "p_falling": 1.0}
+    if sxx <= 0 or df < 1:
+        return out
+    slope = sxy / sxx
+    resid = max(ss - slope * sxy, 0.0)
+    se = math.sqrt(resid / df / sxx)
+    out.update(change_per_run=math.expm1(slope), slope=slope, se=se)
+    if se <= 0:
+        out.update(p_rising=0.0 if slope > 0 else 1.0, p_falling=0.0 if slope < 0 else 1.0)
+        return out
+    t = slope / se
+    out.update(t=t, p_rising=t_sf(t, df), p_falling=t_sf(-t, df))
+    return out
+
+
+def _failure_rate(side: str, failed: Any, requests: Any) -> float:
+    """failures / requests of one side; 0 with neither counted. GateError for counts that give no rate."""
+    failed, requests = check_count(f"{side}_failed", failed), check_count(f"{side}_requests", requests)
+    if failed > requests:
+        raise GateError(f"{side}_failed ({failed}) is more than {side}_requests ({requests}): pass the requests the "
+                        f"{side} runs sent (failed requests and short outputs are among them)")
+    return failed / requests if requests else 0.0
+
+
+def decide_throughput(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.95, alpha: float = 0.01,
+                      pass_alpha: float = 0.005, min_runs: int = 5, max_runs: int = 15, step: int | None = None,
+                      bootstrap: int = 2000, seed: int = 0, ci_level: float = 0.95, unit: str = "tok/s", noisy_cv: float = 0.05,
+                      max_baseline_runs: int = 15, baseline_step: int | None = None, power: float = 0.8, spending: str = "pocock",
+                      screen_alpha: float = 0.001, drift_alpha: float = 0.001, baseline_failed: int = 0,
+                      baseline_requests: int = 0, candidate_failed: int = 0, candidate_requests: int = 0,
+                      requests_per_run: int | None = None, detect: float | None = None,
+                      candidate_min_runs: int | None = CANDIDATE_MIN_RUNS, trend_guard: float = 0.1, guard_from: int = 2,
+                      pass_floor: float = 0.75, reserve: float = 0.3, order: str = "sequential", baseline_workload: Any = None,
+                      candidate_workload: Any = None) -> dict[str, Any]:
+    """The throughput part: judge candidate runs against baseline runs (higher is better); with no candidate runs,
+    judge the baseline alone. decide() is this plus the latency part.
+
+    See the module docstring for the design (``order``: "sequential" or "interleaved"). ``step`` is the candidate runs between looks (default 2),
+    ``baseline_step`` the baseline runs asked for at a time (default ``min_runs``). ``baseline_workload`` and
+    ``candidate_workload`` (results or fingerprints, see workload()) must not differ. Raises GateError for bad input.
+    """
+    base = check_runs("baseline", baseline)
+    cand = check_runs("candidate", candidate)
+    step = step or 2
+    baseline_step = baseline_step or 1
+    first = candidate_min_runs or min_runs
+    check_settings(threshold, alpha, pass_alpha, min_runs, max_runs, step, max_baseline_runs, baseline_step, power,
+                   spending, screen_alpha, drift_alpha)
+    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or not 0 <= bootstrap <= MAX_BOOTSTRAP:
+        raise GateError(f"bootstrap_resamples must be a whole number between 0 (off) and {MAX_BOOTSTRAP}, got {bootstrap!r}")
+    fail_b = _failure_rate("baseline", baseline_failed, baseline_requests)
+    fail_c = _failure_rate("candidate", candidate_failed, candidate_requests)
+    unrecorded = check_workloads(baseline_workload, candidate_workload)
+    if not 0.0 < pass_floor <= 1.0:
+        raise GateError(f"pass_floor must be in (0, 1] (a share of the margin: 0.75 at threshold 0.95 passes from 0.9625), "
+                        f"got {pass_floor}")
+    if not 0.0 <= reserve < 1.0:
+        raise GateError(f"reserve must be in [0, 1) (the share of each error rate kept for the last look), got {reserve}")
+    if not 0.0 <= trend_guard < 0.5:
+        raise GateError(f"trend_guard must be in [0, 0.5) (0 turns the shared-trend guard off), got {trend_guard}")
+    if order not in ORDERS:
+        raise GateError(f"order must be one of {', '.join(ORDERS)} (how baseline and candidate runs were taken), "
+                        f"got {order!r}")
+    if guard_from < 1:
+        raise GateError(f"guard_from must be at least 1 (the look from which the trend guard applies), got {guard_from}")
+    margin = 1.0 - threshold
+    detect = min(1.6 * margin, margin + (1.0 - margin) / 2.0) if detect is None else detect
+    if not margin < detect < 1.0:
+        raise GateError(f"detect must be a drop larger than the margin {margin:.3g} and below 1, got {detect}")
+    log_t, log_r, log_p = math.log(threshold), math.log(1.0 - margin / 2.0), math.log(1.0 - detect)
+    log_f = math.log(1.0 - pass_floor * margin)
+    if not 3 <= first <= max_runs:
+        raise GateError(f"candidate_min_runs must be between 3 and max_runs ({max_runs}), got {first}")
+    settings = {"max_runs": max_runs, "min_runs": first, "step": step, "pass_alpha": pass_alpha, "alpha": alpha,
+                "spending": spending, "power": power}
+    result: dict[str, Any] = {
+        "decision": "inconclusive", "final": False, "stage": "baseline", "ratio": None, "p_value": None,
+        "p_value_pass": None, "p_value_mwu": None, "detect": None, "method": f"log-t, {spending} spending",
+        "threshold": threshold, "alpha": alpha, "pass_alpha": pass_alpha, "min_runs": min_runs, "max_runs": max_runs,
+        "max_baseline_runs": max_baseline_runs,
+        "baseline": sample_stats(base) if base else {"n": 0}, "candidate": sample_stats(cand) if cand else {"n": 0},
+        "cv": None, "smallest_detectable_drop": None, "too_noisy": False, "screened": [], "look": None,
+        "interval": None, "ci": None, "ci_level": ci_level, "runs_needed": 0, "baseline_runs_needed": 0,
+        "decided_by": "waiting", "advice": "", "warnings": [unrecorded] if unrecorded else [], "reason": "",
+    }
+    if len(base) < min_runs:
+        result["baseline_runs_needed"] = min_runs - len(base)
+        result["reason"] = (f"inconclusive: {len(base)} baseline runs, at least {min_runs} are needed before anything is "
+                            f"judged: run {result['baseline_runs_needed']} more baseline runs")
+        return result
+    dead = [str(i + 1) for i, v in enumerate(base) if v <= 0]
+    if dead:
+        raise GateError(f"baseline run(s) {', '.join(dead)} of {len(base)} produced no tokens (0 {unit}): the server died "
+                        "or failed every request in them. A dead run is a failure, not an outlier, and a baseline with one "
+                        "cannot be compared with anything; fix the baseline server and measure it again")
+    b_logs, b_keep, screened = _screen("baseline", base, _logs(base), screen_alpha, min_runs, unit)
+    result["screened"] = screened
+    b_mean, b_ss = _mean_var(b_logs)
+    b_sd = math.sqrt(b_ss / (len(b_logs) - 1))
+    sdd_b = detectable_drop(b_sd, len(b_logs), len(b_logs) - 1 + max_runs - 1, settings)
+    result.update(cv=_cv(b_sd), smallest_detectable_drop=sdd_b)
+    b_info, b_drift = drift_check({"baseline": b_logs}, -log_r, drift_alpha)
+    result["baseline"]["drift"] = b_info["baseline"]
+    if not cand:
+        if b_drift:
+            result.update(final=True, decided_by="drift", advice=b_drift.split("; ")[-1],
+                          reason=f"inconclusive before any change: {b_drift}")
+        elif screened and len(b_logs) < min_runs and len(base) < max_baseline_runs:
+            result.update(baseline_runs_needed=1, decided_by="baseline-screened", advice="",
+                          reason=(f"inconclusive: {screened[0]['reason']}; run 1 more baseline run in its place before any "
+                                  "change (the baseline cannot be extended after it)"))
+        elif sdd_b <= margin:
+            result.update(runs_needed=first, decided_by="baseline-ready", advice="",
+                          reason=(f"baseline ready: {len(base)} runs, CV {result['cv']:.1%}, smallest detectable drop "
+                                  f"{sdd_b:.1%} (margin {margin:.0%}): measure {first} candidate runs"))
+        elif len(base) < max_baseline_runs:
+            result.update(baseline_runs_needed=min(baseline_step, max_baseline_runs - len(base)),
+                          decided_by="baseline-noisy", advice=_advice(sdd_b, margin, requests_per_run))
+            result["reason"] = (f"inconclusive: with {len(base)} baseline runs (CV {result['cv']:.1%}) the smallest "
+                                f"detectable drop is {sdd_b:.1%}, above the {margin:.0%} margin: run "
+                                f"{result['baseline_runs_needed']} more baseline runs before any change "
+                                f"(cap {max_baseline_runs})")
+        else:
+            result.update(final=True, too_noisy=True, decided_by="too-noisy", advice=_advice(sdd_b, margin, requests_per_run))
+            result["reason"] = (f"host too noisy for a {margin:.0%} gate: CV {result['cv']:.1%}, smallest detectable drop "
+                                f"{sdd_b:.1%} with {len(base)} baseline and {max_runs} candidate runs; try "
+                                f"{result['advice']}. Nothing was changed.")
+        return result
+
+    result["stage"] = "candidate"
+    dead = [str(i + 1) for i, v in enumerate(cand) if v <= 0]
+    if dead:
+        result.update(decision="regression", final=True, decided_by="failures")
+        result["reason"] = (f"regression: candidate run(s) {', '.join(dead)} of {len(cand)} produced no tokens (0 {unit}): "
+                            "the server died or failed every request in them; a dead run is a failure, never an outlier, "
+                            "so the candidate cannot pass, whatever its other runs")
+        return result
+    if len(cand) < first:
+        result["runs_needed"] = first - len(cand)
+        result["reason"] = (f"inconclusive: {len(cand)} candidate runs, at least {first} are needed: run "
+                            f"{result['runs_needed']} more candidate runs")
+        return result
+    c_logs, c_keep, c_screened = _screen("candidate", cand, _logs(cand), screen_alpha, max(first, 5), unit)
+    result["screened"] = screened + c_screened
+    c_mean, c_ss = _mean_var(c_logs)
+    n_b, n_c = len(b_logs), len(c_logs)
+    df = n_b + n_c - 2
+    sd = math.sqrt((b_ss + c_ss) / df)
+    se = sd * math.sqrt(1.0 / n_b + 1.0 / n_c)
+    d = c_mean - b_mean
+    nominal_p, spent_p, tau = look_level(len(base), len(cand), first, step, max_runs, pass_alpha, spending, reserve)
+    nominal_r, spent_r, _tau = look_level(len(base), len(cand), first, step, max_runs, alpha, spending, reserve)
+    if se > 0:
+        p_drop, p_pass = t_sf(-d / se, df), t_sf((d - log_p) / se, df)
+    else:
+        p_drop, p_pass = (0.0 if d < 0 else 1.0), (0.0 if d > log_p else 1.0)
+    sdd = detectable_drop(sd, n_b, n_b - 1 + max_runs - 1, settings)
+    ratio = math.exp(d)
+    final_look = len(cand) >= max_runs
+    result.update(ratio=ratio, p_value=p_drop, p_value_pass=p_pass, detect=detect, cv=_cv(sd),
+                  smallest_detectable_drop=sdd,
+                  p_value_mwu=mwu_less([cand[i] for i in c_keep], [base[i] for i in b_keep])[0],
+                  look={"candidate_runs": len(cand), "information": tau, "nominal_pass": nominal_p,
+                        "nominal_regression": nominal_r, "spent_pass": spent_p, "spent_regression": spent_r,
+                        "last": final_look},
+                  ci=bootstrap_ratio_ci(base, cand, level=ci_level, resamples=bootstrap, seed=seed))
+    if nominal_p > 0 and nominal_r > 0 and se > 0:
+        result["interval"] = [math.exp(d - t_quantile(nominal_p, df) * se), math.exp(d + t_quantile(nominal_r, df) * se)]
+    drift_info, drift = drift_check({"baseline": b_logs, "candidate": c_logs}, -log_r, drift_alpha)
+    result["baseline"]["drift"], result["candidate"]["drift"] = drift_info["baseline"], drift_info["candidate"]
+    result["order"] = order
+    if order == "interleaved":
+        # a drift both sides share cancels from the ratio; what must not drift is the ratio itself
+        pairs = min(len(base), len(cand))
+        ratio_logs = [math.log(cand[i]) - math.log(base[i]) for i in range(pairs)]
+        ratio_info, drift = drift_check({"candidate/baseline ratio": ratio_logs}, -log_r, drift_alpha)
+        result["ratio_drift"] = ratio_info["candidate/baseline ratio"]
+    for side in ("baseline", "candidate"):
+        result[side]["trend"] = trend([base, cand][side == "candidate"])
+        cv = result[side]["cv"]
+        if cv is not None and cv > noisy_cv:
+            result["warnings"].append(
+                f"{side} run-to-run CV is {cv:.1%} (over {noisy_cv:.0%}): the runs are too short or the host is busy, "
+                f"and a gate at {threshold:.0%} needs noise well below the {margin:.0%} it must see")
+    result["warnings"].extend(s["reason"] for s in result["screened"])
+    counts = f"{len(base)} vs {len(cand)} runs" + (f", {len(result['screened'])} screened" if result["screened"] else "")
+    where = (f"candidate/baseline {ratio:.1%} (geometric means; threshold {threshold:.0%}, CV {result['cv']:.1%}, "
+             f"look {len(cand)}/{max_runs}, {counts})")
+    if fail_c > fail_b:
+        result.update(decision="regression", final=True, decided_by="failures")
+        result["reason"] = (f"regression: the candidate failed or cut short {candidate_failed} of {candidate_requests} "
+                            f"requests, the baseline {baseline_failed} of {baseline_requests}: a server that fails more "
+                            f"cannot pass, whatever its speed ({where})")
+        return result
+    if drift:
+        result.update(final=True, decided_by="drift", advice=drift.split("; ")[-1])
+        result["reason"] = f"inconclusive: {drift} ({where})"
+        return result
+    common = common_trend(b_logs, c_logs)
+    result["trend"] = common
+    looks = schedule(first, step, max_runs)
+    guard_on = len(looks) >= guard_from and len(cand) >= looks[guard_from - 1]
+    held = None
+    if guard_on and common.get("se") and se > 0:
+        # the verdict must hold with the shared trend taken out too: the sides' centroids lie this many runs
+        # apart in run order (one side after the other; side by side when interleaved)
+        gap = ((len(c_logs) - len(b_logs)) if order == "interleaved" else (len(b_logs) + len(c_logs))) / 2.0
+        d_adj = d - common["slope"] * gap
+        if d < log_t and p_drop <= nominal_r and common["p_falling"] <= trend_guard:
+            if not d_adj < log_t:
+                held = "regression"
+        elif d >= log_f and p_pass <= nominal_p and common["p_rising"] <= trend_guard:
+            if not d_adj >= log_t:
+                held = "pass"
+        result["trend"]["adjusted_ratio"] = math.exp(d_adj)
+    if held:
+        msg = (f"the runs of both sides {'fall' if held == 'regression' else 'rise'} steadily "
+               f"({common['change_per_run']:+.2%} per run, p={common['p_falling' if held == 'regression' else 'p_rising']:.2g}"
+               f" <= {trend_guard}) and with that trend taken out the {held} no longer holds")
+        if final_look:
+            result.update(final=True, decided_by="drift", advice="find what changes the host's speed over time")
+            result["reason"] = f"inconclusive: {msg} ({where})"
+        else:
+            nxt = next((k for k in looks if k > len(cand)), max_runs)
+            result["runs_needed"] = nxt - len(cand)
+            result["reason"] = f"inconclusive: {msg}; run {result['runs_needed']} more candidate runs ({where})"
+        return result
+    if d < log_t and p_drop <= nominal_r:
+        result.update(decision="regression", final=True, decided_by="test")
+        result["reason"] = (f"regression: {where}; below the threshold and significantly slower than the baseline "
+                            f"(p={p_drop:.2g} <= {nominal_r:.2g}, this look's share of alpha {alpha})")
+    elif d >= log_f and p_pass <= nominal_p:
+        result.update(decision="pass", final=True, decided_by="test")
+        result["reason"] = (f"pass: {where}; above the threshold, and a drop of {detect:.0%} or more is ruled out "
+                            f"(p={p_pass:.2g} <= {nominal_p:.2g}, this look's share of pass_alpha {pass_alpha})")
+    elif final_look:
+        result.update(final=True, decided_by="cap", advice=_advice(sdd, margin, requests_per_run))
+        result["reason"] = (f"inconclusive at the cap of {max_runs} candidate runs: {where}; neither a pass "
+                            f"(p={p_pass:.2g} > {nominal_p:.2g}) nor a regression (p={p_drop:.2g} > {nominal_r:.2g}); "
+                            f"smallest detectable drop {sdd:.1%}: try {result['advice']}")
+    else:
+        looks = schedule(first, step, max_runs)
+        nxt = next((k for k in looks if k > len(cand)), max_runs)
+        result["runs_needed"] = nxt - len(cand)
+        result["reason"] = (f"inconclusive: {where}; neither a pass (p={p_pass:.2g} > {nominal_p:.2g}) nor a regression "
+                            f"(p={p_drop:.2g} > {nominal_r:.2g}) yet: run {result['runs_needed']} more candidate runs")
+    return result
+
+
+# ---- the latency part: TTFT and TPOT, lower is better ----------------------------------------------
+# Each metric is one figure per run (that run's p50 or p90 over its requests, in ms), judged with the throughput
+# part's machinery on its reciprocal (1/latency: higher is better, and log(1/x) = -log(x), so the same log-t test,
+# looks, spending, outlier screen and drift checks apply) against threshold 1/(1 + margin). The defaults and their
+# calibration on the stored H200 A/A runs are in docs/benchmark.md ("The latency part").
+LATENCY_METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
+LATENCY_LABELS = {"ttft_p50": "TTFT p50", "ttft_p90": "TTFT p90", "tpot_p50": "TPOT p50", "tpot_p90": "TPOT p90"}
+# the largest increase (a fraction: 0.10 = +10%) each metric may take before the change is a regression
+DEFAULT_LATENCY_MARGINS = {"ttft_p50": 0.10, "ttft_p90": 0.15, "tpot_p50": 0.075, "tpot_p90": 0.10}
+LATENCY_MARGIN_RANGE = (0.01, 1.0)
+# each metric's false-regression rate: the four together spend 0.01, the throughput part's alpha (Bonferroni; a
+# pass needs every part's pass, so pass_alpha bounds a false pass of each part without a correction)
+LATENCY_ALPHA = 0.0025
+_THROUGHPUT_ONLY = ("baseline_failed", "baseline_requests", "candidate_failed", "candidate_requests", "baseline_workload",
+                    "candidate_workload", "detect", "alpha", "threshold", "unit", "bootstrap")
+
+
+def check_latency_margins(margins: Any) -> dict[str, float]:
+    """The margins in force: DEFAULT_LATENCY_MARGINS with the given ones over them. A metric set to null or 0 is not
+    judged (left out). GateError for an unknown metric or a margin outside LATENCY_MARGIN_RANGE."""
+    if margins is None:
+        margins = {}
+    if not isinstance(margins, dict):
+        raise GateError(f"latency_margins must be a dict of metric: margin ({', '.join(LATENCY_METRICS)}), got "
+                        f"{type(margins).__name__}")
+    unknown = sorted(str(k) for k in margins if k not in LATENCY_METRICS)
+    if unknown:
+        raise GateError(f"latency_margins: unknown metric(s) {', '.join(unknown)}; known: {', '.join(LATENCY_METRICS)}")
+    out = dict(DEFAULT_LATENCY_MARGINS)
+    low, high = LATENCY_MARGIN_RANGE
+    for key, value in margins.items():
+        if value is None or (not isinstance(value, bool) and value == 0):
+            out.pop(key)
+            continue
+        try:
+            value = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            value = math.nan
+        if not low <= value <= high:
+            raise GateError(f"latency_margins.{key} must be an increase between {low} and {high} (0.10: +10% is still a "
+                            f"pass), or null/0 to leave {LATENCY_LABELS[key]} unjudged; got {margins[key]!r}")
+        out[key] = value
+    return out
+
+
+def run_latency(run: Any) -> dict[str, float | None]:
+    """One benchmark run's latency figures (an inference_benchmark run: ``ttft_ms`` and ``tpot_ms`` with ``p50`` and
+    ``p90``), by metric; None where the run does not carry one (a result stored before, or a run with no tokens)."""
+    run = run if isinstance(run, dict) else {}
+    out: dict[str, float | None] = {}
+    for key in LATENCY_METRICS:
+        stats = run.get(key[:4] + "_ms")
+        value = stats.get(key[5:]) if isinstance(stats, dict) else None
+        out[key] = value if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+    return out
+
+
+def latency_series(runs: Any) -> dict[str, list[float]]:
+    """Per metric, the runs' figures in run order (the gate's ``*_latency`` input), from benchmark runs; a metric that
+    a run lacks is left out whole (judged on every run or not at all)."""
+    per_run = [run_latency(r) for r in runs or []]
+    return {k: [r[k] for r in per_run] for k in LATENCY_METRICS  # type: ignore[misc]
+            if per_run and all(r[k] is not None for r in per_run)}
+
+
+def _latency_side(name: str, series: Any, n_runs: int) -> dict[str, list[float]]:
+    """One side's latency as {metric: [ms per run]}, each list as long as the side's throughput runs; GateError else."""
+    if not series:
+        return {}
+    if not isinstance(series, dict):
+        raise GateError(f"{name}_latency must be a dict of metric: [ms per run] ({', '.join(LATENCY_METRICS)}), got "
+                        f"{type(series).__name__}")
+    out = {}
+    for key, values in series.items():
+        if key not in LATENCY_METRICS:
+            raise GateError(f"{name}_latency: unknown metric {key!r}; known: {', '.join(LATENCY_METRICS)}")
+        if values is None:
+            continue
+        runs = check_runs(f"{name}_latency.{key}", values)
+        if len(runs) != n_runs:
+            raise GateError(f"{name}_latency.{key} has {len(runs)} runs but the {name} has {n_runs} throughput runs: give "
+                            "one figure per run, in the same order")
+        if any(v <= 0 for v in runs):
+            raise GateError(f"{name}_latency.{key} has a run at 0 ms: a latency is positive (leave the metric out for a "
+                            "run that produced no tokens; its throughput of 0 is already a failure)")
+        out[key] = runs
+    return out
+
+
+def _at_looks(base: list[float], cand: list[float], settings: dict[str, Any], judge: Any) -> dict[str, Any]:
+    """A part's answer as a sequential test of its own: the first final answer over the scheduled looks up to the
+    candidate runs taken (a part that passed at look 4 stays passed while another part needs more runs), else the
+    answer at the runs taken. ``judge(base, cand)`` judges one look."""
+    if not cand:
+        return judge(base, cand)
+    first = settings.get("candidate_min_runs", CANDIDATE_MIN_RUNS) or settings.get("min_runs", 5)
+    looks = [k for k in schedule(first, settings.get("step") or 2, settings.get("max_runs", 15)) if k < len(cand)]
+    extra = len(base) - len(cand) if settings.get("order") == "interleaved" else None
+    result: dict[str, Any] = {}
+    for k in looks + [len(cand)]:
+        b = base if extra is None else base[:max(extra, 0) + k]
+        result = judge(b, cand[:k])
+        result["look_runs"] = k
+        if result["final"]:
+            break
+    return result
+
+
+def _latency_metric(key: str, margin: float, base: list[float], cand: list[float], settings: dict[str, Any],
+                    alpha: float) -> dict[str, Any]:
+    """One metric judged like throughput on 1/latency at threshold 1/(1 + margin), translated back to latency."""
+    s = {k: v for k, v in settings.items() if k not in _THROUGHPUT_ONLY}
+    s.update(threshold=1.0 / (1.0 + margin), alpha=alpha, bootstrap=0, unit="/s")
+    inv = _at_looks([1000.0 / v for v in base], [1000.0 / v for v in cand], settings,
+                    lambda b, c: decide_throughput(b, c, **s))
+    label = LATENCY_LABELS[key]
+    sdd = inv.get("smallest_detectable_drop")
+    out = {"metric": key, "margin": margin, "decision": inv["decision"], "final": inv["final"],
+           "decided_by": inv["decided_by"], "runs_needed": inv["runs_needed"],
+           "baseline_runs_needed": inv["baseline_runs_needed"], "too_noisy": inv["too_noisy"], "cv": inv["cv"],
+           "baseline_ms": median(base) if base else None, "candidate_ms": median(cand) if cand else None,
+           "ratio": 1.0 / inv["ratio"] if inv.get("ratio") else None, "p_value": inv["p_value"],
+           "p_value_pass": inv["p_value_pass"],
+           "interval": [1.0 / inv["interval"][1], 1.0 / inv["interval"][0]] if inv.get("interval") else None,
+           "smallest_detectable_increase": 1.0 / (1.0 - sdd) - 1.0 if sdd is not None and sdd < 1 else None,
+           "look_runs": inv.get("look_runs"), "screened": inv["screened"]}
+    out["reason"] = f"{label} " + _latency_reason(out, inv)
+    return out
+
+
+def _latency_reason(m: dict[str, Any], inv: dict[str, Any]) -> str:
+    margin = m["margin"]
+    if m["ratio"] is None:  # the baseline alone
+        sdi = m["smallest_detectable_increase"]
+        noise = f"CV {m['cv']:.1%}, smallest detectable increase {sdi:.1%}" if sdi is not None and m["cv"] is not None else ""
+        if m["too_noisy"]:
+            return (f"too noisy for a +{margin:.0%} margin ({noise}): raise its latency margin, set it to null to leave it "
+                    "unjudged, or make the runs longer")
+        return {"baseline-ready": f"baseline ready ({noise}, margin +{margin:.0%})",
+                "baseline-noisy": f"the baseline is too noisy for +{margin:.0%} yet ({noise})"}.get(
+                    m["decided_by"], inv["reason"])
+    where = (f"candidate/baseline {m['ratio']:.3g}x (medians {_fmt(m['baseline_ms'])} -> {_fmt(m['candidate_ms'])} ms"
+             + (f", interval {m['interval'][0]:.3g}x-{m['interval'][1]:.3g}x" if m["interval"] else "")
+             + f", margin +{margin:.0%}, look {m['look_runs']})")
+    if m["decision"] == "regression" and m["decided_by"] == "test":
+        return f"regression: {where}, above the margin and significantly higher (p={m['p_value']:.2g})"
+    if m["decision"] == "regression":
+        return f"regression: {where}: {inv['reason']}"
+    if m["decision"] == "pass":
+        return f"pass: {where}, a larger increase ruled out (p={m['p_value_pass']:.2g})"
+    if m["final"]:
+        return f"inconclusive ({m['decided_by']}): {where}"
+    return f"inconclusive: {where}; {m['runs_needed']} more candidate runs"
+
+
+def latency_part(baseline_latency: Any, candidate_latency: Any, n_base: int, n_cand: int, margins: Any,
+                 alpha: float, settings: dict[str, Any]) -> dict[str, Any]:
+    """The latency part: each metric both sides carry (the baseline alone before the change), judged; ``status``
+    ``not measured`` (no latency given: the verdict is throughput's alone, never a guess) or ``judged``."""
+    in_force = check_latency_margins(margins)
+    if not 0.0 < alpha < 0.5:
+        raise GateError(f"latency_alpha must be in (0, 0.5) (each latency metric's false-regression rate), got {alpha}")
+    base = _latency_side("baseline", baseline_latency, n_base)
+    cand = _latency_side("candidate", candidate_latency, n_cand)
+    keys = [k for k in LATENCY_METRICS if k in in_force and k in base and (k in cand or not n_cand)]
+    part: dict[str, Any] = {"status": "judged" if keys else "not measured", "margins": in_force, "alpha": alpha,
+                            "metrics": {}}
+    if not keys:
+        part["reason"] = ("not measured: no per-run TTFT/TPOT given for both sides (a result or journal from before the "
+                          "latency part), so the verdict is throughput's alone")
+        return part
+    missing = [LATENCY_LABELS[k] for k in in_force if k not in keys]
+    if missing:
+        part["not_measured"] = missing
+    for key in keys:
+        part["metrics"][key] = _latency_metric(key, in_force[key], base[key], cand.get(key, []), settings, alpha)
+    return part
+
+
+def _combine(throughput: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
+    """The verdict of throughput and latency together: any regression is a regression, any final inconclusive (or a
+    too noisy baseline) ends inconclusive, a pass needs every part's pass; otherwise more runs for whoever needs them.
+    The throughput figures (ratio, interval, p-values) stay at the top level, each latency metric's are in
+    ``latency.metrics``, and ``throughput`` keeps the throughput part's own answer."""
+    result = dict(throughput)
+    result["latency"] = part
+    result["throughput"] = {k: throughput.get(k) for k in ("decision", "final", "decided_by", "ratio", "reason")}
+    metrics = list(part["metrics"].values())
+    if not metrics or (throughput["final"] and throughput["decision"] == "regression"):
+        return result
+    summary = "; ".join(m["reason"] for m in metrics)
+    bad = next((m for m in metrics if m["decision"] == "regression"), None)
+    stuck = next((m for m in metrics if m["final"] and m["decision"] == "inconclusive"), None)
+    if bad or (stuck and not (throughput["final"] and throughput["decision"] == "inconclusive")):
+        m = bad or stuck
+        result.update(decision=m["decision"], final=True, decided_by=f"latency: {m['metric']}", runs_needed=0,
+                      baseline_runs_needed=0, too_noisy=bool(m["too_noisy"]) or throughput["too_noisy"])
+        result["reason"] = f"{m['decision']} on latency: {m['reason']} (throughput: {throughput['reason']}; latency: {summary})"
+        if m["too_noisy"]:
+            result["reason"] += ". Nothing was changed."
+        return result
+    if throughput["final"] and throughput["decision"] == "inconclusive":
+        result["reason"] = f"{throughput['reason']} (latency: {summary})"
+        return result
+    if throughput.get("stage") == "baseline":
+        waiting = [m for m in metrics if m["decided_by"] != "baseline-ready"]
+    else:
+        waiting = [m for m in metrics if not m["final"] and m["decision"] != "pass"]
+    if not waiting and (throughput["final"] or throughput.get("stage") == "baseline"):
+        result["reason"] = f"{throughput['reason']} (latency: {summary})"
+        return result
+    result.update(decision="inconclusive", final=False,
+                  runs_needed=max([throughput["runs_needed"]] + [m["runs_needed"] for m in waiting]),
+                  baseline_runs_needed=max([throughput["baseline_runs_needed"]] + [m["baseline_runs_needed"] for m in waiting]))
+    if waiting and throughput["decided_by"] in ("baseline-ready", "test"):
+        result["decided_by"] = {"baseline-ready": "baseline-noisy", "test": "waiting"}[throughput["decided_by"]]
+    result["reason"] = (f"inconclusive: {', '.join(LATENCY_LABELS[m['metric']] for m in waiting) or 'throughput'} not "
+                        f"decided yet: run {result['baseline_runs_needed'] or result['runs_needed']} more "
+                        f"{'baseline' if result['baseline_runs_needed'] else 'candidate'} runs (throughput: "
+                        f"{throughput['reason']}; latency: {summary})")
+    return result
+
+
+def decide(baseline: Sequence[float], candidate: Sequence[float], baseline_latency: Any = None,
+           candidate_latency: Any = None, latency_margins: Any = None, latency_alpha: float = LATENCY_ALPHA,
+           **settings: Any) -> dict[str, Any]:
+    """The verdict: the throughput part (decide_throughput(), its settings) and the latency part.
+
+    ``baseline_latency`` / ``candidate_latency``: {metric: [ms per run]} (``LATENCY_METRICS``, one figure per
+    throughput run, in the same order; latency_series() makes it from benchmark runs), each metric judged lower-is-
+    better against ``latency_margins`` (DEFAULT_LATENCY_MARGINS overlaid; null leaves a metric out) at
+    ``latency_alpha``. Without latency the answer is throughput's alone and ``latency.status`` is ``not measured``.
+    With it, each part is a sequential test of its own (its first final answer over the looks) and the parts are
+    combined (_combine()). Raises GateError for bad input or settings.
+    """
+    sizes = [len(side) if isinstance(side, (list, tuple)) else 0 for side in (baseline, candidate)]
+    part = latency_part(baseline_latency, candidate_latency, sizes[0], sizes[1],
+                        latency_margins, latency_alpha, settings)
+    if not part["metrics"]:
+        result = decide_throughput(baseline, candidate, **settings)
+        result["latency"] = part
+        return result
+    base, cand = check_runs("baseline", baseline), check_runs("candidate", candidate)
+    full = decide_throughput(base, cand, **settings)
+    quick = dict(settings, bootstrap=0)
+    throughput = _at_looks(base, cand, settings, lambda b, c: decide_throughput(b, c, **quick))
+    if throughput.get("look_runs", len(cand)) == len(cand):
+        throughput = dict(full, look_runs=throughput.get("look_runs"))
+    return _combine(throughput, part)
+
+
+def replay(baseline: Sequence[float], candidate: Sequence[float], **settings: Any) -> dict[str, Any]:
+    """Judge stored runs as the sequential gate would have while taking them: decide() at each scheduled look on the
+    candidate runs taken so far (in the order taken), stopping at the first final answer. The baseline is whole for
+    ``order="sequential"`` (it was complete before the change); for ``order="interleaved"`` a look at k candidate
+    runs sees the baseline runs taken by then: the ones stored beyond the candidate's count (taken first) plus k,
+    and the first look comes when the baseline has ``min_runs`` as well (as tests/tools/h200_vllm.py's gate takes them).
+
+    The result is decide()'s at that look, with ``candidate_runs_used``; when the stored runs end before a final
+    answer it is the last look's (``final`` false, ``runs_needed`` more). Runs past the last look they reach are not
+    used. Stored runs taken when the first look was at ``min_runs`` should pass ``candidate_min_runs=min_runs``.
+    ``baseline_latency`` / ``candidate_latency`` (per-run, as decide() takes them) are cut to the same runs.
+    """
+    cand = check_runs("candidate", candidate)
+    base = check_runs("baseline", baseline)
+    first = settings.get("candidate_min_runs") or CANDIDATE_MIN_RUNS
+    looks = schedule(first, settings.get("step") or 2, settings.get("max_runs", 15))
+    extra = None
+    if settings.get("order") == "interleaved":
+        # in turns, the first look waits until the baseline has its min_runs too (then the schedule goes on)
+        extra = max(len(base) - len(cand), 0)
+        start = max(first, settings.get("min_runs", 5) - extra)
+        looks = (start,) + tuple(k for k in looks if k > start)
+    used = [k for k in looks if k <= len(cand)] or [len(cand)]
+    result: dict[str, Any] = {}
+    b_lat, c_lat = settings.pop("baseline_latency", None) or {}, settings.pop("candidate_latency", None) or {}
+    for k in used:
+        nb = len(base) if extra is None else extra + k
+        lat = {"baseline_latency": {m: list(v)[:nb] for m, v in b_lat.items()},
+               "candidate_latency": {m: list(v)[:k] for m, v in c_lat.items()}} if b_lat and c_lat else {}
+        result = decide(base[:nb], cand[:k], **lat, **settings)
+        result["candidate_runs_used"] = k
+        if result["final"]:
+            break
+    return result
