@@ -393,7 +393,8 @@ def test_sweep_against_the_lab_server_matches_its_token_counters(model_dir):
         assert lv["repetitions"] == 2 and lv["errors"] == 0 and lv["requests"] == 12
         for r in lv["runs"]:
             assert (r["ok"], r["output_tokens"], r["prompt_tokens"]) == (6, 48, 96)
-            assert abs(r["output_throughput"] * r["duration_s"] - 48) / 48 < 0.01
+            # duration_s is rounded to 0.1 ms: on a run this short that rounding alone can reach 1%
+            assert abs(r["output_throughput"] * r["duration_s"] - 48) <= 0.01 * 48 + r["output_throughput"] * 0.00005
             assert r["tokens_per_chunk"] == 1.0 and r["itl_exact"] and r["itl_ms"]["count"] == 6 * 7
             assert 0 < r["client_cpu_pct"] < 1000
         assert len(result["samples"][str(lv["concurrency"])]) == 2

@@ -80,6 +80,7 @@ def forget_module_warnings() -> None:
     module_warnings._global_warnings.clear()  # pylint: disable=protected-access
     module_warnings._global_deprecations.clear()  # pylint: disable=protected-access
 
+
 # scripts/run-tests (what CI runs) sets it: a test that needs a tool scripts/bootstrap installs
 # (setpci from pciutils, systemctl) then fails when the tool is missing, instead of skipping.
 REQUIRE_TOOLS = os.environ.get("GPUFLEET_REQUIRE_TOOLS") == "1"
