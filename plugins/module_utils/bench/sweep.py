@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import drift_warning
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.metrics import (
     check_protocol, error_key, level_summary, request_metrics, run_summary,
@@ -589,7 +590,7 @@ def compact_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def result_warnings(result: dict[str, Any], cfg: BenchmarkConfig, noisy_cv: float = 0.05) -> list[str]:
+def result_warnings(result: dict[str, Any], cfg: BenchmarkConfig, noisy_cv: float = GATE.noisy_cv) -> list[str]:
     """What the caller should know but that does not fail the benchmark."""
     warnings = []
     if result.get("short_outputs"):
