@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import GateError, decide, latency_series
 
 FLOATS = ("threshold", "alpha", "pass_alpha", "detect", "power", "screen_alpha", "drift_alpha", "trend_guard", "pass_floor")
@@ -13,9 +14,10 @@ INTS = ("min_runs", "candidate_min_runs", "max_runs", "step", "max_baseline_runs
         "baseline_failed", "baseline_requests", "candidate_failed", "candidate_requests", "requests_per_run")
 
 
-def throughput_gate(baseline, candidate, threshold=0.95, alpha=0.01, pass_alpha=0.005, min_runs=5, max_runs=15,
-                    bootstrap=2000, seed=0, unit="tok/s", **options):
-    """Judge candidate runs against baseline runs; see gpufleet.inference.throughput_gate."""
+def throughput_gate(baseline, candidate, threshold=GATE.threshold, alpha=GATE.alpha, pass_alpha=GATE.pass_alpha,
+                    min_runs=GATE.min_runs, max_runs=GATE.max_runs, bootstrap=GATE.bootstrap, seed=GATE.seed, unit=GATE.unit,
+                    **options):
+    """Judge candidate runs against baseline runs; see gpufleet.inference.throughput_gate (defaults: GateSettings)."""
     known = set(FLOATS) | set(INTS) | {"spending", "order", "baseline_workload", "candidate_workload", "baseline_latency",
                                        "candidate_latency", "latency_margins", "latency_alpha"}
     unknown = sorted(set(options) - known)

@@ -206,12 +206,11 @@ files:
   elements: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history import SOURCES
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.bench_history import execute
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.changepoint import CP_ALPHA
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history import SOURCES
 
 ARGUMENT_SPEC = dict(
     path=dict(type="path", required=True),
@@ -228,21 +227,16 @@ ARGUMENT_SPEC = dict(
     hosts=dict(type="list", elements="str", default=[]),
     dest=dict(type="path"),
     title=dict(type="str", default="GPU fleet throughput history"),
-    threshold=dict(type="float", default=0.95),
-    alpha=dict(type="float", default=0.01),
-    min_runs=dict(type="int", default=5),
-    cp_alpha=dict(type="float", default=0.05),
+    threshold=dict(type="float", default=GATE.threshold),
+    alpha=dict(type="float", default=GATE.alpha),
+    min_runs=dict(type="int", default=GATE.min_runs),
+    cp_alpha=dict(type="float", default=CP_ALPHA),
 )
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
-                           required_if=[("state", "report", ["dest"])])
-    try:
-        result = execute(module.params, HostFS("/"), module.check_mode, warn=module.warn)
-    except Failed as err:
-        module.fail_json(msg=str(err), **err.fields)
-    module.exit_json(**result)
+    run_module(ModuleSpec("bench_history", ARGUMENT_SPEC, "keeps the history database at path and writes its report under dest",
+                          checks={"required_if": [("state", "report", ["dest"])]}), execute)
 
 
 if __name__ == "__main__":

@@ -404,11 +404,8 @@ benchmark:
       type: float
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.inference_benchmark import BenchmarkError, execute
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
 
 ARGUMENT_SPEC = dict(
     url=dict(type="str", default="http://127.0.0.1:8000"),
@@ -442,9 +439,8 @@ ARGUMENT_SPEC = dict(
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    finish(module, "inference_benchmark", "writes its results under results_dir",
-           lambda: execute(module.params, HostFS("/"), module.check_mode, warn=module.warn), BenchmarkError)
+    run_module(ModuleSpec("inference_benchmark", ARGUMENT_SPEC, "writes its results under results_dir", (BenchmarkError,)),
+               execute)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ description:
     the RV(verdict) V(equivalent) (within the A/A band), V(drifted) (beyond it, within the tolerance) or V(diverged).
   - Bad or missing logprobs, a server that refuses a prompt, a reference recorded for another model (another served
     name, model path or tokenizer) or with another prompt set fail the task with the reason.
-  - The prompt set ships inside the collection (module_utils C(output_prompts), generated from a seeded word list);
+  - The prompt set ships inside the collection (module_utils C(bench/prompts.py), generated from a seeded word list);
     docs/benchmark.md explains the scoring, the A/A band and how to set the tolerance.
 author:
   - gpufleet.inference contributors (@gpufleet)
@@ -205,50 +205,36 @@ model:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.equivalence import EquivalenceError
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.output_equivalence import Settings, run
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.output_equivalence import execute
 
-
-def settings(params: dict) -> Settings:
-    return Settings(url=params["url"], model=params["model"], api_key=params["api_key"], mode=params["mode"],
-                    reference=params["reference"], max_tokens=params["max_tokens"], seed=params["seed"],
-                    lengths=params["prompt_lengths"], timeout=params["timeout"], validate_certs=params["validate_certs"],
-                    overwrite=params["overwrite"], aa_margin_top1=params["aa_margin_top1"],
-                    aa_margin_logprob=params["aa_margin_logprob"],
-                    tolerance={"top1": params["tolerance_top1"], "mean_logprob": params["tolerance_mean_logprob"],
-                               "p99_logprob": params["tolerance_p99_logprob"]})
+ARGUMENT_SPEC = dict(
+    url=dict(type="str", default="http://127.0.0.1:8000"),
+    model=dict(type="str", required=True),
+    api_key=dict(type="str", no_log=True),
+    mode=dict(type="str", choices=["record", "compare"], default="compare"),
+    reference=dict(type="path", required=True),
+    overwrite=dict(type="bool", default=False),
+    max_tokens=dict(type="int", default=32, no_log=False),
+    seed=dict(type="int", default=0),
+    prompt_lengths=dict(type="list", elements="str", choices=["short", "medium", "long"],
+                        default=["short", "medium", "long"]),
+    timeout=dict(type="float", default=300.0),
+    validate_certs=dict(type="bool", default=True),
+    tolerance_top1=dict(type="float", default=0.9),
+    tolerance_mean_logprob=dict(type="float", default=0.1),
+    tolerance_p99_logprob=dict(type="float", default=1.0),
+    aa_margin_top1=dict(type="float", default=0.005),
+    aa_margin_logprob=dict(type="float", default=0.01),
+    root=dict(type="path", default="/"),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            url=dict(type="str", default="http://127.0.0.1:8000"),
-            model=dict(type="str", required=True),
-            api_key=dict(type="str", no_log=True),
-            mode=dict(type="str", choices=["record", "compare"], default="compare"),
-            reference=dict(type="path", required=True),
-            overwrite=dict(type="bool", default=False),
-            max_tokens=dict(type="int", default=32, no_log=False),
-            seed=dict(type="int", default=0),
-            prompt_lengths=dict(type="list", elements="str", choices=["short", "medium", "long"],
-                                default=["short", "medium", "long"]),
-            timeout=dict(type="float", default=300.0),
-            validate_certs=dict(type="bool", default=True),
-            tolerance_top1=dict(type="float", default=0.9),
-            tolerance_mean_logprob=dict(type="float", default=0.1),
-            tolerance_p99_logprob=dict(type="float", default=1.0),
-            aa_margin_top1=dict(type="float", default=0.005),
-            aa_margin_logprob=dict(type="float", default=0.01),
-            root=dict(type="path", default="/"),
-        ),
-        supports_check_mode=True,
-    )
-    finish(module, "output_equivalence", "asks the server for completions and reads or writes the reference file",
-           lambda: run(settings(module.params), HostFS(module.params["root"]), module.check_mode, module.warn), EquivalenceError)
+    run_module(ModuleSpec("output_equivalence", ARGUMENT_SPEC,
+                          "asks the server for completions and reads or writes the reference file", (EquivalenceError,)),
+               execute)
 
 
 if __name__ == "__main__":

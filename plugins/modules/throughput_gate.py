@@ -431,79 +431,51 @@ actions:
   sample: []
 """
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE, ORDERS, SPENDING
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import GateError, execute
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import GateError, decide, side_workload
+ARGUMENT_SPEC = dict(
+    baseline=dict(type="list", elements="float", required=True),
+    candidate=dict(type="list", elements="float", required=True),
+    threshold=dict(type="float", default=GATE.threshold),
+    alpha=dict(type="float", default=GATE.alpha),
+    pass_alpha=dict(type="float", default=GATE.pass_alpha, no_log=False),
+    detect=dict(type="float"),
+    min_runs=dict(type="int", default=GATE.min_runs),
+    candidate_min_runs=dict(type="int", default=GATE.candidate_min_runs),
+    step=dict(type="int", default=GATE.step),
+    max_runs=dict(type="int", default=GATE.max_runs),
+    max_baseline_runs=dict(type="int", default=GATE.max_baseline_runs),
+    baseline_step=dict(type="int", default=GATE.baseline_step),
+    power=dict(type="float", default=GATE.power),
+    spending=dict(type="str", choices=list(SPENDING), default=GATE.spending),
+    screen_alpha=dict(type="float", default=GATE.screen_alpha),
+    drift_alpha=dict(type="float", default=GATE.drift_alpha),
+    trend_guard=dict(type="float", default=GATE.trend_guard),
+    order=dict(type="str", choices=list(ORDERS), default=GATE.order),
+    pass_floor=dict(type="float", default=GATE.pass_floor, no_log=False),
+    baseline_failed=dict(type="int", default=0),
+    baseline_requests=dict(type="int", default=0),
+    candidate_failed=dict(type="int", default=0),
+    candidate_requests=dict(type="int", default=0),
+    requests_per_run=dict(type="int"),
+    baseline_workload=dict(type="dict"),
+    candidate_workload=dict(type="dict"),
+    workload_concurrency=dict(type="int"),
+    baseline_latency=dict(type="dict"),
+    candidate_latency=dict(type="dict"),
+    latency_margins=dict(type="dict"),
+    latency_alpha=dict(type="float", default=GATE.latency_alpha),
+    bootstrap_resamples=dict(type="int", default=GATE.bootstrap),
+    seed=dict(type="int", default=GATE.seed),
+    unit=dict(type="str", default=GATE.unit),
+    fail_on_regression=dict(type="bool", default=False),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            baseline=dict(type="list", elements="float", required=True),
-            candidate=dict(type="list", elements="float", required=True),
-            threshold=dict(type="float", default=0.95),
-            alpha=dict(type="float", default=0.01),
-            pass_alpha=dict(type="float", default=0.005, no_log=False),
-            detect=dict(type="float"),
-            min_runs=dict(type="int", default=5),
-            candidate_min_runs=dict(type="int", default=4),
-            step=dict(type="int", default=2),
-            max_runs=dict(type="int", default=15),
-            max_baseline_runs=dict(type="int", default=15),
-            baseline_step=dict(type="int", default=1),
-            power=dict(type="float", default=0.8),
-            spending=dict(type="str", choices=["obf", "pocock"], default="pocock"),
-            screen_alpha=dict(type="float", default=0.001),
-            drift_alpha=dict(type="float", default=0.001),
-            trend_guard=dict(type="float", default=0.1),
-            order=dict(type="str", choices=["sequential", "interleaved"], default="sequential"),
-            pass_floor=dict(type="float", default=0.75, no_log=False),
-            baseline_failed=dict(type="int", default=0),
-            baseline_requests=dict(type="int", default=0),
-            candidate_failed=dict(type="int", default=0),
-            candidate_requests=dict(type="int", default=0),
-            requests_per_run=dict(type="int"),
-            baseline_workload=dict(type="dict"),
-            candidate_workload=dict(type="dict"),
-            workload_concurrency=dict(type="int"),
-            baseline_latency=dict(type="dict"),
-            candidate_latency=dict(type="dict"),
-            latency_margins=dict(type="dict"),
-            latency_alpha=dict(type="float", default=0.0025),
-            bootstrap_resamples=dict(type="int", default=2000),
-            seed=dict(type="int", default=0),
-            unit=dict(type="str", default="tok/s"),
-            fail_on_regression=dict(type="bool", default=False),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    try:
-        level = p["workload_concurrency"]
-        workloads = {side: side_workload(side, p[f"{side}_workload"], level) for side in ("baseline", "candidate")}
-        gate = decide(p["baseline"], p["candidate"], threshold=p["threshold"], alpha=p["alpha"], pass_alpha=p["pass_alpha"],
-                      detect=p["detect"], min_runs=p["min_runs"], candidate_min_runs=p["candidate_min_runs"],
-                      step=p["step"], max_runs=p["max_runs"], max_baseline_runs=p["max_baseline_runs"],
-                      baseline_step=p["baseline_step"], power=p["power"], spending=p["spending"],
-                      screen_alpha=p["screen_alpha"], drift_alpha=p["drift_alpha"], trend_guard=p["trend_guard"],
-                      order=p["order"], pass_floor=p["pass_floor"], baseline_failed=p["baseline_failed"],
-                      baseline_requests=p["baseline_requests"], candidate_failed=p["candidate_failed"],
-                      candidate_requests=p["candidate_requests"], requests_per_run=p["requests_per_run"],
-                      bootstrap=p["bootstrap_resamples"], seed=p["seed"], unit=p["unit"],
-                      baseline_workload=workloads["baseline"], candidate_workload=workloads["candidate"],
-                      baseline_latency=p["baseline_latency"], candidate_latency=p["candidate_latency"],
-                      latency_margins=p["latency_margins"], latency_alpha=p["latency_alpha"])
-    except GateError as err:
-        module.fail_json(msg=f"Cannot judge the runs: {err}")
-    for warning in gate["warnings"]:
-        module.warn(warning)
-    result = dict(changed=False, actions=[], decision=gate["decision"], ratio=gate["ratio"], p_value=gate["p_value"],
-                  runs_needed=gate["runs_needed"], reason=gate["reason"], latency=gate["latency"], gate=gate)
-    if "throughput" in gate:
-        result["throughput"] = gate["throughput"]
-    if p["fail_on_regression"] and gate["decision"] == "regression":
-        module.fail_json(msg=gate["reason"], **result)
-    module.exit_json(**result)
+    run_module(ModuleSpec("throughput_gate", ARGUMENT_SPEC, "reads and writes nothing on the host", (GateError,)), execute)
 
 
 if __name__ == "__main__":

@@ -93,7 +93,8 @@ options:
   gate:
     description:
       - Throughput gate settings C(threshold), C(alpha), C(pass_alpha), C(min_runs), C(max_runs) (see
-        M(gpufleet.inference.throughput_gate)).
+        M(gpufleet.inference.throughput_gate)), each at the gate's own default when not set (C(pass_alpha) 0.005, as
+        the module's; it was 0.05 here before).
       - C(threshold=auto) sets it from the baseline's largest run-to-run CV, C(1 - auto_k x CV) (C(auto_k) 3), at least
         C(auto_floor) (0.5), at most 0.95. With a threshold given, the state says whether it fits that CV.
       - C(latency_margins), per metric (C(ttft_p50), C(ttft_p90), C(tpot_p50), C(tpot_p90)), the largest increase still a
@@ -214,10 +215,7 @@ state_file:
   type: str
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.tuning.tune_measured import TuneError, execute
 
 ARGUMENT_SPEC = dict(
@@ -242,10 +240,8 @@ ARGUMENT_SPEC = dict(
 
 
 def main():
-    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True,
-                           required_if=[("op", "complete", ["action_id"])])
-    finish(module, "tune_measured", "keeps its state file under state_file",
-           lambda: execute(module.params, HostFS(module.params["root"]), module.check_mode), TuneError)
+    run_module(ModuleSpec("tune_measured", ARGUMENT_SPEC, "keeps its state file under state_file", (TuneError,),
+                          {"required_if": [("op", "complete", ["action_id"])]}), execute)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,24 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What gpufleet.inference.bench_history executes: store result documents in the history
-(bench_history.py), or read the series and render the report (history_report.py) and write its files
-through HostFS. Failures are raised as hostfs.Failed with the result so far, never fail_json-ed here.
+"""What gpufleet.inference.bench_history executes (``execute()``): store result documents in the history
+(bench/history.py), or read the series and render the report (bench/history_report.py) and write its files
+through the host's files (_host/files.py HostFS). Failures are raised as _host/result.py Failed with the result so
+far, never fail_json-ed here.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
+
+if TYPE_CHECKING:  # the executor's Host, for its annotation only (this module stays free of AnsibleModule)
+    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 
 
 def _store_action(p: dict, doc: dict, run_id: int | None = None) -> dict[str, Any]:
@@ -94,10 +98,11 @@ def report(p: dict, fs: HostFS, check_mode: bool, result: dict) -> None:
             fs.write_atomic(path, text, mode=0o644)
 
 
-def execute(p: dict, fs: HostFS, check_mode: bool, warn: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """One run of the module: ``append``, ``report`` or ``query``. Raises Failed (with the result so far) when a
-    document or the history is bad, or the report cannot be written."""
-    warn = warn or (lambda msg: None)
+def execute(p: dict, host: "Host", check_mode: bool) -> dict[str, Any]:
+    """One run of the module: ``append``, ``report`` or ``query`` (report files through ``host.fs``, warnings through
+    ``host.warn``). Raises Failed (with the result so far) when a document or the history is bad, or the report cannot
+    be written."""
+    fs, warn = host.fs, host.warn
     result: dict[str, Any] = {"changed": False, "actions": []}
     try:
         if p["state"] == "append":

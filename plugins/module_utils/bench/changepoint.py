@@ -6,7 +6,7 @@
 Two rules, both answering with their uncertainty:
 
 * **Consecutive drop** (the flag): each run's per-run output tok/s samples are judged against the
-  previous run's by the collection's throughput gate (``throughput_gate.decide``: the ratio of geometric
+  previous run's by the collection's throughput gate (bench/throughput_gate.py ``decide()``: the ratio of geometric
   means below ``threshold`` *and* a one-sided t-test on log throughput at ``alpha``, with a bootstrap
   interval of the median ratio). Stored runs cannot be extended, so the gate is asked for one look at
   all of them (``candidate_min_runs = max_runs`` = the later run's samples: a fixed test spending the
@@ -28,8 +28,10 @@ from __future__ import annotations
 import random
 from typing import Any, Sequence
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import GateError, decide
 
+CP_ALPHA = 0.05  # the E-divisive permutation test's level (bench_history's cp_alpha)
 CHANGE_KEYS = ("kernel", "gpu_driver", "vllm_version", "tuning_key")
 
 
@@ -47,8 +49,8 @@ def changes_between(prev: dict[str, Any], cur: dict[str, Any]) -> list[str]:
     return out
 
 
-def consecutive_drops(runs: Sequence[dict[str, Any]], threshold: float = 0.95, alpha: float = 0.01,
-                      min_runs: int = 5) -> list[dict[str, Any]]:
+def consecutive_drops(runs: Sequence[dict[str, Any]], threshold: float = GATE.threshold, alpha: float = GATE.alpha,
+                      min_runs: int = GATE.min_runs) -> list[dict[str, Any]]:
     """For each run after the first, the gate's verdict against the run before it (see module doc)."""
     out = []
     for i in range(1, len(runs)):
@@ -99,7 +101,7 @@ def best_split(x: Sequence[float], min_size: int) -> tuple[int, float] | None:
     return best
 
 
-def e_divisive(values: Sequence[float], alpha: float = 0.05, min_size: int = 2, permutations: int = 199,
+def e_divisive(values: Sequence[float], alpha: float = CP_ALPHA, min_size: int = 2, permutations: int = 199,
                seed: int = 0, offset: int = 0) -> list[dict[str, Any]]:
     """Change points of ``values`` (binary segmentation, permutation-tested); indexes into the full series."""
     x = [float(v) for v in values]
@@ -129,9 +131,10 @@ def e_divisive(values: Sequence[float], alpha: float = 0.05, min_size: int = 2, 
             + e_divisive(after, alpha, min_size, permutations, seed, offset + tau))
 
 
-def analyse(series: dict[str, Any], threshold: float = 0.95, alpha: float = 0.01, min_runs: int = 5,
-            cp_alpha: float = 0.05, min_size: int = 2, permutations: int = 199) -> dict[str, Any]:
-    """Both rules over one series (bench_history.series() entry); the drops and the change points."""
+def analyse(series: dict[str, Any], threshold: float = GATE.threshold, alpha: float = GATE.alpha,
+            min_runs: int = GATE.min_runs, cp_alpha: float = CP_ALPHA, min_size: int = 2,
+            permutations: int = 199) -> dict[str, Any]:
+    """Both rules over one series (a bench/history.py series() entry); the drops and the change points."""
     runs = series["runs"]
     medians = [r["median"] for r in runs if r.get("median") is not None]
     steps = consecutive_drops(runs, threshold=threshold, alpha=alpha, min_runs=min_runs)

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Output equivalence, the pure part: parse a server's generation and teacher-forced scores, score a candidate against
 a reference, measure the A/A band, judge ``equivalent`` / ``drifted`` / ``diverged`` (docs/benchmark.md, "Output
-equivalence"). No I/O here: output_equivalence_run makes the HTTP calls and writes the reference.
+equivalence"). No I/O here: bench/output_equivalence.py makes the HTTP calls and writes the reference.
 
 Greedy text may fork after a near-tie without anything being wrong, so the judgement is not string equality: the
 reference continuation is scored under the candidate (teacher-forced, vLLM's ``prompt_logprobs``) and the verdict

@@ -8,7 +8,7 @@ driver, vLLM version, model, tuning state, the benchmark profile and source) and
 JSON; one row per concurrency level (``levels``) with the per-run output tok/s samples and the
 latency percentiles the report draws. A *configuration* is what was measured (model, prompt and
 output tokens, request count, prompt mode, ignore_eos, profile): runs of one host, configuration
-and concurrency level form one series, and the change-point rule (bench_changepoint) judges each
+and concurrency level form one series, and the change-point rule (bench/changepoint.py) judges each
 series. Kernel, driver, vLLM version and tuning are what *changed* between runs: the report
 annotates them, they are not part of the configuration.
 

@@ -4,7 +4,7 @@
 """The throughput history report: per host, the curves over time, what changed, the flagged drops, and the PCIe
 link findings of each run (a link that flapped or stayed down during a measured run) next to that run's tok/s.
 
-Pure functions from bench_history.series() entries (analysed by bench_changepoint.analyse) to a
+Pure functions from bench/history.py series() entries (analysed by bench/changepoint.py analyse()) to a
 report model, Markdown and a self-contained HTML page with one inline SVG chart per host.
 """
 

@@ -3,8 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """One run of the inference_benchmark module: validate, probe (check mode) or benchmark, store, judge.
 
-execute() takes the module's parameters and returns its result; every failure is a hostfs.Failed
-carrying the result so far (the module's main() ends the run through hostfs.finish()). Check mode
+execute() takes the module's parameters and the Host (files, warnings) and returns its result; every failure is a
+_host/result.py Failed carrying the result so far (run_module() ends the run through finish()). Check mode
 asks the server for its models and sends no load; a stored result is one atomic, durable write.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
@@ -24,6 +24,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.sweep imp
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.link_samples import LinkMonitor, WithLinks, flapping_runs, path_devices
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.load_monitor import contaminated_runs, for_pool
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker, TopologyError, select_targets
+
+if TYPE_CHECKING:  # the executor's Host, for its annotation only (this module stays free of AnsibleModule)
+    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 
 
 def link_devices(params: dict[str, Any], fs: HostFS) -> list[str]:
@@ -52,7 +55,7 @@ def check_params(params: dict[str, Any]):
 
 
 def run_monitor(params: dict[str, Any], devices: list[str], fs: HostFS):
-    """The per-run monitor factory for inference_sweep.benchmark(): the server's in-flight count (monitor_load) and
+    """The per-run monitor factory for bench/sweep.py's benchmark(): the server's in-flight count (monitor_load) and
     the PCIe links of ``devices`` (link_devices(); none: no link sampling)."""
     load = for_pool if params["monitor_load"] else None
     if not devices:
@@ -63,10 +66,9 @@ def run_monitor(params: dict[str, Any], devices: list[str], fs: HostFS):
     return both
 
 
-def execute(params: dict[str, Any], fs: HostFS, check_mode: bool,
-            warn: Callable[[str], None] | None = None) -> dict[str, Any]:
+def execute(params: dict[str, Any], host: "Host", check_mode: bool) -> dict[str, Any]:
     """The module's result (``diff`` empty: a benchmark changes no setting). Raises Failed with the result so far."""
-    warn = warn or (lambda msg: None)
+    fs, warn = host.fs, host.warn
     cfg, label = check_params(params)
     kernel = platform.release()
     result: dict[str, Any] = dict(changed=False, actions=[], benchmarked=False, kernel=kernel, plan=plan(cfg),

@@ -72,7 +72,7 @@ class InFlightMonitor:
     """Samples /metrics on its own connection while a run is in flight (start(), then stop(concurrency))."""
 
     def __init__(self, connect, headers: dict[str, str] | None = None, interval: float = 0.2, path: str = "/metrics"):
-        self.connect = connect  # async () -> an open inference_transport.HttpConnection
+        self.connect = connect  # async () -> an open bench/transport.py HttpConnection
         self.headers = dict(headers or {})
         self.interval = interval
         self.path = path
@@ -133,7 +133,7 @@ class InFlightMonitor:
 
 
 def for_pool(pool, headers: dict[str, str] | None = None, interval: float = 0.2) -> InFlightMonitor:
-    """A monitor on its own connection to the pool's endpoint (the hook inference_sweep.benchmark() takes)."""
+    """A monitor on its own connection to the pool's endpoint (the hook bench/sweep.py's benchmark() takes)."""
 
     async def connect():
         conn = HttpConnection(pool.endpoint, pool.ssl_context)

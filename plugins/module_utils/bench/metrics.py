@@ -4,9 +4,9 @@
 """Per-request metrics of the benchmark client and their aggregates over runs and levels; pure.
 
 request_metrics() gives TTFT, TPOT, ITL and the output token count of one streamed request (an
-inference_transport.RequestRecord), check_protocol() marks a request whose token counts contradict
+bench/transport.py RequestRecord), check_protocol() marks a request whose token counts contradict
 each other, run_summary() and level_summary() aggregate runs and levels. Percentiles, the coefficient
-of variation and the trend of a level's runs come from gate_stats, the statistics the throughput gate
+of variation and the trend of a level's runs come from bench/stats.py, the statistics the throughput gate
 uses too; percentiles are numpy's default (linear) so the figures compare with ``vllm bench serve``.
 
 Definitions (docs/benchmark.md has the long form):

@@ -1,8 +1,9 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Output equivalence, what the module executes: the HTTP calls (through inference_transport's seam), the record and
-compare runs, and the reference file written atomically through hostfs. The scoring is output_equivalence's.
+"""Output equivalence, what the module executes (``execute()``): the HTTP calls (through bench/transport.py's seam), the
+record and compare runs, and the reference file written atomically through the host's files (_host/files.py HostFS).
+The scoring is bench/equivalence.py's.
 
 Requests go one at a time, so the server runs every prompt at batch 1 in record and compare alike (batch shape changes
 the arithmetic of a real engine). Per prompt: a greedy generation (temperature 0, a fixed seed, ``ignore_eos``, the
@@ -17,6 +18,7 @@ import json
 import ssl
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import equivalence as oe
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
@@ -24,6 +26,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport
     ConnectionPool, ProtocolError, connect_error_text, http_json, parse_endpoint,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.prompts import PROMPT_SET_ID, digest, select
+
+if TYPE_CHECKING:  # the executor's Host, for its annotation only (this module stays free of AnsibleModule)
+    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 
 # Option bounds, defined once: (low, high) inclusive.
 BOUNDS = {"max_tokens": (1, 1024), "seed": (0, 2 ** 31 - 1), "timeout": (1.0, 3600.0), "tolerance_top1": (0.0, 1.0),
@@ -251,3 +256,20 @@ def run(s: Settings, fs: HostFS, check_mode: bool, warn) -> dict:
     result["changed"] = bool(result["actions"])
     result.update({"mode": s.mode, "reference": s.reference, "model": s.model})
     return result
+
+
+def settings(params: dict) -> Settings:
+    """The Settings of the module's options."""
+    return Settings(url=params["url"], model=params["model"], api_key=params["api_key"], mode=params["mode"],
+                    reference=params["reference"], max_tokens=params["max_tokens"], seed=params["seed"],
+                    lengths=params["prompt_lengths"], timeout=params["timeout"], validate_certs=params["validate_certs"],
+                    overwrite=params["overwrite"], aa_margin_top1=params["aa_margin_top1"],
+                    aa_margin_logprob=params["aa_margin_logprob"],
+                    tolerance={"top1": params["tolerance_top1"], "mean_logprob": params["tolerance_mean_logprob"],
+                               "p99_logprob": params["tolerance_p99_logprob"]})
+
+
+def execute(params: dict, host: "Host", check_mode: bool) -> dict:
+    """What gpufleet.inference.output_equivalence executes: run() over the module's options, the reference file under
+    the host's root, warnings as the task's."""
+    return run(settings(params), host.fs, check_mode, host.warn)

@@ -6,7 +6,7 @@
 Descriptive statistics, the exact Mann-Whitney U test, Mann-Kendall trend and Theil-Sen slope, a seeded
 bootstrap, Student's t distribution (through the regularised incomplete beta function), the least-squares
 slope test, a one-outlier screen and the Lan-DeMets alpha-spending functions of the gate's sequential
-design (throughput_gate.py). No I/O.
+design (bench/throughput_gate.py). No I/O.
 """
 
 from __future__ import annotations

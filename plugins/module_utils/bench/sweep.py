@@ -18,7 +18,7 @@ requests that are not counted either, until two in a row agree within ``settle_t
 until it has seen every batch shape, and runs taken while it warms up would rise one after the
 other. The measured runs' own trend (Mann-Kendall) is reported per level and warned about.
 
-The transport is inference_transport, the per-request metrics and summaries inference_metrics.
+The transport is bench/transport.py, the per-request metrics and summaries bench/metrics.py.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import drift_warning
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.metrics import (
     check_protocol, error_key, level_summary, request_metrics, run_summary,
@@ -401,6 +402,74 @@ async def settle(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers
             "errors": errors}
 
 
+async def _warm_up_and_settle(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers: dict[str, str], level: int,
+                              where: dict[str, Any]) -> Any:
+    """One level's warm-up requests and settle runs (none with ``measured_only``); the settle runs' summary or None."""
+    if cfg.measured_only:
+        return None
+    where["stage"] = "warm-up"
+    if cfg.warmup:
+        warm = [_body(cfg, model, f"c{level}/warmup/{i}") for i in range(cfg.warmup)]
+        await run_batch(pool, warm, headers, level, cfg.timeout, cfg.max_error_rate, cfg.output_tokens)
+    where["stage"] = "settle runs"
+    return await settle(pool, cfg, model, headers, level) if cfg.settle_runs else None
+
+
+async def _watched_run(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers: dict[str, str], level: int,
+                       rep: int, monitor=None) -> tuple[dict[str, Any], list[RequestRecord]]:
+    """One measured run, watched by ``monitor(pool, headers)`` when given (its verdict in ``server_load``)."""
+    watch = monitor(pool, headers) if monitor else None
+    if watch:
+        await watch.start()
+    try:
+        summary, records = await level_run(pool, cfg, model, headers, level, f"r{rep}")
+        if watch:
+            summary["server_load"] = await watch.stop(level)
+    finally:
+        if watch:
+            watch.close()
+    summary.update(concurrency=level, repetition=rep)
+    return summary, records
+
+
+async def _measure_level(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers: dict[str, str], level: int,
+                         where: dict[str, Any], progress=None, monitor=None) -> dict[str, Any]:
+    """One concurrency level: warm-up, settle runs, then ``repetitions`` measured runs; its level summary."""
+    where.update(level=level, runs=0)
+    settled = await _warm_up_and_settle(pool, cfg, model, headers, level, where)
+    where["stage"] = "measured runs"
+    runs = []
+    all_records: list[RequestRecord] = []
+    for rep in range(cfg.repetitions):
+        summary, records = await _watched_run(pool, cfg, model, headers, level, rep, monitor)
+        runs.append(summary)
+        all_records.extend(records)
+        where["runs"] = rep + 1
+        if progress:
+            progress(summary)
+    return level_summary(level, runs, all_records, settled)
+
+
+def _stood(where: dict[str, Any]) -> str:
+    """Where the sweep stood, for a message."""
+    if where["level"] is None:
+        return f"at the {where['stage']}"
+    return f"at concurrency {where['level']}, {where['stage']}, after {where['runs']} measured runs"
+
+
+def _sweep_result(cfg: BenchmarkConfig, server: dict[str, Any], levels: list[dict[str, Any]], started: float) -> dict[str, Any]:
+    """The sweep's result document (before it is stored), the samples per level and the totals."""
+    finished = time.time()
+    return {
+        "format": RESULT_FORMAT, "client": {"name": CLIENT_NAME, "version": CLIENT_VERSION},
+        "server": server, "config": cfg.public(), "levels": levels,
+        "samples": {str(lv["concurrency"]): list(lv["output_throughput"]["values"]) for lv in levels},
+        "requests": sum(lv["requests"] for lv in levels), "errors": sum(lv["errors"] for lv in levels),
+        "short_outputs": sum(lv["short_outputs"] for lv in levels),
+        "started_at": _iso(started), "finished_at": _iso(finished), "duration_s": round(finished - started, 3),
+    }
+
+
 async def benchmark(cfg: BenchmarkConfig, progress=None, monitor=None) -> dict[str, Any]:
     """The sweep: discover, preflight, then for each level warm-up requests, settle runs and ``repetitions`` measured runs.
 
@@ -418,46 +487,11 @@ async def benchmark(cfg: BenchmarkConfig, progress=None, monitor=None) -> dict[s
 
     async def sweep() -> None:
         server.update(await discover(cfg, pool))
-        model = server["model"]
         where["stage"] = "preflight"
-        server["preflight"] = await preflight(cfg, pool, model)
+        server["preflight"] = await preflight(cfg, pool, server["model"])
         headers = auth_headers(cfg)
         for level in cfg.concurrency:
-            where.update(level=level, runs=0)
-            settled = None
-            if not cfg.measured_only:
-                where["stage"] = "warm-up"
-                if cfg.warmup:
-                    warm = [_body(cfg, model, f"c{level}/warmup/{i}") for i in range(cfg.warmup)]
-                    await run_batch(pool, warm, headers, level, cfg.timeout, cfg.max_error_rate, cfg.output_tokens)
-                where["stage"] = "settle runs"
-                settled = await settle(pool, cfg, model, headers, level) if cfg.settle_runs else None
-            where["stage"] = "measured runs"
-            runs = []
-            all_records: list[RequestRecord] = []
-            for rep in range(cfg.repetitions):
-                watch = monitor(pool, headers) if monitor else None
-                if watch:
-                    await watch.start()
-                try:
-                    summary, records = await level_run(pool, cfg, model, headers, level, f"r{rep}")
-                    if watch:
-                        summary["server_load"] = await watch.stop(level)
-                finally:
-                    if watch:
-                        watch.close()
-                summary.update(concurrency=level, repetition=rep)
-                runs.append(summary)
-                all_records.extend(records)
-                where["runs"] = rep + 1
-                if progress:
-                    progress(summary)
-            levels.append(level_summary(level, runs, all_records, settled))
-
-    def at() -> str:
-        if where["level"] is None:
-            return f"at the {where['stage']}"
-        return f"at concurrency {where['level']}, {where['stage']}, after {where['runs']} measured runs"
+            levels.append(await _measure_level(pool, cfg, server["model"], headers, level, where, progress, monitor))
 
     try:
         if cfg.deadline:
@@ -466,23 +500,15 @@ async def benchmark(cfg: BenchmarkConfig, progress=None, monitor=None) -> dict[s
             await sweep()
     except asyncio.TimeoutError:
         raise BenchmarkError(
-            f"The benchmark of {endpoint.url} did not finish within its deadline of {cfg.deadline:g} s ({at()}): the "
-            "server stopped answering or is far slower than planned. Read the server's log (a hung engine answers "
+            f"The benchmark of {endpoint.url} did not finish within its deadline of {cfg.deadline:g} s ({_stood(where)}): "
+            "the server stopped answering or is far slower than planned. Read the server's log (a hung engine answers "
             "/v1/models but no completion); raise deadline only for a server known to be this slow.") from None
     except RunStopped as err:
-        raise BenchmarkError(f"Stopped the benchmark of {endpoint.url} {at()}: {err}. Read the server's log; a server "
-                             "that errors under load is not a valid baseline or candidate.") from None
+        raise BenchmarkError(f"Stopped the benchmark of {endpoint.url} {_stood(where)}: {err}. Read the server's log; a "
+                             "server that errors under load is not a valid baseline or candidate.") from None
     finally:
         pool.close()
-    finished = time.time()
-    return {
-        "format": RESULT_FORMAT, "client": {"name": CLIENT_NAME, "version": CLIENT_VERSION},
-        "server": server, "config": cfg.public(), "levels": levels,
-        "samples": {str(lv["concurrency"]): list(lv["output_throughput"]["values"]) for lv in levels},
-        "requests": sum(lv["requests"] for lv in levels), "errors": sum(lv["errors"] for lv in levels),
-        "short_outputs": sum(lv["short_outputs"] for lv in levels),
-        "started_at": _iso(started), "finished_at": _iso(finished), "duration_s": round(finished - started, 3),
-    }
+    return _sweep_result(cfg, server, levels, started)
 
 
 async def probe(cfg: BenchmarkConfig) -> dict[str, Any]:
@@ -564,7 +590,7 @@ def compact_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def result_warnings(result: dict[str, Any], cfg: BenchmarkConfig, noisy_cv: float = 0.05) -> list[str]:
+def result_warnings(result: dict[str, Any], cfg: BenchmarkConfig, noisy_cv: float = GATE.noisy_cv) -> list[str]:
     """What the caller should know but that does not fail the benchmark."""
     warnings = []
     if result.get("short_outputs"):

@@ -73,39 +73,46 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
 
 ``inconclusive`` is an answer: it carries the measured CV, the smallest detectable drop and what would help.
 The exact one-sided Mann-Whitney p-value and a seeded bootstrap interval are reported beside it; they do not
-change the decision. Statistics live in gate_stats.py (shared with the benchmark client).
+change the decision. Statistics live in bench/stats.py (shared with the benchmark client); every setting and its default
+in bench/gate_settings.py (``GateSettings``, ``GATE``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import (
+    CANDIDATE_MIN_RUNS, DEFAULT_LATENCY_MARGINS, GATE, LATENCY_ALPHA, LATENCY_LABELS, LATENCY_MARGIN_RANGE, LATENCY_METRICS,
+    MAX_BOOTSTRAP, MAX_RUNS, NO_FACTS, ORDERS, SPENDING, GateSettings, RunFacts, check_latency_margins, gate_inputs,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import (
     EXACT_MAX_PER_SIDE, EXACT_TIES_MAX_TOTAL, EXACT_TREND_MAX, GateError, betainc, bootstrap_ratio_ci, drift_warning,
     inversion_distribution, median, median_ci, min_p_value, mwu_less, percentile, sample_stats, screen_one, slope_test,
     spent_alpha, t_quantile, t_sf, theil_sen_slope, trend, u_distribution, u_statistic,
 )
 
-# The statistics stay importable from here (callers and tests used them from this module before the split).
+if TYPE_CHECKING:  # the executor's Host, for its annotation only (this module stays free of AnsibleModule)
+    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+
+# The statistics (bench/stats.py) and the settings (bench/gate_settings.py) stay importable from here (callers and
+# tests used them from this module before the split).
 __all__ = [
     "CANDIDATE_MIN_RUNS", "DECISIONS", "ORDERS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX",
-    "GateError", "betainc", "bootstrap_ratio_ci", "check_runs", "check_settings", "common_trend", "decide",
+    "GateError", "betainc", "bootstrap_ratio_ci", "check_runs", "common_trend", "decide",
     "detectable_drop", "drift_check", "drift_warning", "inversion_distribution", "look_level", "median", "median_ci", "min_p_value",
     "mwu_less", "percentile", "replay", "sample_stats", "schedule", "screen_one", "slope_test", "spent_alpha",
     "t_quantile", "t_sf", "theil_sen_slope", "trend", "u_distribution", "u_statistic",
     "MAX_BOOTSTRAP", "MAX_RUNS", "WORKLOAD_FIELDS", "WORKLOAD_REQUIRED", "check_all_settings", "check_count",
     "workload", "workload_mismatch", "decide_throughput", "LATENCY_METRICS", "DEFAULT_LATENCY_MARGINS", "LATENCY_ALPHA",
     "check_latency_margins", "latency_series", "run_latency", "LATENCY_LABELS", "latency_part",
+    "GATE", "GateSettings", "RunFacts", "NO_FACTS", "gate_inputs", "LATENCY_MARGIN_RANGE",
 ]
 
 DECISIONS = ("pass", "regression", "inconclusive")
-ORDERS = ("sequential", "interleaved")
-CANDIDATE_MIN_RUNS = 4  # the first look: with 5 baseline runs a quiet host is decided after 9 runs in all
-SPENDING = ("obf", "pocock")
-MAX_RUNS = 1000  # runs per side at most (the looks' schedule and the t tables are built up to it)
-MAX_BOOTSTRAP = 100000  # bootstrap resamples at most (about a second of CPU per look)
 
 # The workload fingerprint: what two benchmark results must share to be compared (docs/benchmark.md, "What the
 # gate compares"). The seed is left out on purpose: extra rounds draw new prompts of the same lengths; so are
@@ -136,34 +143,6 @@ def check_runs(name: str, values: Any) -> list[float]:
             raise GateError(f"{name}[{i}] is {value}: throughputs must be finite and not negative")
         out.append(value)
     return out
-
-
-def check_settings(threshold: float, alpha: float, pass_alpha: float, min_runs: int, max_runs: int, step: int = 1,
-                   max_baseline_runs: int | None = None, baseline_step: int = 1, power: float = 0.8,
-                   spending: str = "obf", screen_alpha: float = 0.001, drift_alpha: float = 0.001) -> None:
-    """GateError when the settings cannot give a sound decision."""
-    if not 0.0 < threshold < 1.0:
-        raise GateError(f"threshold must be in (0, 1) (0.95 = a 5% drop is a regression), got {threshold}")
-    for name, value in (("alpha", alpha), ("pass_alpha", pass_alpha), ("screen_alpha", screen_alpha),
-                        ("drift_alpha", drift_alpha)):
-        if not 0.0 < value < 0.5:
-            raise GateError(f"{name} must be in (0, 0.5), got {value}")
-    if not 0.5 <= power < 1.0:
-        raise GateError(f"power must be in [0.5, 1) (0.8: the smallest detectable drop is caught 80% of the time), got {power}")
-    for name, value in (("min_runs", min_runs), ("max_runs", max_runs), ("max_baseline_runs", max_baseline_runs),
-                        ("step", step), ("baseline_step", baseline_step)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_RUNS):
-            raise GateError(f"{name} must be a whole number of runs between 1 and {MAX_RUNS}, got {value!r}")
-    if min_runs < 3:
-        raise GateError(f"min_runs must be at least 3 (a side's spread needs two runs and the test a degree of freedom "
-                        f"more), got {min_runs}")
-    if max_runs < min_runs:
-        raise GateError(f"max_runs ({max_runs}) must be at least min_runs ({min_runs}): allowed {min_runs}..{MAX_RUNS}")
-    if max_baseline_runs is not None and max_baseline_runs < min_runs:
-        raise GateError(f"max_baseline_runs ({max_baseline_runs}) must be at least min_runs ({min_runs}): allowed "
-                        f"{min_runs}..{MAX_RUNS} (kernel_upgrade_gate_max_baseline_runs in the kernel_upgrade role)")
-    if spending not in SPENDING:
-        raise GateError(f"spending must be one of {', '.join(SPENDING)}, got {spending!r}")
 
 
 def check_count(name: str, value: Any) -> int:
@@ -265,9 +244,9 @@ def side_workload(side: str, value: Any, concurrency: Any = None) -> dict[str, A
         raise GateError(f"{side}_workload: {err}") from err
 
 
-def check_all_settings(**settings: Any) -> None:
+def check_all_settings(settings: GateSettings | None = None, **options: Any) -> None:
     """Every setting of decide() checked, before any run is measured: GateError with the allowed range."""
-    decide([], [], **settings)
+    decide([], [], settings, **options)
 
 
 def _fmt(value: float) -> str:
@@ -317,15 +296,15 @@ def look_level(n_b: int, n_c: int, min_runs: int, step: int, max_runs: int, alph
     return max(spent - before, 0.0), spent, tau(n_c)
 
 
-def detectable_drop(sd_log: float, n_b: int, df: int, settings: dict[str, Any]) -> float:
+def detectable_drop(sd_log: float, n_b: int, df: int, settings: GateSettings) -> float:
     """Smallest drop (a fraction) told from no change with the set power, for this spread, at the cap.
 
     The textbook size of a fixed one-sided test at level ``alpha`` with ``max_runs`` candidate runs:
     1 - exp(-(t_alpha + t_power) x s sqrt(1/n_b + 1/max_runs)), t quantiles with the cap's degrees of freedom.
     """
-    se_cap = sd_log * math.sqrt(1.0 / n_b + 1.0 / settings["max_runs"])
+    se_cap = sd_log * math.sqrt(1.0 / n_b + 1.0 / settings.max_runs)
     df = max(df, 1)
-    q = t_quantile(settings["alpha"], df) + t_quantile(1.0 - settings["power"], df)
+    q = t_quantile(settings.alpha, df) + t_quantile(1.0 - settings.power, df)
     return 1.0 - math.exp(-q * se_cap)
 
 
@@ -430,229 +409,314 @@ def _failure_rate(side: str, failed: Any, requests: Any) -> float:
     return failed / requests if requests else 0.0
 
 
-def decide_throughput(baseline: Sequence[float], candidate: Sequence[float], threshold: float = 0.95, alpha: float = 0.01,
-                      pass_alpha: float = 0.005, min_runs: int = 5, max_runs: int = 15, step: int | None = None,
-                      bootstrap: int = 2000, seed: int = 0, ci_level: float = 0.95, unit: str = "tok/s", noisy_cv: float = 0.05,
-                      max_baseline_runs: int = 15, baseline_step: int | None = None, power: float = 0.8, spending: str = "pocock",
-                      screen_alpha: float = 0.001, drift_alpha: float = 0.001, baseline_failed: int = 0,
-                      baseline_requests: int = 0, candidate_failed: int = 0, candidate_requests: int = 0,
-                      requests_per_run: int | None = None, detect: float | None = None,
-                      candidate_min_runs: int | None = CANDIDATE_MIN_RUNS, trend_guard: float = 0.1, guard_from: int = 2,
-                      pass_floor: float = 0.75, reserve: float = 0.3, order: str = "sequential", baseline_workload: Any = None,
-                      candidate_workload: Any = None) -> dict[str, Any]:
-    """The throughput part: judge candidate runs against baseline runs (higher is better); with no candidate runs,
-    judge the baseline alone. decide() is this plus the latency part.
+@dataclass(frozen=True)
+class _Bounds:
+    """What the design derives from the settings: the margin, the drop to detect, and the log boundaries (the
+    threshold, half the margin, the drop to detect and the pass floor)."""
 
-    See the module docstring for the design (``order``: "sequential" or "interleaved"). ``step`` is the candidate runs between looks (default 2),
-    ``baseline_step`` the baseline runs asked for at a time (default ``min_runs``). ``baseline_workload`` and
-    ``candidate_workload`` (results or fingerprints, see workload()) must not differ. Raises GateError for bad input.
-    """
+    margin: float
+    detect: float
+    log_t: float
+    log_r: float
+    log_p: float
+    log_f: float
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """One side's logs kept after the screen, their run indexes, what was screened, and their mean and sum of squares."""
+
+    logs: list
+    keep: list
+    screened: list
+    mean: float
+    ss: float
+
+
+@dataclass(frozen=True)
+class _Look:
+    """The test at one look: the log ratio ``d``, its standard error and df, both p-values, the look's levels."""
+
+    d: float
+    se: float
+    df: int
+    p_drop: float
+    p_pass: float
+    nominal_p: float
+    nominal_r: float
+    sdd: float
+    last: bool
+
+
+def _bounds(s: GateSettings) -> _Bounds:
+    margin, detect = s.margin, s.drop_to_detect()
+    return _Bounds(margin, detect, math.log(s.threshold), math.log(1.0 - margin / 2.0), math.log(1.0 - detect),
+                   math.log(1.0 - s.pass_floor * margin))
+
+
+def _checked(baseline: Any, candidate: Any, s: GateSettings, facts: RunFacts) -> tuple[list[float], list[float],
+                                                                                      tuple[float, float], str]:
+    """Both sides' runs, the settings checked, both failure rates and the workload warning; GateError for bad input."""
     base = check_runs("baseline", baseline)
     cand = check_runs("candidate", candidate)
-    step = step or 2
-    baseline_step = baseline_step or 1
-    first = candidate_min_runs or min_runs
-    check_settings(threshold, alpha, pass_alpha, min_runs, max_runs, step, max_baseline_runs, baseline_step, power,
-                   spending, screen_alpha, drift_alpha)
-    if isinstance(bootstrap, bool) or not isinstance(bootstrap, int) or not 0 <= bootstrap <= MAX_BOOTSTRAP:
-        raise GateError(f"bootstrap_resamples must be a whole number between 0 (off) and {MAX_BOOTSTRAP}, got {bootstrap!r}")
-    fail_b = _failure_rate("baseline", baseline_failed, baseline_requests)
-    fail_c = _failure_rate("candidate", candidate_failed, candidate_requests)
-    unrecorded = check_workloads(baseline_workload, candidate_workload)
-    if not 0.0 < pass_floor <= 1.0:
-        raise GateError(f"pass_floor must be in (0, 1] (a share of the margin: 0.75 at threshold 0.95 passes from 0.9625), "
-                        f"got {pass_floor}")
-    if not 0.0 <= reserve < 1.0:
-        raise GateError(f"reserve must be in [0, 1) (the share of each error rate kept for the last look), got {reserve}")
-    if not 0.0 <= trend_guard < 0.5:
-        raise GateError(f"trend_guard must be in [0, 0.5) (0 turns the shared-trend guard off), got {trend_guard}")
-    if order not in ORDERS:
-        raise GateError(f"order must be one of {', '.join(ORDERS)} (how baseline and candidate runs were taken), "
-                        f"got {order!r}")
-    if guard_from < 1:
-        raise GateError(f"guard_from must be at least 1 (the look from which the trend guard applies), got {guard_from}")
-    margin = 1.0 - threshold
-    detect = min(1.6 * margin, margin + (1.0 - margin) / 2.0) if detect is None else detect
-    if not margin < detect < 1.0:
-        raise GateError(f"detect must be a drop larger than the margin {margin:.3g} and below 1, got {detect}")
-    log_t, log_r, log_p = math.log(threshold), math.log(1.0 - margin / 2.0), math.log(1.0 - detect)
-    log_f = math.log(1.0 - pass_floor * margin)
-    if not 3 <= first <= max_runs:
-        raise GateError(f"candidate_min_runs must be between 3 and max_runs ({max_runs}), got {first}")
-    settings = {"max_runs": max_runs, "min_runs": first, "step": step, "pass_alpha": pass_alpha, "alpha": alpha,
-                "spending": spending, "power": power}
-    result: dict[str, Any] = {
+    s.check()
+    fails = (_failure_rate("baseline", facts.baseline_failed, facts.baseline_requests),
+             _failure_rate("candidate", facts.candidate_failed, facts.candidate_requests))
+    return base, cand, fails, check_workloads(facts.baseline_workload, facts.candidate_workload)
+
+
+def _first_result(base: list[float], cand: list[float], s: GateSettings, unrecorded: str) -> dict[str, Any]:
+    """The result before anything is judged: inconclusive, waiting, with the settings and both sides' statistics."""
+    return {
         "decision": "inconclusive", "final": False, "stage": "baseline", "ratio": None, "p_value": None,
-        "p_value_pass": None, "p_value_mwu": None, "detect": None, "method": f"log-t, {spending} spending",
-        "threshold": threshold, "alpha": alpha, "pass_alpha": pass_alpha, "min_runs": min_runs, "max_runs": max_runs,
-        "max_baseline_runs": max_baseline_runs,
+        "p_value_pass": None, "p_value_mwu": None, "detect": None, "method": f"log-t, {s.spending} spending",
+        "threshold": s.threshold, "alpha": s.alpha, "pass_alpha": s.pass_alpha, "min_runs": s.min_runs,
+        "max_runs": s.max_runs, "max_baseline_runs": s.max_baseline_runs,
         "baseline": sample_stats(base) if base else {"n": 0}, "candidate": sample_stats(cand) if cand else {"n": 0},
         "cv": None, "smallest_detectable_drop": None, "too_noisy": False, "screened": [], "look": None,
-        "interval": None, "ci": None, "ci_level": ci_level, "runs_needed": 0, "baseline_runs_needed": 0,
+        "interval": None, "ci": None, "ci_level": s.ci_level, "runs_needed": 0, "baseline_runs_needed": 0,
         "decided_by": "waiting", "advice": "", "warnings": [unrecorded] if unrecorded else [], "reason": "",
     }
-    if len(base) < min_runs:
-        result["baseline_runs_needed"] = min_runs - len(base)
-        result["reason"] = (f"inconclusive: {len(base)} baseline runs, at least {min_runs} are needed before anything is "
-                            f"judged: run {result['baseline_runs_needed']} more baseline runs")
-        return result
+
+
+def _baseline_fit(base: list[float], s: GateSettings, b: _Bounds, result: dict[str, Any]) -> tuple[_Fit, str | None]:
+    """The baseline's own figures (screen, spread, smallest detectable drop, drift) into ``result``; its fit and its
+    drift flag. GateError for a dead baseline run."""
     dead = [str(i + 1) for i, v in enumerate(base) if v <= 0]
     if dead:
-        raise GateError(f"baseline run(s) {', '.join(dead)} of {len(base)} produced no tokens (0 {unit}): the server died "
+        raise GateError(f"baseline run(s) {', '.join(dead)} of {len(base)} produced no tokens (0 {s.unit}): the server died "
                         "or failed every request in them. A dead run is a failure, not an outlier, and a baseline with one "
                         "cannot be compared with anything; fix the baseline server and measure it again")
-    b_logs, b_keep, screened = _screen("baseline", base, _logs(base), screen_alpha, min_runs, unit)
+    b_logs, b_keep, screened = _screen("baseline", base, _logs(base), s.screen_alpha, s.min_runs, s.unit)
     result["screened"] = screened
     b_mean, b_ss = _mean_var(b_logs)
     b_sd = math.sqrt(b_ss / (len(b_logs) - 1))
-    sdd_b = detectable_drop(b_sd, len(b_logs), len(b_logs) - 1 + max_runs - 1, settings)
+    sdd_b = detectable_drop(b_sd, len(b_logs), len(b_logs) - 1 + s.max_runs - 1, s)
     result.update(cv=_cv(b_sd), smallest_detectable_drop=sdd_b)
-    b_info, b_drift = drift_check({"baseline": b_logs}, -log_r, drift_alpha)
+    b_info, b_drift = drift_check({"baseline": b_logs}, -b.log_r, s.drift_alpha)
     result["baseline"]["drift"] = b_info["baseline"]
-    if not cand:
-        if b_drift:
-            result.update(final=True, decided_by="drift", advice=b_drift.split("; ")[-1],
-                          reason=f"inconclusive before any change: {b_drift}")
-        elif screened and len(b_logs) < min_runs and len(base) < max_baseline_runs:
-            result.update(baseline_runs_needed=1, decided_by="baseline-screened", advice="",
-                          reason=(f"inconclusive: {screened[0]['reason']}; run 1 more baseline run in its place before any "
-                                  "change (the baseline cannot be extended after it)"))
-        elif sdd_b <= margin:
-            result.update(runs_needed=first, decided_by="baseline-ready", advice="",
-                          reason=(f"baseline ready: {len(base)} runs, CV {result['cv']:.1%}, smallest detectable drop "
-                                  f"{sdd_b:.1%} (margin {margin:.0%}): measure {first} candidate runs"))
-        elif len(base) < max_baseline_runs:
-            result.update(baseline_runs_needed=min(baseline_step, max_baseline_runs - len(base)),
-                          decided_by="baseline-noisy", advice=_advice(sdd_b, margin, requests_per_run))
-            result["reason"] = (f"inconclusive: with {len(base)} baseline runs (CV {result['cv']:.1%}) the smallest "
-                                f"detectable drop is {sdd_b:.1%}, above the {margin:.0%} margin: run "
-                                f"{result['baseline_runs_needed']} more baseline runs before any change "
-                                f"(cap {max_baseline_runs})")
-        else:
-            result.update(final=True, too_noisy=True, decided_by="too-noisy", advice=_advice(sdd_b, margin, requests_per_run))
-            result["reason"] = (f"host too noisy for a {margin:.0%} gate: CV {result['cv']:.1%}, smallest detectable drop "
-                                f"{sdd_b:.1%} with {len(base)} baseline and {max_runs} candidate runs; try "
-                                f"{result['advice']}. Nothing was changed.")
-        return result
+    return _Fit(b_logs, b_keep, screened, b_mean, b_ss), b_drift
 
-    result["stage"] = "candidate"
+
+def _baseline_verdict(base: list[float], fit: _Fit, drift: str | None, s: GateSettings, b: _Bounds,
+                      result: dict[str, Any]) -> dict[str, Any]:
+    """The baseline alone, before any change: drifting, one more run for a screened one, ready, more runs, or too noisy."""
+    sdd_b, margin, first, cap = result["smallest_detectable_drop"], b.margin, s.first_look, s.max_baseline_runs
+    if drift:
+        result.update(final=True, decided_by="drift", advice=drift.split("; ")[-1],
+                      reason=f"inconclusive before any change: {drift}")
+    elif fit.screened and len(fit.logs) < s.min_runs and len(base) < cap:
+        result.update(baseline_runs_needed=1, decided_by="baseline-screened", advice="",
+                      reason=(f"inconclusive: {fit.screened[0]['reason']}; run 1 more baseline run in its place before any "
+                              "change (the baseline cannot be extended after it)"))
+    elif sdd_b <= margin:
+        result.update(runs_needed=first, decided_by="baseline-ready", advice="",
+                      reason=(f"baseline ready: {len(base)} runs, CV {result['cv']:.1%}, smallest detectable drop "
+                              f"{sdd_b:.1%} (margin {margin:.0%}): measure {first} candidate runs"))
+    elif len(base) < cap:
+        result.update(baseline_runs_needed=min(s.baseline_step or 1, cap - len(base)),
+                      decided_by="baseline-noisy", advice=_advice(sdd_b, margin, s.requests_per_run))
+        result["reason"] = (f"inconclusive: with {len(base)} baseline runs (CV {result['cv']:.1%}) the smallest "
+                            f"detectable drop is {sdd_b:.1%}, above the {margin:.0%} margin: run "
+                            f"{result['baseline_runs_needed']} more baseline runs before any change "
+                            f"(cap {cap})")
+    else:
+        result.update(final=True, too_noisy=True, decided_by="too-noisy", advice=_advice(sdd_b, margin, s.requests_per_run))
+        result["reason"] = (f"host too noisy for a {margin:.0%} gate: CV {result['cv']:.1%}, smallest detectable drop "
+                            f"{sdd_b:.1%} with {len(base)} baseline and {s.max_runs} candidate runs; try "
+                            f"{result['advice']}. Nothing was changed.")
+    return result
+
+
+def _candidate_not_ready(cand: list[float], s: GateSettings, result: dict[str, Any]) -> bool:
+    """True (``result`` set) when the candidate cannot be tested yet: a dead run (a regression) or too few runs."""
     dead = [str(i + 1) for i, v in enumerate(cand) if v <= 0]
     if dead:
         result.update(decision="regression", final=True, decided_by="failures")
-        result["reason"] = (f"regression: candidate run(s) {', '.join(dead)} of {len(cand)} produced no tokens (0 {unit}): "
+        result["reason"] = (f"regression: candidate run(s) {', '.join(dead)} of {len(cand)} produced no tokens (0 {s.unit}): "
                             "the server died or failed every request in them; a dead run is a failure, never an outlier, "
                             "so the candidate cannot pass, whatever its other runs")
-        return result
-    if len(cand) < first:
-        result["runs_needed"] = first - len(cand)
-        result["reason"] = (f"inconclusive: {len(cand)} candidate runs, at least {first} are needed: run "
+        return True
+    if len(cand) < s.first_look:
+        result["runs_needed"] = s.first_look - len(cand)
+        result["reason"] = (f"inconclusive: {len(cand)} candidate runs, at least {s.first_look} are needed: run "
                             f"{result['runs_needed']} more candidate runs")
-        return result
-    c_logs, c_keep, c_screened = _screen("candidate", cand, _logs(cand), screen_alpha, max(first, 5), unit)
-    result["screened"] = screened + c_screened
+        return True
+    return False
+
+
+def _look(base: list[float], cand: list[float], fit: _Fit, s: GateSettings, b: _Bounds,
+          result: dict[str, Any]) -> tuple[_Fit, _Look]:
+    """The test at this look (pooled t on the logs kept, the look's levels, the interval and the reported figures) into
+    ``result``; the candidate's fit and the look."""
+    first, step = s.first_look, s.look_step
+    c_logs, c_keep, c_screened = _screen("candidate", cand, _logs(cand), s.screen_alpha, max(first, 5), s.unit)
+    result["screened"] = fit.screened + c_screened
     c_mean, c_ss = _mean_var(c_logs)
-    n_b, n_c = len(b_logs), len(c_logs)
+    n_b, n_c = len(fit.logs), len(c_logs)
     df = n_b + n_c - 2
-    sd = math.sqrt((b_ss + c_ss) / df)
+    sd = math.sqrt((fit.ss + c_ss) / df)
     se = sd * math.sqrt(1.0 / n_b + 1.0 / n_c)
-    d = c_mean - b_mean
-    nominal_p, spent_p, tau = look_level(len(base), len(cand), first, step, max_runs, pass_alpha, spending, reserve)
-    nominal_r, spent_r, _tau = look_level(len(base), len(cand), first, step, max_runs, alpha, spending, reserve)
+    d = c_mean - fit.mean
+    nominal_p, spent_p, tau = look_level(len(base), len(cand), first, step, s.max_runs, s.pass_alpha, s.spending, s.reserve)
+    nominal_r, spent_r, _tau = look_level(len(base), len(cand), first, step, s.max_runs, s.alpha, s.spending, s.reserve)
     if se > 0:
-        p_drop, p_pass = t_sf(-d / se, df), t_sf((d - log_p) / se, df)
+        p_drop, p_pass = t_sf(-d / se, df), t_sf((d - b.log_p) / se, df)
     else:
-        p_drop, p_pass = (0.0 if d < 0 else 1.0), (0.0 if d > log_p else 1.0)
-    sdd = detectable_drop(sd, n_b, n_b - 1 + max_runs - 1, settings)
-    ratio = math.exp(d)
-    final_look = len(cand) >= max_runs
-    result.update(ratio=ratio, p_value=p_drop, p_value_pass=p_pass, detect=detect, cv=_cv(sd),
+        p_drop, p_pass = (0.0 if d < 0 else 1.0), (0.0 if d > b.log_p else 1.0)
+    sdd = detectable_drop(sd, n_b, n_b - 1 + s.max_runs - 1, s)
+    final_look = len(cand) >= s.max_runs
+    result.update(ratio=math.exp(d), p_value=p_drop, p_value_pass=p_pass, detect=b.detect, cv=_cv(sd),
                   smallest_detectable_drop=sdd,
-                  p_value_mwu=mwu_less([cand[i] for i in c_keep], [base[i] for i in b_keep])[0],
+                  p_value_mwu=mwu_less([cand[i] for i in c_keep], [base[i] for i in fit.keep])[0],
                   look={"candidate_runs": len(cand), "information": tau, "nominal_pass": nominal_p,
                         "nominal_regression": nominal_r, "spent_pass": spent_p, "spent_regression": spent_r,
                         "last": final_look},
-                  ci=bootstrap_ratio_ci(base, cand, level=ci_level, resamples=bootstrap, seed=seed))
+                  ci=bootstrap_ratio_ci(base, cand, level=s.ci_level, resamples=s.bootstrap, seed=s.seed))
     if nominal_p > 0 and nominal_r > 0 and se > 0:
         result["interval"] = [math.exp(d - t_quantile(nominal_p, df) * se), math.exp(d + t_quantile(nominal_r, df) * se)]
-    drift_info, drift = drift_check({"baseline": b_logs, "candidate": c_logs}, -log_r, drift_alpha)
+    cfit = _Fit(c_logs, c_keep, c_screened, c_mean, c_ss)
+    return cfit, _Look(d, se, df, p_drop, p_pass, nominal_p, nominal_r, sdd, final_look)
+
+
+def _drift_and_noise(base: list[float], cand: list[float], fits: tuple[_Fit, _Fit], s: GateSettings, b: _Bounds,
+                     result: dict[str, Any]) -> str | None:
+    """Drift inside each side (or of the pairs' ratio, interleaved), each side's trend, and the warnings (noise,
+    screened runs) into ``result``; the drift flag."""
+    drift_info, drift = drift_check({"baseline": fits[0].logs, "candidate": fits[1].logs}, -b.log_r, s.drift_alpha)
     result["baseline"]["drift"], result["candidate"]["drift"] = drift_info["baseline"], drift_info["candidate"]
-    result["order"] = order
-    if order == "interleaved":
+    result["order"] = s.order
+    if s.order == "interleaved":
         # a drift both sides share cancels from the ratio; what must not drift is the ratio itself
         pairs = min(len(base), len(cand))
         ratio_logs = [math.log(cand[i]) - math.log(base[i]) for i in range(pairs)]
-        ratio_info, drift = drift_check({"candidate/baseline ratio": ratio_logs}, -log_r, drift_alpha)
+        ratio_info, drift = drift_check({"candidate/baseline ratio": ratio_logs}, -b.log_r, s.drift_alpha)
         result["ratio_drift"] = ratio_info["candidate/baseline ratio"]
     for side in ("baseline", "candidate"):
         result[side]["trend"] = trend([base, cand][side == "candidate"])
         cv = result[side]["cv"]
-        if cv is not None and cv > noisy_cv:
+        if cv is not None and cv > s.noisy_cv:
             result["warnings"].append(
-                f"{side} run-to-run CV is {cv:.1%} (over {noisy_cv:.0%}): the runs are too short or the host is busy, "
-                f"and a gate at {threshold:.0%} needs noise well below the {margin:.0%} it must see")
-    result["warnings"].extend(s["reason"] for s in result["screened"])
+                f"{side} run-to-run CV is {cv:.1%} (over {s.noisy_cv:.0%}): the runs are too short or the host is busy, "
+                f"and a gate at {s.threshold:.0%} needs noise well below the {b.margin:.0%} it must see")
+    result["warnings"].extend(x["reason"] for x in result["screened"])
+    return drift
+
+
+def _held_by_trend(fits: tuple[_Fit, _Fit], look: _Look, n_cand: int, s: GateSettings, b: _Bounds,
+                   result: dict[str, Any]) -> str | None:
+    """The trend guard: the verdict ('regression' or 'pass') that a trend shared by both sides could have made, None."""
+    common = common_trend(fits[0].logs, fits[1].logs)
+    result["trend"] = common
+    looks = schedule(s.first_look, s.look_step, s.max_runs)
+    guard_on = len(looks) >= s.guard_from and n_cand >= looks[s.guard_from - 1]
+    held = None
+    if guard_on and common.get("se") and look.se > 0:
+        # the verdict must hold with the shared trend taken out too: the sides' centroids lie this many runs
+        # apart in run order (one side after the other; side by side when interleaved)
+        n_b, n_c = len(fits[0].logs), len(fits[1].logs)
+        gap = ((n_c - n_b) if s.order == "interleaved" else (n_b + n_c)) / 2.0
+        d, d_adj = look.d, look.d - common["slope"] * gap
+        if d < b.log_t and look.p_drop <= look.nominal_r and common["p_falling"] <= s.trend_guard:
+            if not d_adj < b.log_t:
+                held = "regression"
+        elif d >= b.log_f and look.p_pass <= look.nominal_p and common["p_rising"] <= s.trend_guard:
+            if not d_adj >= b.log_t:
+                held = "pass"
+        result["trend"]["adjusted_ratio"] = math.exp(d_adj)
+    return held
+
+
+def _withheld(held: str, look: _Look, n_cand: int, s: GateSettings, where: str, result: dict[str, Any]) -> dict[str, Any]:
+    """The answer when the trend guard withholds ``held``: more runs, or at the cap a final inconclusive (drift)."""
+    common = result["trend"]
+    msg = (f"the runs of both sides {'fall' if held == 'regression' else 'rise'} steadily "
+           f"({common['change_per_run']:+.2%} per run, p={common['p_falling' if held == 'regression' else 'p_rising']:.2g}"
+           f" <= {s.trend_guard}) and with that trend taken out the {held} no longer holds")
+    if look.last:
+        result.update(final=True, decided_by="drift", advice="find what changes the host's speed over time")
+        result["reason"] = f"inconclusive: {msg} ({where})"
+    else:
+        nxt = next((k for k in schedule(s.first_look, s.look_step, s.max_runs) if k > n_cand), s.max_runs)
+        result["runs_needed"] = nxt - n_cand
+        result["reason"] = f"inconclusive: {msg}; run {result['runs_needed']} more candidate runs ({where})"
+    return result
+
+
+def _test_verdict(look: _Look, n_cand: int, s: GateSettings, b: _Bounds, where: str,
+                  result: dict[str, Any]) -> dict[str, Any]:
+    """The sequential test's answer at this look: regression, pass, inconclusive at the cap, or more runs."""
+    p_drop, p_pass, nominal_p, nominal_r = look.p_drop, look.p_pass, look.nominal_p, look.nominal_r
+    if look.d < b.log_t and p_drop <= nominal_r:
+        result.update(decision="regression", final=True, decided_by="test")
+        result["reason"] = (f"regression: {where}; below the threshold and significantly slower than the baseline "
+                            f"(p={p_drop:.2g} <= {nominal_r:.2g}, this look's share of alpha {s.alpha})")
+    elif look.d >= b.log_f and p_pass <= nominal_p:
+        result.update(decision="pass", final=True, decided_by="test")
+        result["reason"] = (f"pass: {where}; above the threshold, and a drop of {b.detect:.0%} or more is ruled out "
+                            f"(p={p_pass:.2g} <= {nominal_p:.2g}, this look's share of pass_alpha {s.pass_alpha})")
+    elif look.last:
+        result.update(final=True, decided_by="cap", advice=_advice(look.sdd, b.margin, s.requests_per_run))
+        result["reason"] = (f"inconclusive at the cap of {s.max_runs} candidate runs: {where}; neither a pass "
+                            f"(p={p_pass:.2g} > {nominal_p:.2g}) nor a regression (p={p_drop:.2g} > {nominal_r:.2g}); "
+                            f"smallest detectable drop {look.sdd:.1%}: try {result['advice']}")
+    else:
+        nxt = next((k for k in schedule(s.first_look, s.look_step, s.max_runs) if k > n_cand), s.max_runs)
+        result["runs_needed"] = nxt - n_cand
+        result["reason"] = (f"inconclusive: {where}; neither a pass (p={p_pass:.2g} > {nominal_p:.2g}) nor a regression "
+                            f"(p={p_drop:.2g} > {nominal_r:.2g}) yet: run {result['runs_needed']} more candidate runs")
+    return result
+
+
+def _candidate_verdict(base: list[float], cand: list[float], fit: _Fit, fails: tuple[float, float], s: GateSettings,
+                       facts: RunFacts, b: _Bounds, result: dict[str, Any]) -> dict[str, Any]:
+    """The candidate against the baseline: failures, drift, the trend guard, then the test."""
+    result["stage"] = "candidate"
+    if _candidate_not_ready(cand, s, result):
+        return result
+    c_fit, look = _look(base, cand, fit, s, b, result)
+    drift = _drift_and_noise(base, cand, (fit, c_fit), s, b, result)
     counts = f"{len(base)} vs {len(cand)} runs" + (f", {len(result['screened'])} screened" if result["screened"] else "")
-    where = (f"candidate/baseline {ratio:.1%} (geometric means; threshold {threshold:.0%}, CV {result['cv']:.1%}, "
-             f"look {len(cand)}/{max_runs}, {counts})")
-    if fail_c > fail_b:
+    where = (f"candidate/baseline {result['ratio']:.1%} (geometric means; threshold {s.threshold:.0%}, CV {result['cv']:.1%}, "
+             f"look {len(cand)}/{s.max_runs}, {counts})")
+    if fails[1] > fails[0]:
         result.update(decision="regression", final=True, decided_by="failures")
-        result["reason"] = (f"regression: the candidate failed or cut short {candidate_failed} of {candidate_requests} "
-                            f"requests, the baseline {baseline_failed} of {baseline_requests}: a server that fails more "
-                            f"cannot pass, whatever its speed ({where})")
+        result["reason"] = (f"regression: the candidate failed or cut short {facts.candidate_failed} of "
+                            f"{facts.candidate_requests} requests, the baseline {facts.baseline_failed} of "
+                            f"{facts.baseline_requests}: a server that fails more cannot pass, whatever its speed ({where})")
         return result
     if drift:
         result.update(final=True, decided_by="drift", advice=drift.split("; ")[-1])
         result["reason"] = f"inconclusive: {drift} ({where})"
         return result
-    common = common_trend(b_logs, c_logs)
-    result["trend"] = common
-    looks = schedule(first, step, max_runs)
-    guard_on = len(looks) >= guard_from and len(cand) >= looks[guard_from - 1]
-    held = None
-    if guard_on and common.get("se") and se > 0:
-        # the verdict must hold with the shared trend taken out too: the sides' centroids lie this many runs
-        # apart in run order (one side after the other; side by side when interleaved)
-        gap = ((len(c_logs) - len(b_logs)) if order == "interleaved" else (len(b_logs) + len(c_logs))) / 2.0
-        d_adj = d - common["slope"] * gap
-        if d < log_t and p_drop <= nominal_r and common["p_falling"] <= trend_guard:
-            if not d_adj < log_t:
-                held = "regression"
-        elif d >= log_f and p_pass <= nominal_p and common["p_rising"] <= trend_guard:
-            if not d_adj >= log_t:
-                held = "pass"
-        result["trend"]["adjusted_ratio"] = math.exp(d_adj)
+    held = _held_by_trend((fit, c_fit), look, len(cand), s, b, result)
     if held:
-        msg = (f"the runs of both sides {'fall' if held == 'regression' else 'rise'} steadily "
-               f"({common['change_per_run']:+.2%} per run, p={common['p_falling' if held == 'regression' else 'p_rising']:.2g}"
-               f" <= {trend_guard}) and with that trend taken out the {held} no longer holds")
-        if final_look:
-            result.update(final=True, decided_by="drift", advice="find what changes the host's speed over time")
-            result["reason"] = f"inconclusive: {msg} ({where})"
-        else:
-            nxt = next((k for k in looks if k > len(cand)), max_runs)
-            result["runs_needed"] = nxt - len(cand)
-            result["reason"] = f"inconclusive: {msg}; run {result['runs_needed']} more candidate runs ({where})"
+        return _withheld(held, look, len(cand), s, where, result)
+    return _test_verdict(look, len(cand), s, b, where, result)
+
+
+def decide_throughput(baseline: Sequence[float], candidate: Sequence[float], settings: GateSettings = GATE,
+                      facts: RunFacts = NO_FACTS) -> dict[str, Any]:
+    """The throughput part: judge candidate runs against baseline runs (higher is better); with no candidate runs,
+    judge the baseline alone. decide() is this plus the latency part.
+
+    See the module docstring for the design and GateSettings for each setting (``order``: "sequential" or
+    "interleaved"). ``facts``: both sides' failed and sent requests and their workloads (results or fingerprints,
+    see workload(); they must not differ). Raises GateError for bad input or settings.
+    """
+    s = settings
+    base, cand, fails, unrecorded = _checked(baseline, candidate, s, facts)
+    b = _bounds(s)
+    result = _first_result(base, cand, s, unrecorded)
+    if len(base) < s.min_runs:
+        result["baseline_runs_needed"] = s.min_runs - len(base)
+        result["reason"] = (f"inconclusive: {len(base)} baseline runs, at least {s.min_runs} are needed before anything is "
+                            f"judged: run {result['baseline_runs_needed']} more baseline runs")
         return result
-    if d < log_t and p_drop <= nominal_r:
-        result.update(decision="regression", final=True, decided_by="test")
-        result["reason"] = (f"regression: {where}; below the threshold and significantly slower than the baseline "
-                            f"(p={p_drop:.2g} <= {nominal_r:.2g}, this look's share of alpha {alpha})")
-    elif d >= log_f and p_pass <= nominal_p:
-        result.update(decision="pass", final=True, decided_by="test")
-        result["reason"] = (f"pass: {where}; above the threshold, and a drop of {detect:.0%} or more is ruled out "
-                            f"(p={p_pass:.2g} <= {nominal_p:.2g}, this look's share of pass_alpha {pass_alpha})")
-    elif final_look:
-        result.update(final=True, decided_by="cap", advice=_advice(sdd, margin, requests_per_run))
-        result["reason"] = (f"inconclusive at the cap of {max_runs} candidate runs: {where}; neither a pass "
-                            f"(p={p_pass:.2g} > {nominal_p:.2g}) nor a regression (p={p_drop:.2g} > {nominal_r:.2g}); "
-                            f"smallest detectable drop {sdd:.1%}: try {result['advice']}")
-    else:
-        looks = schedule(first, step, max_runs)
-        nxt = next((k for k in looks if k > len(cand)), max_runs)
-        result["runs_needed"] = nxt - len(cand)
-        result["reason"] = (f"inconclusive: {where}; neither a pass (p={p_pass:.2g} > {nominal_p:.2g}) nor a regression "
-                            f"(p={p_drop:.2g} > {nominal_r:.2g}) yet: run {result['runs_needed']} more candidate runs")
-    return result
+    fit, b_drift = _baseline_fit(base, s, b, result)
+    if not cand:
+        return _baseline_verdict(base, fit, b_drift, s, b, result)
+    return _candidate_verdict(base, cand, fit, fails, s, facts, b, result)
 
 
 # ---- the latency part: TTFT and TPOT, lower is better ----------------------------------------------
@@ -660,46 +724,6 @@ def decide_throughput(baseline: Sequence[float], candidate: Sequence[float], thr
 # part's machinery on its reciprocal (1/latency: higher is better, and log(1/x) = -log(x), so the same log-t test,
 # looks, spending, outlier screen and drift checks apply) against threshold 1/(1 + margin). The defaults and their
 # calibration on the stored H200 A/A runs are in docs/benchmark.md ("The latency part").
-LATENCY_METRICS = ("ttft_p50", "ttft_p90", "tpot_p50", "tpot_p90")
-LATENCY_LABELS = {"ttft_p50": "TTFT p50", "ttft_p90": "TTFT p90", "tpot_p50": "TPOT p50", "tpot_p90": "TPOT p90"}
-# the largest increase (a fraction: 0.10 = +10%) each metric may take before the change is a regression
-DEFAULT_LATENCY_MARGINS = {"ttft_p50": 0.10, "ttft_p90": 0.15, "tpot_p50": 0.075, "tpot_p90": 0.10}
-LATENCY_MARGIN_RANGE = (0.01, 1.0)
-# each metric's false-regression rate: the four together spend 0.01, the throughput part's alpha (Bonferroni; a
-# pass needs every part's pass, so pass_alpha bounds a false pass of each part without a correction)
-LATENCY_ALPHA = 0.0025
-_THROUGHPUT_ONLY = ("baseline_failed", "baseline_requests", "candidate_failed", "candidate_requests", "baseline_workload",
-                    "candidate_workload", "detect", "alpha", "threshold", "unit", "bootstrap")
-
-
-def check_latency_margins(margins: Any) -> dict[str, float]:
-    """The margins in force: DEFAULT_LATENCY_MARGINS with the given ones over them. A metric set to null or 0 is not
-    judged (left out). GateError for an unknown metric or a margin outside LATENCY_MARGIN_RANGE."""
-    if margins is None:
-        margins = {}
-    if not isinstance(margins, dict):
-        raise GateError(f"latency_margins must be a dict of metric: margin ({', '.join(LATENCY_METRICS)}), got "
-                        f"{type(margins).__name__}")
-    unknown = sorted(str(k) for k in margins if k not in LATENCY_METRICS)
-    if unknown:
-        raise GateError(f"latency_margins: unknown metric(s) {', '.join(unknown)}; known: {', '.join(LATENCY_METRICS)}")
-    out = dict(DEFAULT_LATENCY_MARGINS)
-    low, high = LATENCY_MARGIN_RANGE
-    for key, value in margins.items():
-        if value is None or (not isinstance(value, bool) and value == 0):
-            out.pop(key)
-            continue
-        try:
-            value = float(value) if not isinstance(value, bool) else math.nan
-        except (TypeError, ValueError):
-            value = math.nan
-        if not low <= value <= high:
-            raise GateError(f"latency_margins.{key} must be an increase between {low} and {high} (0.10: +10% is still a "
-                            f"pass), or null/0 to leave {LATENCY_LABELS[key]} unjudged; got {margins[key]!r}")
-        out[key] = value
-    return out
-
-
 def run_latency(run: Any) -> dict[str, float | None]:
     """One benchmark run's latency figures (an inference_benchmark run: ``ttft_ms`` and ``tpot_ms`` with ``p50`` and
     ``p90``), by metric; None where the run does not carry one (a result stored before, or a run with no tokens)."""
@@ -744,15 +768,14 @@ def _latency_side(name: str, series: Any, n_runs: int) -> dict[str, list[float]]
     return out
 
 
-def _at_looks(base: list[float], cand: list[float], settings: dict[str, Any], judge: Any) -> dict[str, Any]:
+def _at_looks(base: list[float], cand: list[float], settings: GateSettings, judge: Any) -> dict[str, Any]:
     """A part's answer as a sequential test of its own: the first final answer over the scheduled looks up to the
     candidate runs taken (a part that passed at look 4 stays passed while another part needs more runs), else the
     answer at the runs taken. ``judge(base, cand)`` judges one look."""
     if not cand:
         return judge(base, cand)
-    first = settings.get("candidate_min_runs", CANDIDATE_MIN_RUNS) or settings.get("min_runs", 5)
-    looks = [k for k in schedule(first, settings.get("step") or 2, settings.get("max_runs", 15)) if k < len(cand)]
-    extra = len(base) - len(cand) if settings.get("order") == "interleaved" else None
+    looks = [k for k in schedule(settings.first_look, settings.look_step, settings.max_runs) if k < len(cand)]
+    extra = len(base) - len(cand) if settings.order == "interleaved" else None
     result: dict[str, Any] = {}
     for k in looks + [len(cand)]:
         b = base if extra is None else base[:max(extra, 0) + k]
@@ -763,13 +786,12 @@ def _at_looks(base: list[float], cand: list[float], settings: dict[str, Any], ju
     return result
 
 
-def _latency_metric(key: str, margin: float, base: list[float], cand: list[float], settings: dict[str, Any],
-                    alpha: float) -> dict[str, Any]:
-    """One metric judged like throughput on 1/latency at threshold 1/(1 + margin), translated back to latency."""
-    s = {k: v for k, v in settings.items() if k not in _THROUGHPUT_ONLY}
-    s.update(threshold=1.0 / (1.0 + margin), alpha=alpha, bootstrap=0, unit="/s")
+def _latency_metric(key: str, margin: float, base: list[float], cand: list[float], settings: GateSettings) -> dict[str, Any]:
+    """One metric judged like throughput on 1/latency at threshold 1/(1 + margin) and ``latency_alpha``, without the
+    throughput part's failures, workloads, ``detect`` and bootstrap, translated back to latency."""
+    s = replace(settings, threshold=1.0 / (1.0 + margin), alpha=settings.latency_alpha, bootstrap=0, unit="/s", detect=None)
     inv = _at_looks([1000.0 / v for v in base], [1000.0 / v for v in cand], settings,
-                    lambda b, c: decide_throughput(b, c, **s))
+                    lambda b, c: decide_throughput(b, c, s))
     label = LATENCY_LABELS[key]
     sdd = inv.get("smallest_detectable_drop")
     out = {"metric": key, "margin": margin, "decision": inv["decision"], "final": inv["final"],
@@ -810,13 +832,13 @@ def _latency_reason(m: dict[str, Any], inv: dict[str, Any]) -> str:
     return f"inconclusive: {where}; {m['runs_needed']} more candidate runs"
 
 
-def latency_part(baseline_latency: Any, candidate_latency: Any, n_base: int, n_cand: int, margins: Any,
-                 alpha: float, settings: dict[str, Any]) -> dict[str, Any]:
-    """The latency part: each metric both sides carry (the baseline alone before the change), judged; ``status``
-    ``not measured`` (no latency given: the verdict is throughput's alone, never a guess) or ``judged``."""
-    in_force = check_latency_margins(margins)
-    if not 0.0 < alpha < 0.5:
-        raise GateError(f"latency_alpha must be in (0, 0.5) (each latency metric's false-regression rate), got {alpha}")
+def latency_part(baseline_latency: Any, candidate_latency: Any, n_base: int, n_cand: int,
+                 settings: GateSettings = GATE) -> dict[str, Any]:
+    """The latency part: each metric both sides carry (the baseline alone before the change), judged at the settings'
+    ``latency_margins`` and ``latency_alpha``; ``status`` ``not measured`` (no latency given: the verdict is
+    throughput's alone, never a guess) or ``judged``."""
+    in_force = settings.latency_in_force()
+    alpha = settings.latency_alpha
     base = _latency_side("baseline", baseline_latency, n_base)
     cand = _latency_side("candidate", candidate_latency, n_cand)
     keys = [k for k in LATENCY_METRICS if k in in_force and k in base and (k in cand or not n_cand)]
@@ -830,7 +852,7 @@ def latency_part(baseline_latency: Any, candidate_latency: Any, n_base: int, n_c
     if missing:
         part["not_measured"] = missing
     for key in keys:
-        part["metrics"][key] = _latency_metric(key, in_force[key], base[key], cand.get(key, []), settings, alpha)
+        part["metrics"][key] = _latency_metric(key, in_force[key], base[key], cand.get(key, []), settings)
     return part
 
 
@@ -878,11 +900,13 @@ def _combine(throughput: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]
     return result
 
 
-def decide(baseline: Sequence[float], candidate: Sequence[float], baseline_latency: Any = None,
-           candidate_latency: Any = None, latency_margins: Any = None, latency_alpha: float = LATENCY_ALPHA,
-           **settings: Any) -> dict[str, Any]:
-    """The verdict: the throughput part (decide_throughput(), its settings) and the latency part.
+def decide(baseline: Sequence[float], candidate: Sequence[float], settings: GateSettings | None = None,
+           facts: RunFacts | None = None, *, baseline_latency: Any = None, candidate_latency: Any = None,
+           **options: Any) -> dict[str, Any]:
+    """The verdict: the throughput part (decide_throughput()) and the latency part.
 
+    ``settings`` (GATE when None) and ``facts`` (failures, workloads; none when None), with keyword ``options`` of
+    either's field names over them (``threshold=0.9``, ``candidate_failed=3``, ...; see gate_inputs()).
     ``baseline_latency`` / ``candidate_latency``: {metric: [ms per run]} (``LATENCY_METRICS``, one figure per
     throughput run, in the same order; latency_series() makes it from benchmark runs), each metric judged lower-is-
     better against ``latency_margins`` (DEFAULT_LATENCY_MARGINS overlaid; null leaves a metric out) at
@@ -890,23 +914,25 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], baseline_laten
     With it, each part is a sequential test of its own (its first final answer over the looks) and the parts are
     combined (_combine()). Raises GateError for bad input or settings.
     """
+    s, facts = gate_inputs(settings, facts, options)
     sizes = [len(side) if isinstance(side, (list, tuple)) else 0 for side in (baseline, candidate)]
-    part = latency_part(baseline_latency, candidate_latency, sizes[0], sizes[1],
-                        latency_margins, latency_alpha, settings)
+    part = latency_part(baseline_latency, candidate_latency, sizes[0], sizes[1], s)
     if not part["metrics"]:
-        result = decide_throughput(baseline, candidate, **settings)
+        result = decide_throughput(baseline, candidate, s, facts)
         result["latency"] = part
         return result
     base, cand = check_runs("baseline", baseline), check_runs("candidate", candidate)
-    full = decide_throughput(base, cand, **settings)
-    quick = dict(settings, bootstrap=0)
-    throughput = _at_looks(base, cand, settings, lambda b, c: decide_throughput(b, c, **quick))
+    full = decide_throughput(base, cand, s, facts)
+    quick = replace(s, bootstrap=0)
+    throughput = _at_looks(base, cand, s, lambda b, c: decide_throughput(b, c, quick, facts))
     if throughput.get("look_runs", len(cand)) == len(cand):
         throughput = dict(full, look_runs=throughput.get("look_runs"))
     return _combine(throughput, part)
 
 
-def replay(baseline: Sequence[float], candidate: Sequence[float], **settings: Any) -> dict[str, Any]:
+def replay(baseline: Sequence[float], candidate: Sequence[float], settings: GateSettings | None = None,
+           facts: RunFacts | None = None, *, baseline_latency: Any = None, candidate_latency: Any = None,
+           **options: Any) -> dict[str, Any]:
     """Judge stored runs as the sequential gate would have while taking them: decide() at each scheduled look on the
     candidate runs taken so far (in the order taken), stopping at the first final answer. The baseline is whole for
     ``order="sequential"`` (it was complete before the change); for ``order="interleaved"`` a look at k candidate
@@ -917,26 +943,69 @@ def replay(baseline: Sequence[float], candidate: Sequence[float], **settings: An
     answer it is the last look's (``final`` false, ``runs_needed`` more). Runs past the last look they reach are not
     used. Stored runs taken when the first look was at ``min_runs`` should pass ``candidate_min_runs=min_runs``.
     ``baseline_latency`` / ``candidate_latency`` (per-run, as decide() takes them) are cut to the same runs.
+    Settings, facts and options as decide() takes them.
     """
+    s, facts = gate_inputs(settings, facts, options, "replay")
     cand = check_runs("candidate", candidate)
     base = check_runs("baseline", baseline)
-    first = settings.get("candidate_min_runs") or CANDIDATE_MIN_RUNS
-    looks = schedule(first, settings.get("step") or 2, settings.get("max_runs", 15))
+    first = s.candidate_min_runs or CANDIDATE_MIN_RUNS
+    looks = schedule(first, s.look_step, s.max_runs)
     extra = None
-    if settings.get("order") == "interleaved":
+    if s.order == "interleaved":
         # in turns, the first look waits until the baseline has its min_runs too (then the schedule goes on)
         extra = max(len(base) - len(cand), 0)
-        start = max(first, settings.get("min_runs", 5) - extra)
+        start = max(first, s.min_runs - extra)
         looks = (start,) + tuple(k for k in looks if k > start)
     used = [k for k in looks if k <= len(cand)] or [len(cand)]
     result: dict[str, Any] = {}
-    b_lat, c_lat = settings.pop("baseline_latency", None) or {}, settings.pop("candidate_latency", None) or {}
+    b_lat, c_lat = baseline_latency or {}, candidate_latency or {}
     for k in used:
         nb = len(base) if extra is None else extra + k
         lat = {"baseline_latency": {m: list(v)[:nb] for m, v in b_lat.items()},
                "candidate_latency": {m: list(v)[:k] for m, v in c_lat.items()}} if b_lat and c_lat else {}
-        result = decide(base[:nb], cand[:k], **lat, **settings)
+        result = decide(base[:nb], cand[:k], settings=s, facts=facts, **lat)
         result["candidate_runs_used"] = k
         if result["final"]:
             break
+    return result
+
+
+# ---- the module's executor --------------------------------------------------------------------------
+# The module's options that are gate settings of another name (the rest have the settings' names).
+_OPTION_OF = {"bootstrap": "bootstrap_resamples"}
+MODULE_SETTINGS = ("threshold", "alpha", "pass_alpha", "detect", "min_runs", "candidate_min_runs", "step", "max_runs",
+                   "max_baseline_runs", "baseline_step", "power", "spending", "screen_alpha", "drift_alpha", "trend_guard",
+                   "order", "pass_floor", "requests_per_run", "bootstrap", "seed", "unit", "latency_margins",
+                   "latency_alpha")
+
+
+def module_settings(params: dict) -> GateSettings:
+    """The gate settings of gpufleet.inference.throughput_gate's options (the rest at GATE's defaults)."""
+    return replace(GATE, **{name: params[_OPTION_OF.get(name, name)] for name in MODULE_SETTINGS})
+
+
+def execute(params: dict, host: "Host", check_mode: bool) -> dict[str, Any]:
+    """What gpufleet.inference.throughput_gate executes: the gate's verdict over the given runs, its warnings as task
+    warnings. Changes nothing (check mode gives the same answer). Raises Failed for runs or settings the gate cannot
+    judge ("Cannot judge the runs: ...") and, with ``fail_on_regression``, for a regression (with the result)."""
+    del check_mode  # nothing to change
+    p = params
+    try:
+        level = p["workload_concurrency"]
+        workloads = {side: side_workload(side, p[f"{side}_workload"], level) for side in ("baseline", "candidate")}
+        facts = RunFacts(baseline_failed=p["baseline_failed"], baseline_requests=p["baseline_requests"],
+                         candidate_failed=p["candidate_failed"], candidate_requests=p["candidate_requests"],
+                         baseline_workload=workloads["baseline"], candidate_workload=workloads["candidate"])
+        gate = decide(p["baseline"], p["candidate"], module_settings(p), facts,
+                      baseline_latency=p["baseline_latency"], candidate_latency=p["candidate_latency"])
+    except GateError as err:
+        raise Failed(f"Cannot judge the runs: {err}") from None
+    for warning in gate["warnings"]:
+        host.warn(warning)
+    result = dict(changed=False, actions=[], decision=gate["decision"], ratio=gate["ratio"], p_value=gate["p_value"],
+                  runs_needed=gate["runs_needed"], reason=gate["reason"], latency=gate["latency"], gate=gate)
+    if "throughput" in gate:
+        result["throughput"] = gate["throughput"]
+    if p["fail_on_regression"] and gate["decision"] == "regression":
+        raise Failed(gate["reason"], **result)
     return result

@@ -8,7 +8,7 @@ standard library only (inference_client.py is the client's one import for script
   events), fed with whatever bytes arrive;
 * the OpenAI completions stream: completion_payload() is the /v1/completions body, process_event()
   folds each streamed event into a RequestRecord (chunk times, per-chunk cumulative usage, the final
-  usage; inference_metrics turns it into TTFT, TPOT and ITL);
+  usage; bench/metrics.py turns it into TTFT, TPOT and ITL);
 * I/O: HttpConnection and ConnectionPool speak raw HTTP/1.1 with keep-alive over asyncio streams
   (TLS through ssl for https URLs); http_json() sends one small JSON request, stream_completion()
   and timed_request() one streamed completion, errors recorded in the RequestRecord, not raised.
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-# The client names itself in the User-Agent and in the results document (inference_sweep).
+# The client names itself in the User-Agent and in the results document (bench/sweep.py).
 CLIENT_NAME = "gpufleet.inference_client"
 CLIENT_VERSION = "1"
 USER_AGENT = f"{CLIENT_NAME}/{CLIENT_VERSION}"

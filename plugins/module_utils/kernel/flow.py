@@ -44,8 +44,9 @@ import copy
 import math
 from typing import Any
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import (
-    CANDIDATE_MIN_RUNS, LATENCY_METRICS, GateError, check_all_settings, check_count, decide, workload, workload_mismatch,
+    LATENCY_METRICS, GateError, check_all_settings, check_count, decide, workload, workload_mismatch,
 )
 
 JOURNAL_FORMAT = "gpufleet.kernel_upgrade_journal/1"
@@ -262,12 +263,14 @@ def _failures(journal: dict[str, Any]) -> dict[str, Any]:
 
 
 def _gate_settings(obs: dict[str, Any]) -> dict[str, Any]:
+    """The role's gate settings (kernel_upgrade_gate_*) as decide() options; one the role does not send is the gate's
+    default (GATE)."""
     g = obs["settings"].get("gate") or {}
     try:
-        out = {"threshold": float(g.get("threshold", 0.95)), "alpha": float(g.get("alpha", 0.01)),
-               "pass_alpha": float(g.get("pass_alpha", 0.005)), "min_runs": int(g.get("min_runs", 5)),
-               "max_runs": int(g.get("max_runs", 15)),
-               "candidate_min_runs": int(g.get("candidate_min_runs") or CANDIDATE_MIN_RUNS)}
+        out = {"threshold": float(g.get("threshold", GATE.threshold)), "alpha": float(g.get("alpha", GATE.alpha)),
+               "pass_alpha": float(g.get("pass_alpha", GATE.pass_alpha)), "min_runs": int(g.get("min_runs", GATE.min_runs)),
+               "max_runs": int(g.get("max_runs", GATE.max_runs)),
+               "candidate_min_runs": int(g.get("candidate_min_runs") or GATE.candidate_min_runs)}
         if g.get("max_baseline_runs"):
             out["max_baseline_runs"] = int(g["max_baseline_runs"])
         if g.get("requests_per_run"):
@@ -466,7 +469,7 @@ def judge_baseline(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[dict, 
                                    "change to the host)", "baseline not judged")
     journal["baseline_gate"] = gate
     runs, rounds = len(base["samples"]), int(base.get("rounds", 1))
-    cap = int(g.get("max_baseline_runs", 15))  # in runs, as the gate counts them
+    cap = int(g.get("max_baseline_runs", GATE.max_baseline_runs))  # in runs, as the gate counts them
     if not gate.get("final") and gate.get("baseline_runs_needed", 0) > 0 and runs < cap:
         _stamp(journal, obs, "baseline", f"baseline round {rounds}: {gate['reason']}")
         return journal, _benchmark("baseline", gate["baseline_runs_needed"], 100 + rounds, base.get("concurrency"),

@@ -11,7 +11,7 @@ with ``complete(state, action_id, ...)``; every decision is made here:
 * ``plan_stages`` checks the user's stage list and groups every stage that needs a reboot into one
   ``reboot`` stage, measured as one (placed where the first of them was).
 * The baseline is measured before any change. Each stage is applied alone and benchmarked; its
-  runs are judged by the throughput gate (``throughput_gate.decide``) per profile and concurrency
+  runs are judged by the throughput gate (bench/throughput_gate.py ``decide()``) per profile and concurrency
   level against the *state before it* (the last kept measurement). Any regression: revert. All
   pass: keep. Otherwise inconclusive: with rounds left, measure more candidate runs (the gate says
   how many); then the user's ``inconclusive`` choice (default ``revert``). Stages named in
@@ -28,13 +28,17 @@ import copy
 import hashlib
 import json
 import math
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 
+if TYPE_CHECKING:  # the executor's Host, for its annotation only (this module stays free of AnsibleModule)
+    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import (
-    DEFAULT_LATENCY_MARGINS, LATENCY_ALPHA, GateError, check_all_settings, check_latency_margins, decide, latency_series, workload,
+    DEFAULT_LATENCY_MARGINS, GateError, check_all_settings, check_latency_margins, decide, latency_series, workload,
     workload_mismatch,
 )
 
@@ -52,8 +56,10 @@ PROFILES: dict[str, dict[str, Any]] = {
 }
 PROFILE_KEYS = ("prompt_tokens", "output_tokens", "concurrency", "requests", "repetitions", "warmup", "settle_runs",
                 "seed", "prompt_mode", "ignore_eos", "token_id_range", "latency_margins")
-GATE_DEFAULTS = {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.05, "min_runs": 5, "max_runs": 15,
-                 "auto_k": 3.0, "auto_floor": 0.5, "latency_margins": {}, "latency_alpha": LATENCY_ALPHA}
+# The gate's settings here: the gate's own defaults (GateSettings), and the automatic threshold's two of its own.
+GATE_DEFAULTS = {"threshold": GATE.threshold, "alpha": GATE.alpha, "pass_alpha": GATE.pass_alpha, "min_runs": GATE.min_runs,
+                 "max_runs": GATE.max_runs, "auto_k": 3.0, "auto_floor": 0.5, "latency_margins": {},
+                 "latency_alpha": GATE.latency_alpha}
 # What a benchmark result must share with its profile to be taken as that profile's measurement (its config);
 # repetitions, warm-up, settle runs and the seed differ between rounds by design.
 PROFILE_MATCH = ("prompt_tokens", "output_tokens", "requests", "prompt_mode", "ignore_eos", "token_id_range")
@@ -244,7 +250,7 @@ def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, 
         except ValueError:
             raise TuneError(f"gate {key} must be a number in (0, 0.5), got {g[key]!r}") from None
     try:  # every setting the gate will use, before the baseline is measured (auto: the threshold comes later)
-        threshold = g["threshold"] if g["threshold_basis"] == "given" and g["threshold"] < 1.0 else 0.95
+        threshold = g["threshold"] if g["threshold_basis"] == "given" and g["threshold"] < 1.0 else GATE.threshold
         check_all_settings(threshold=threshold, alpha=g["alpha"], pass_alpha=g["pass_alpha"], min_runs=g["min_runs"],
                            max_runs=g["max_runs"], max_baseline_runs=_baseline_cap(g), candidate_min_runs=3, bootstrap=1000,
                            latency_margins=g["latency_margins"], latency_alpha=g["latency_alpha"])
@@ -451,7 +457,7 @@ def fit_threshold(state: dict[str, Any], baseline: dict[str, Any]) -> None:
     g["baseline_cv"] = round(cv, 4)
     g["baseline_cv_at"] = where
     if g.get("threshold_basis") == "auto":
-        g["threshold"] = round(min(0.95, max(float(g["auto_floor"]), 1.0 - float(g["auto_k"]) * cv)), 3)
+        g["threshold"] = round(min(GATE.threshold, max(float(g["auto_floor"]), 1.0 - float(g["auto_k"]) * cv)), 3)
         floor = f", floor {g['auto_floor']}" if g["threshold"] == g["auto_floor"] else ""
         g["threshold_basis"] = (f"auto: 1 - {g['auto_k']:g} x the baseline's largest run-to-run CV {cv:.1%} "
                                 f"({where}) = {g['threshold']}{floor}")
@@ -470,7 +476,7 @@ def _latency_inputs(g: dict[str, Any], profile: dict[str, Any], ref_lv: dict[str
     auto = {k: max(v, DEFAULT_LATENCY_MARGINS[k]) for k, v in (g.get("latency_auto") or {}).items()}
     margins = {**auto, **(g.get("latency_margins") or {}), **(profile.get("latency_margins") or {})}
     return {"baseline_latency": ref_lv.get("latency") or None, "candidate_latency": lv.get("latency") or None,
-            "latency_margins": margins, "latency_alpha": g.get("latency_alpha", LATENCY_ALPHA)}
+            "latency_margins": margins, "latency_alpha": g.get("latency_alpha", GATE.latency_alpha)}
 
 
 def latency_summary(part: dict[str, Any]) -> dict[str, Any]:
@@ -718,10 +724,11 @@ def _start(p: dict, state: dict | None, path: str) -> dict:
     return state or fresh
 
 
-def execute(p: dict, fs: HostFS, check_mode: bool) -> dict:
-    """One call of the tune_measured module (``op`` start, next, complete or reset) over the state file: the
-    result with ``next``, ``stages``, ``state`` and ``actions``. Raises Failed with the result so far."""
-    path = p["state_file"]
+def execute(p: dict, host: "Host", check_mode: bool) -> dict:
+    """One call of the tune_measured module (``op`` start, next, complete or reset) over the state file (under the
+    host's root, ``host.fs``): the result with ``next``, ``stages``, ``state`` and ``actions``. Raises Failed with the
+    result so far."""
+    fs, path = host.fs, p["state_file"]
     result: dict[str, Any] = dict(changed=False, actions=[], state_file=path)
     try:
         if p["op"] == "reset":  # a damaged state file too: reset is how it goes away

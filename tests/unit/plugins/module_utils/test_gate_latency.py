@@ -58,7 +58,7 @@ def test_all_parts_quiet_and_equal_pass():
 
 def test_no_latency_is_the_throughput_verdict_marked_not_measured():
     for cand in ([], QUIET_CAND, [900.0, 905.0, 910.0, 902.0]):
-        plain = tg.decide_throughput(QUIET_BASE, cand, bootstrap=200)
+        plain = tg.decide_throughput(QUIET_BASE, cand, tg.GateSettings(bootstrap=200))
         gate = tg.decide(QUIET_BASE, cand, bootstrap=200)
         assert gate["latency"]["status"] == "not measured" and "throughput's alone" in gate["latency"]["reason"]
         assert {k: v for k, v in gate.items() if k != "latency"} == plain

@@ -11,6 +11,7 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.inference_benchmark import execute, run_monitor
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.modules import bench_history
 from ansible_collections.gpufleet.inference.plugins.modules.inference_benchmark import ARGUMENT_SPEC
 from tests.unit.fakesysfs import degraded_link
@@ -40,6 +41,11 @@ class FlappingLink(HostFS):
         return super().read_optional(host_path)
 
 
+def host(fs, warn=lambda msg: None):
+    """The executor's Host over ``fs`` (no commands: the benchmark runs none)."""
+    return Host(fs=fs, cmd=None, warn=warn)
+
+
 def params(lab, **extra):
     out = {name: spec.get("default") for name, spec in ARGUMENT_SPEC.items()}
     out.update(url=lab.url, prompt_tokens=32, output_tokens=8, concurrency=[2], requests=4, warmup=1, repetitions=2,
@@ -52,7 +58,7 @@ def params(lab, **extra):
 def test_links_are_sampled_during_every_run(lab, tmp_path, flap):
     degraded_link(tmp_path, link_sta=(32.0, 16))
     warnings = []
-    result = execute(params(lab), FlappingLink(str(tmp_path), flap), check_mode=False, warn=warnings.append)
+    result = execute(params(lab), host(FlappingLink(str(tmp_path), flap), warnings.append), check_mode=False)
     runs = result["benchmark"]["levels"][0]["runs"]
     assert all(set(run["server_load"]["links"]["devices"]) == {"0000:00:01.0", "0000:01:00.0"} for run in runs)
     if not flap:
@@ -66,7 +72,7 @@ def test_links_are_sampled_during_every_run(lab, tmp_path, flap):
 
 def test_the_flapping_run_reaches_the_history_report_with_its_tok_s(lab, tmp_path, capsys):
     degraded_link(tmp_path / "host", link_sta=(32.0, 16))
-    result = execute(params(lab, repetitions=3), FlappingLink(str(tmp_path / "host"), True), check_mode=False)
+    result = execute(params(lab, repetitions=3), host(FlappingLink(str(tmp_path / "host"), True)), check_mode=False)
     assert result["links_monitored"] == ["0000:00:01.0", "0000:01:00.0"]
     db, dest = str(tmp_path / "history.sqlite"), str(tmp_path / "report")
     stored = run_module(bench_history, {"path": db, "documents": [result["benchmark"]], "host": "lab-host"}, capsys)
@@ -81,7 +87,7 @@ def test_the_flapping_run_reaches_the_history_report_with_its_tok_s(lab, tmp_pat
 
 def test_a_host_without_a_gpu_is_benchmarked_unsampled(lab, tmp_path):
     (tmp_path / "sys" / "bus" / "pci" / "devices").mkdir(parents=True)
-    result = execute(params(lab, repetitions=1), HostFS(str(tmp_path)), check_mode=False)
+    result = execute(params(lab, repetitions=1), host(HostFS(str(tmp_path))), check_mode=False)
     assert result["links_monitored"] == [] and "link_flapping" not in result
     assert all("links" not in (run.get("server_load") or {}) for run in result["benchmark"]["levels"][0]["runs"])
     assert run_monitor(params(lab), [], HostFS(str(tmp_path))) is None
