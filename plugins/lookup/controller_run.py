@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: controller_run
 short_description: This ansible-playbook run's identity on the controller, and whether a lease's holder still lives
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - V(identity) returns this run's controller process - C(controller) (the controller's host name), C(pid) and C(pid_start)
     (the ansible-playbook process and its start time in clock ticks since boot, from C(/proc)), C(user).

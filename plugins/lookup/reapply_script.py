@@ -7,7 +7,7 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 name: reapply_script
 short_description: A re-apply script that carries the collection's module_utils it runs, for one copy task
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Renders, on the controller, the script that re-applies a device setting outside a module run (at boot, on a
     driver bind), with the module_utils it runs in it - the import closure of its entry module_utils, computed from

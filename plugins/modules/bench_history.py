@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: bench_history
 short_description: Keep every benchmark result in one throughput history (SQLite) and report on it
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Stores benchmark result documents of M(gpufleet.inference.inference_benchmark) in an SQLite file, with the host, time,
     kernel, GPU driver, vLLM version, model, tuning state, benchmark profile, the tuning stage and the full result JSON.

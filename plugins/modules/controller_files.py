@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: controller_files
 short_description: Write whole report files on the controller, without a module run
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Writes each of O(files) whole on the Ansible controller (atomically, a temporary file renamed over the old one), with
     its mode, only when its content or mode differs; creates O(directories) first (and their missing parents).

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: host_lease
 short_description: Take, renew, release or break a host's lease, so that one run at a time reboots it or writes its devices
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Keeps a small JSON lease on the host (C(/var/lib/gpufleet/lease.json)) naming the run that holds it, its operator,
     its play and its expiry. It lives on the host, so it holds across reboots and a lost controller.

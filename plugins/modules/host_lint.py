@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: host_lint
 short_description: Find copied GPU tuning on a host that does nothing or harms, with the file and line that set it
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Reads the kernel command line (C(/proc/cmdline)), C(/etc/default/grub) and C(/etc/default/grub.d/*.cfg),
     C(/etc/nccl.conf) and the C(~/.nccl.conf) of root and of the service user, the C(Environment=) lines and

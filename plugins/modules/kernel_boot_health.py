@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: kernel_boot_health
 short_description: Install or remove the host-local commit-or-revert unit of a candidate kernel
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - With O(state=present), before the one-shot boot into O(target), writes C(/etc/gpufleet/boot-health.json),
     C(gpufleet-boot-health.service) and C(gpufleet-boot-health.timer) (both with C(ConditionKernelVersion=<target>)) and

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: kernel_rollout_step
 short_description: One step of the crash-safe kernel upgrade - read the host's journal, decide, write it, say what to do next
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - The kernel upgrade of C(gpufleet.inference.kernel_upgrade) as a state machine kept on the host. The controller reports
     what it just did (O(event) and O(data)); the module reads the host (running kernel, boot id, the kernel the saved GRUB

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: nccl_env_files
 short_description: Write the NCCL configuration and EnvironmentFile, read them back, check the per-user override
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Writes the file NCCL reads (O(conf_path), C(/etc/nccl.conf)) and the EnvironmentFile of the systemd units
     (O(env_file)) whole, owned by root with mode C(0644), creating the EnvironmentFile's directory (C(0755)); each

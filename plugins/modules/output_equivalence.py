@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: output_equivalence
 short_description: Record what a vLLM server answers on a fixed prompt set, and judge a later server against it
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - O(mode=record) sends the collection's fixed prompt set (64 prompts, short, medium and 2-3k words long, completion
     and chat-shaped) to a running OpenAI-compatible server one at a time, greedy (temperature 0, a fixed O(seed),

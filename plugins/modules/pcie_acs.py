@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: pcie_acs
 short_description: Clear ACS P2P redirect on exactly the bridges between the GPUs of a tensor-parallel group
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Finds, from the same PCIe model as M(gpufleet.inference.pcie_facts), the bridges whose Access Control Services
     redirect peer traffic between the GPUs in O(devices) (one tensor-parallel group) up to the root complex. These are the

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: tune_measured
 short_description: The decisions of measured tuning (baseline, one stage at a time, keep or revert) over a host-side state file
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Drives C(playbooks/tune_measured.yml). The play asks what to do next (O(op=next)), does it (apply or revert a stage
     through its roles, reboot once for the grouped reboot stage, benchmark every profile) and reports back

@@ -9,7 +9,7 @@ DOCUMENTATION = r"""
 ---
 module: vllm_service_files
 short_description: Write the vLLM service's environment, secret file and unit, read them back, stamp the NCCL checksum
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Creates O(config_dir) (root, C(0755)) and writes, each whole and atomically (a temporary file renamed over the
     old one), owned by root, C(<config_dir>/<name>.env) (C(0644)) with O(env_content), C(<config_dir>/<name>.secret.env)
