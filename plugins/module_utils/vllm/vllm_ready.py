@@ -7,8 +7,8 @@ and the unit does not restart meanwhile.
 
 The checks (Prober, prove) are pure: they get the HTTP ``request`` and the unit watcher passed in.
 execute() is the module's run: the requests through the benchmark client's transport
-(``inference_transport.request_text``), ``systemctl show`` and ``journalctl`` through HostCmd (C
-locale), the start log through HostFS, and the path vLLM took from ``vllm_startlog``.
+(bench/transport.py's ``request_text``), ``systemctl show`` and ``journalctl`` through HostCmd (C
+locale), the start log through HostFS, and the path vLLM took from ``vllm/startlog.py``.
 """
 
 from __future__ import annotations
