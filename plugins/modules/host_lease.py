@@ -115,31 +115,25 @@ actions:
   sample: [{action: write_lease, path: /var/lib/gpufleet/lease.json, what: acquired}]
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.lease.host_lease import LeaseError, execute
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+
+ARGUMENT_SPEC = dict(
+    state=dict(type="str", choices=["acquired", "renewed", "released", "broken", "query"], default="acquired"),
+    run_id=dict(type="str", required=True),
+    operator=dict(type="str", default=""),
+    play=dict(type="str", default=""),
+    ttl=dict(type="int", default=7200),
+    break_expired=dict(type="bool", default=False),
+    holder=dict(type="dict"),
+    take_over=dict(type="str", default=""),
+    path=dict(type="path", default="/var/lib/gpufleet/lease.json"),
+    root=dict(type="path", default="/"),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            state=dict(type="str", choices=["acquired", "renewed", "released", "broken", "query"], default="acquired"),
-            run_id=dict(type="str", required=True),
-            operator=dict(type="str", default=""),
-            play=dict(type="str", default=""),
-            ttl=dict(type="int", default=7200),
-            break_expired=dict(type="bool", default=False),
-            holder=dict(type="dict"),
-            take_over=dict(type="str", default=""),
-            path=dict(type="path", default="/var/lib/gpufleet/lease.json"),
-            root=dict(type="path", default="/"),
-        ),
-        supports_check_mode=True,
-    )
-    fs = HostFS(module.params["root"])
-    finish(module, "host_lease", "reads and writes the lease file", lambda: execute(module.params, fs, module.check_mode), LeaseError)
+    run_module(ModuleSpec("host_lease", ARGUMENT_SPEC, "reads and writes the lease file", (LeaseError,)), execute)
 
 
 if __name__ == "__main__":

@@ -111,27 +111,20 @@ service_user:
   sample: vllm
 """
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
+from ansible_collections.gpufleet.inference.plugins.module_utils.lint.host_lint import execute
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.lint.host_lint import run
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+ARGUMENT_SPEC = dict(
+    root=dict(type="path", default="/"),
+    units=dict(type="list", elements="str", default=["vllm"]),
+    service_user=dict(type="str"),
+    passthrough_devices=dict(type="list", elements="str", default=[], no_log=False),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            root=dict(type="path", default="/"),
-            units=dict(type="list", elements="str", default=["vllm"]),
-            service_user=dict(type="str"),
-            passthrough_devices=dict(type="list", elements="str", default=[], no_log=False),
-        ),
-        supports_check_mode=True,
-    )
-    try:
-        result = run(HostFS(module.params["root"]), module.params)
-    except HostFSError as err:
-        module.fail_json(msg=f"Host lint: {err}. Run the module as root (become: true).")
-    module.exit_json(changed=False, actions=[], **result)
+    run_module(ModuleSpec("host_lint", ARGUMENT_SPEC, "reads the kernel command line, the GRUB, NCCL, systemd, modprobe "
+                          "and sysctl files and the GPUs' drivers"), execute)
 
 
 if __name__ == "__main__":

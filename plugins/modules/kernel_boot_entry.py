@@ -87,27 +87,20 @@ diff:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_boot_entry import execute
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import KernelUpgradeError
 
+ARGUMENT_SPEC = dict(
+    version=dict(type="str", required=True),
+    boot=dict(type="str", choices=["default", "once"], default="default"),
+    root=dict(type="path", default="/"),
+)
+
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            version=dict(type="str", required=True),
-            boot=dict(type="str", choices=["default", "once"], default="default"),
-            root=dict(type="path", default="/"),
-        ),
-        supports_check_mode=True,
-    )
-    fs = HostFS(module.params["root"])
-    finish(module, "kernel_boot_entry", "reads grub.cfg and writes grubenv through the GRUB tools",
-           lambda: execute(module.params, fs, HostCmd(module, fs), module.check_mode), KernelUpgradeError)
+    run_module(ModuleSpec("kernel_boot_entry", ARGUMENT_SPEC, "reads grub.cfg and writes grubenv through the GRUB tools",
+                          (KernelUpgradeError,)), execute)
 
 
 if __name__ == "__main__":

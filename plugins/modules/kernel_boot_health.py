@@ -101,33 +101,25 @@ actions:
   sample: [{action: write, path: /etc/systemd/system/gpufleet-boot-health.timer}, {action: run, argv: [systemctl, daemon-reload]}]
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_boot_health import BootHealthError, execute
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+
+ARGUMENT_SPEC = dict(
+    state=dict(type="str", choices=["present", "absent"], default="present"),
+    target=dict(type="str"),
+    old=dict(type="str", default=""),
+    commit_timeout=dict(type="int", default=1800),
+    driver_modules=dict(type="list", elements="str", default=["nvidia"]),
+    gpu_required=dict(type="bool", default=False),
+    vllm_unit=dict(type="str", default=""),
+    vllm_grace=dict(type="int", default=900),
+    root=dict(type="path", default="/"),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            state=dict(type="str", choices=["present", "absent"], default="present"),
-            target=dict(type="str"),
-            old=dict(type="str", default=""),
-            commit_timeout=dict(type="int", default=1800),
-            driver_modules=dict(type="list", elements="str", default=["nvidia"]),
-            gpu_required=dict(type="bool", default=False),
-            vllm_unit=dict(type="str", default=""),
-            vllm_grace=dict(type="int", default=900),
-            root=dict(type="path", default="/"),
-        ),
-        supports_check_mode=True,
-    )
-    fs = HostFS(module.params["root"])
-    cmds = HostCmd(module, fs)
-    finish(module, "kernel_boot_health", "writes systemd units under /etc/systemd/system and runs systemctl",
-           lambda: execute(module.params, fs, cmds, module.check_mode, warn=module.warn), BootHealthError)
+    run_module(ModuleSpec("kernel_boot_health", ARGUMENT_SPEC, "writes systemd units under /etc/systemd/system and runs "
+                          "systemctl", (BootHealthError,)), execute)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,10 @@ options:
       - V(grub_dropin) for Debian and Ubuntu, V(grubby) for EL.
       - V(auto) takes V(grubby) when C(grubby) is installed, else V(grub_dropin) when C(/etc/default/grub) exists and
         C(update-grub) or C(grub-mkconfig) is installed, and fails otherwise.
+      - On a host without GRUB 2 and grubby (systemd-boot, a unified kernel image, a cloud provider's direct kernel boot)
+        a run with no argument to add (O(args) empty or O(state=absent)) and none of O(owner) recorded to remove changes
+        nothing and says so in RV(msg) (RV(bootloader) is C(none)); a run that asks for arguments fails, naming what to
+        do by hand.
     type: str
     choices: [auto, grub_dropin, grubby]
     default: auto
@@ -127,10 +131,17 @@ actions:
   sample: [{action: write_dropin, path: /etc/default/grub.d/99-gpufleet.cfg},
            {action: update_grub, path: /boot/grub/grub.cfg, reason: drop-in changed, argv: [/usr/sbin/update-grub]}]
 bootloader:
-  description: The bootloader path used, C(grub_dropin) or C(grubby).
+  description:
+    - The bootloader path used, C(grub_dropin) or C(grubby); C(none) when the host has no bootloader this module drives
+      and there was nothing to add or remove.
   returned: success
   type: str
   sample: grub_dropin
+msg:
+  description: Why nothing was done, when RV(bootloader) is C(none).
+  returned: when RV(bootloader) is C(none)
+  type: str
+  sample: "Nothing to do for owner pcie_link: no argument to add or remove, and this module cannot drive this host's bootloader: ..."
 reboot_required:
   description:
     - True when the running kernel's arguments (C(/proc/cmdline)) lack an argument any owner wants, or still hold one an
@@ -181,54 +192,22 @@ diff:
 """
 
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.cmdline import CmdlineError
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_cmdline import execute
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import ToolMissing
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.cmdline import (
-    CmdlineError, find_conflicts, validate_args, validate_owner,
+ARGUMENT_SPEC = dict(
+    owner=dict(type="str", required=True),
+    args=dict(type="list", elements="str", default=[]),
+    state=dict(type="str", choices=["present", "absent"], default="present"),
+    bootloader=dict(type="str", choices=["auto", "grub_dropin", "grubby"], default="auto"),
+    root=dict(type="path", default="/"),
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_cmdline import Bootloader, KernelCmdline
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            owner=dict(type="str", required=True),
-            args=dict(type="list", elements="str", default=[]),
-            state=dict(type="str", choices=["present", "absent"], default="present"),
-            bootloader=dict(type="str", choices=["auto", "grub_dropin", "grubby"], default="auto"),
-            root=dict(type="path", default="/"),
-        ),
-        supports_check_mode=True,
-    )
-    try:
-        owner = validate_owner(module.params["owner"])
-        args = validate_args(module.params["args"]) if module.params["state"] == "present" else []
-        conflicts = find_conflicts({owner: args})
-    except CmdlineError as err:
-        module.fail_json(msg=str(err))
-    if conflicts:
-        module.fail_json(msg=f"Conflicting kernel arguments in args, nothing changed: {'; '.join(conflicts)}. Keep one of them.")
-    fs = HostFS(module.params["root"])
-    loader = Bootloader(module, fs)
-    try:
-        bootloader, apply_argv = loader.detect(module.params["bootloader"])
-    except ToolMissing as err:
-        module.fail_json(msg=str(err))
-    except Failed as err:
-        module.fail_json(msg=str(err), **err.fields)
-    try:
-        result = KernelCmdline(module, fs, loader, bootloader, apply_argv).run(owner, args, module.params["state"])
-    except CmdlineError as err:
-        module.fail_json(msg=str(err))
-    except Failed as err:
-        module.fail_json(msg=str(err), **err.fields)
-    except HostFSError as err:
-        module.fail_json(msg=f"Reading the boot configuration under root {fs.root} failed: {err}. Run the module as root "
-                             "(become: true).")
-    module.exit_json(**result)
+    run_module(ModuleSpec("kernel_cmdline", ARGUMENT_SPEC, "reads /proc/cmdline and the boot configuration and writes "
+                          "/etc/default/grub.d, /boot/grub and /etc/gpufleet (or runs grubby)", (CmdlineError,)), execute)
 
 
 if __name__ == "__main__":

@@ -96,24 +96,16 @@ owner_reboot_required:
   sample: false
 """
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.cmdline import CmdlineError
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_cmdline_info import execute
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.cmdline import CmdlineError, gather
+ARGUMENT_SPEC = dict(owner=dict(type="str"), root=dict(type="path", default="/"))
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(owner=dict(type="str"), root=dict(type="path", default="/")),
-        supports_check_mode=True,
-    )
-    try:
-        result = gather(HostFS(module.params["root"]), module.params["owner"])
-    except CmdlineError as err:
-        module.fail_json(msg=str(err))
-    except HostFSError as err:
-        module.fail_json(msg=f"Reading the kernel argument record failed: {err}. Run the module as root (become: true).")
-    module.exit_json(changed=False, actions=[], **result)
+    run_module(ModuleSpec("kernel_cmdline_info", ARGUMENT_SPEC, "reads /proc/cmdline and the kernel argument record",
+                          (CmdlineError,)), execute)
 
 
 if __name__ == "__main__":

@@ -183,40 +183,34 @@ actions:
   sample: [{action: write_journal, path: /var/lib/gpufleet/kernel_upgrade/journal.json, stage: baseline}]
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_rollout_step import EVENTS, execute
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import FlowError
 
+ARGUMENT_SPEC = dict(
+    target=dict(type="str", required=True),
+    event=dict(type="str", choices=EVENTS, default="start"),
+    data=dict(type="dict", default={}),
+    run_id=dict(type="str", default=""),
+    reboot_ok=dict(type="bool", default=False),
+    lock=dict(type="bool", default=True),
+    lock_packages=dict(type="list", elements="str", default=[]),
+    verify_pcie=dict(type="bool", default=True),
+    headers=dict(type="str", choices=["auto", "always", "never"], default="auto"),
+    commit_timeout=dict(type="int", default=1800),
+    gate=dict(type="dict", default={}),
+    journal=dict(type="path", default="/var/lib/gpufleet/kernel_upgrade/journal.json"),
+    lease_run_id=dict(type="str", default=""),
+    take_over=dict(type="str", default=""),
+    lease_ttl=dict(type="int", default=7200),
+    preflight=dict(type="dict", default={}),
+    root=dict(type="path", default="/"),
+)
+
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            target=dict(type="str", required=True),
-            event=dict(type="str", choices=EVENTS, default="start"),
-            data=dict(type="dict", default={}),
-            run_id=dict(type="str", default=""),
-            reboot_ok=dict(type="bool", default=False),
-            lock=dict(type="bool", default=True),
-            lock_packages=dict(type="list", elements="str", default=[]),
-            verify_pcie=dict(type="bool", default=True),
-            headers=dict(type="str", choices=["auto", "always", "never"], default="auto"),
-            commit_timeout=dict(type="int", default=1800),
-            gate=dict(type="dict", default={}),
-            journal=dict(type="path", default="/var/lib/gpufleet/kernel_upgrade/journal.json"),
-            lease_run_id=dict(type="str", default=""),
-            take_over=dict(type="str", default=""),
-            lease_ttl=dict(type="int", default=7200),
-            preflight=dict(type="dict", default={}),
-            root=dict(type="path", default="/"),
-        ),
-        supports_check_mode=True,
-    )
-    fs = HostFS(module.params["root"])
-    finish(module, "kernel_rollout_step", "reads /proc, /boot/grub and /var/lib/dpkg and writes /var/lib/gpufleet",
-           lambda: execute(module.params, fs, module.check_mode), FlowError)
+    run_module(ModuleSpec("kernel_rollout_step", ARGUMENT_SPEC, "reads /proc, /boot/grub and /var/lib/dpkg and writes "
+                          "/var/lib/gpufleet", (FlowError,)), execute)
 
 
 if __name__ == "__main__":

@@ -212,40 +212,25 @@ actions:
 """
 
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_upgrade_preflight import execute
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import SAVED_DROPIN, SAVED_DROPIN_TEXT
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_upgrade_preflight import Host, gather_and_decide
+ARGUMENT_SPEC = dict(
+    target=dict(type="str", required=True),
+    package=dict(type="str"),
+    package_version=dict(type="str", default=""),
+    phase=dict(type="str", choices=["preflight", "installed"], default="preflight"),
+    fix_grub_default=dict(type="bool", default=False),
+    boot_space_mb=dict(type="int", default=0),
+    driver=dict(type="str", choices=["auto", "required", "none"], default="auto"),
+    driver_modules=dict(type="list", elements="str", default=["nvidia"]),
+    root=dict(type="path", default="/"),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            target=dict(type="str", required=True),
-            package=dict(type="str"),
-            package_version=dict(type="str", default=""),
-            phase=dict(type="str", choices=["preflight", "installed"], default="preflight"),
-            fix_grub_default=dict(type="bool", default=False),
-            boot_space_mb=dict(type="int", default=0),
-            driver=dict(type="str", choices=["auto", "required", "none"], default="auto"),
-            driver_modules=dict(type="list", elements="str", default=["nvidia"]),
-            root=dict(type="path", default="/"),
-        ),
-        supports_check_mode=True,
-    )
-    fs = HostFS(module.params["root"])
-    try:
-        result = gather_and_decide(module, Host(module, fs))
-    except Failed as err:
-        module.fail_json(msg=str(err), **err.fields)
-    except HostFSError as err:
-        module.fail_json(msg=f"Reading the boot configuration under root {fs.root} failed: {err}. Run the module as root "
-                             "(become: true).")
-    if module._diff and result["actions"]:
-        result["diff"] = {"before": "", "after": SAVED_DROPIN_TEXT, "before_header": SAVED_DROPIN, "after_header": SAVED_DROPIN}
-    module.exit_json(**result)
+    run_module(ModuleSpec("kernel_upgrade_preflight", ARGUMENT_SPEC, "reads /boot, /lib/modules, the GRUB files and the "
+                          "package manager's answer, and writes the GRUB_DEFAULT=saved drop-in on request"), execute)
 
 
 if __name__ == "__main__":

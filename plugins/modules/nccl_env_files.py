@@ -96,31 +96,23 @@ diff:
            after_header: /etc/nccl.conf}]
 """
 
-import platform
-
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.nccl_env_files import NcclFilesError, execute
+
+ARGUMENT_SPEC = dict(
+    root=dict(type="path", default="/"),
+    conf_path=dict(type="path", default="/etc/nccl.conf"),
+    conf_content=dict(type="str", required=True),
+    env_file=dict(type="path", default="/etc/gpufleet/nccl.env"),
+    env_content=dict(type="str", required=True),
+    settings=dict(type="dict", required=True),
+    user_conf=dict(type="path", default="/root/.nccl.conf"),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            root=dict(type="path", default="/"),
-            conf_path=dict(type="path", default="/etc/nccl.conf"),
-            conf_content=dict(type="str", required=True),
-            env_file=dict(type="path", default="/etc/gpufleet/nccl.env"),
-            env_content=dict(type="str", required=True),
-            settings=dict(type="dict", required=True),
-            user_conf=dict(type="path", default="/root/.nccl.conf"),
-        ),
-        supports_check_mode=True,
-    )
-    params = dict(module.params, host_name=platform.node())
-    finish(module, "nccl_env_files", "writes and reads back /etc/nccl.conf and the NCCL EnvironmentFile",
-           lambda: execute(params, HostFS(module.params["root"]), module.check_mode, warn=module.warn), NcclFilesError)
+    run_module(ModuleSpec("nccl_env_files", ARGUMENT_SPEC, "writes and reads back /etc/nccl.conf and the NCCL EnvironmentFile",
+                          (NcclFilesError,)), execute)
 
 
 if __name__ == "__main__":

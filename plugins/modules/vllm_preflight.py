@@ -114,36 +114,29 @@ port:
                  unit: vllm.service}]
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 # The checks live in module_utils/vllm/vllm_preflight.py; their names stay importable from here (tests).
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.vllm_preflight import (  # noqa: F401 pylint: disable=unused-import
     bind_probe, check_model, check_port, execute, listeners, overlaps, parse_proc_net, unit_active, unit_of,
 )
 
 
+ARGUMENT_SPEC = dict(
+    model=dict(type="str", required=True),
+    model_is_path=dict(type="bool", default=True),
+    host=dict(type="str", default="127.0.0.1"),
+    port=dict(type="int", required=True),
+    unit=dict(type="str", required=True),
+    user=dict(type="str"),
+    protect_home=dict(type="bool", default=True),
+    expect_ours=dict(type="bool", default=False),
+    model_pending=dict(type="bool", default=False),
+    root=dict(type="path", default="/"),
+)
+
+
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            model=dict(type="str", required=True),
-            model_is_path=dict(type="bool", default=True),
-            host=dict(type="str", default="127.0.0.1"),
-            port=dict(type="int", required=True),
-            unit=dict(type="str", required=True),
-            user=dict(type="str"),
-            protect_home=dict(type="bool", default=True),
-            expect_ours=dict(type="bool", default=False),
-            model_pending=dict(type="bool", default=False),
-            root=dict(type="path", default="/"),
-        ),
-        supports_check_mode=True,
-    )
-    fs = HostFS(module.params["root"])
-    finish(module, "vllm_preflight", "reads the model's files and /proc",
-           lambda: execute(module.params, fs, HostCmd(module, fs), check_mode=module.check_mode, warn=module.warn), ValueError)
+    run_module(ModuleSpec("vllm_preflight", ARGUMENT_SPEC, "reads the model's files and /proc", (ValueError,)), execute)
 
 
 if __name__ == "__main__":

@@ -221,37 +221,31 @@ unit:
   sample: {ActiveState: active, SubState: running, MainPID: "4242", NRestarts: "0"}
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.vllm_ready import NotReady, execute
+
+ARGUMENT_SPEC = dict(
+    url=dict(type="str", default="http://127.0.0.1:8000"),
+    served_model_name=dict(type="str", required=True),
+    api_key=dict(type="str", no_log=True),
+    unit=dict(type="str"),
+    timeout=dict(type="int", default=600),
+    interval=dict(type="float", default=2.0),
+    request_timeout=dict(type="int", default=120),
+    checks=dict(type="list", elements="str", choices=["health", "models", "completion", "metrics"],
+                default=["health", "models", "completion", "metrics"]),
+    prompt=dict(type="str", default="The capital of France is"),
+    max_tokens=dict(type="int", default=4, no_log=False),
+    journal_lines=dict(type="int", default=50),
+    start_log=dict(type="path"),
+    start_log_journal=dict(type="bool", default=False),
+    start_log_lines=dict(type="int", default=20000),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            url=dict(type="str", default="http://127.0.0.1:8000"),
-            served_model_name=dict(type="str", required=True),
-            api_key=dict(type="str", no_log=True),
-            unit=dict(type="str"),
-            timeout=dict(type="int", default=600),
-            interval=dict(type="float", default=2.0),
-            request_timeout=dict(type="int", default=120),
-            checks=dict(type="list", elements="str", choices=["health", "models", "completion", "metrics"],
-                        default=["health", "models", "completion", "metrics"]),
-            prompt=dict(type="str", default="The capital of France is"),
-            max_tokens=dict(type="int", default=4, no_log=False),
-            journal_lines=dict(type="int", default=50),
-            start_log=dict(type="path"),
-            start_log_journal=dict(type="bool", default=False),
-            start_log_lines=dict(type="int", default=20000),
-        ),
-        supports_check_mode=True,
-    )
-    finish(module, "vllm_ready", "reads the unit's state and journal and the start log",
-           lambda: execute(module.params, HostCmd(module, HostFS("/")), warn=module.warn), NotReady)
+    run_module(ModuleSpec("vllm_ready", ARGUMENT_SPEC, "reads the unit's state and journal and the start log", (NotReady,)),
+               execute)
 
 
 if __name__ == "__main__":

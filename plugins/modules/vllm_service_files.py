@@ -111,29 +111,24 @@ diff:
   elements: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.vllm_service_files import VllmFilesError, execute
+
+ARGUMENT_SPEC = dict(
+    root=dict(type="path", default="/"),
+    name=dict(type="str", required=True),
+    config_dir=dict(type="path", required=True),
+    env_content=dict(type="str", required=True),
+    secret_content=dict(type="str", default="", no_log=True),
+    unit_content=dict(type="str", required=True),
+    unit_dir=dict(type="path", default="/etc/systemd/system"),
+    nccl_env_file=dict(type="path", default="/etc/gpufleet/nccl.env"),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            root=dict(type="path", default="/"),
-            name=dict(type="str", required=True),
-            config_dir=dict(type="path", required=True),
-            env_content=dict(type="str", required=True),
-            secret_content=dict(type="str", default="", no_log=True),
-            unit_content=dict(type="str", required=True),
-            unit_dir=dict(type="path", default="/etc/systemd/system"),
-            nccl_env_file=dict(type="path", default="/etc/gpufleet/nccl.env"),
-        ),
-        supports_check_mode=True,
-    )
-    finish(module, "vllm_service_files", "writes and reads back the vLLM service's environment files and unit",
-           lambda: execute(module.params, HostFS(module.params["root"]), module.check_mode), VllmFilesError)
+    run_module(ModuleSpec("vllm_service_files", ARGUMENT_SPEC, "writes and reads back the vLLM service's environment "
+                          "files and unit", (VllmFilesError,)), execute)
 
 
 if __name__ == "__main__":

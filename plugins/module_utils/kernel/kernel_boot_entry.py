@@ -3,10 +3,10 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """One run of the kernel_boot_entry module: read GRUB, plan the grubenv change, run it, read it back.
 
-execute() reads ``grub.cfg`` and ``grubenv`` through HostFS, asks ``kernel_upgrade.boot_plan()`` which
-of ``grub-set-default``, ``grub-reboot`` and ``grub-editenv unset next_entry`` to run, runs them
-through HostCmd (chroot under another root, C locale) and reads ``grubenv`` back. Failures are
-KernelUpgradeError (bad input, nothing changed) or hostfs.Failed (with the actions and the command's rc).
+execute() reads ``grub.cfg`` and ``grubenv`` through the Host's HostFS, asks kernel/upgrade.py's ``boot_plan()``
+which of ``grub-set-default``, ``grub-reboot`` and ``grub-editenv unset next_entry`` to run, runs them
+through its HostCmd (chroot under another root, C locale) and reads ``grubenv`` back. Failures are
+KernelUpgradeError (bad input, nothing changed) or _host/result.py's Failed (with the actions and the command's rc).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import Any
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import GRUB_CFG, GRUBENV, parse_grub_cfg, read_grubenv
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd, ToolMissing
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import (
     KernelUpgradeError, boot_plan, validate_version,
@@ -79,8 +80,9 @@ def apply(fs: HostFS, cmds: HostCmd, plan: dict[str, Any], actions: list[dict], 
     return {"saved_entry": got.get("saved_entry"), "next_entry": got.get("next_entry")}
 
 
-def execute(p: dict[str, Any], fs: HostFS, cmds: HostCmd, check_mode: bool) -> dict[str, Any]:
+def execute(p: dict[str, Any], host: Host, check_mode: bool) -> dict[str, Any]:
     """The module's result: the entry, grubenv after the run (before it in check mode), ``actions`` and ``diff``."""
+    fs, cmds = host.fs, host.cmd
     version = validate_version(p["version"], "version")
     plan = read_plan(fs, version, p["boot"])
     try:

@@ -2,7 +2,7 @@
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The boot-health unit of a candidate kernel: what kernel_boot_health writes on the host, and
-``execute``, which writes it (through HostFS) and runs systemctl (through HostCmd).
+``execute``, which writes it (through the Host's HostFS) and runs systemctl (through its HostCmd).
 
 A oneshot service that runs the check script (roles/kernel_upgrade/files/gpufleet-boot-health.py,
 copied to ``SCRIPT``) only under the candidate kernel (``ConditionKernelVersion``), a timer that
@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import KernelUpgradeError, validate_version
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import COMMIT_TIMEOUT_S
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.journal import (
@@ -119,10 +120,10 @@ def check_removal(fs, config_text: str | None) -> None:
                               "changed. Reboot into the saved default first (the role's rollback does), or commit it.")
 
 
-def execute(p: dict, fs, cmds, check_mode: bool, warn=None) -> dict:
+def execute(p: dict, host: Host, check_mode: bool) -> dict:
     """Write (or remove) the boot-health unit and its configuration, enable (or disable) the timer; the
     result with ``actions`` and the ``diff``. Raises BootHealthError."""
-    warn = warn or (lambda msg: None)
+    fs, cmds, warn = host.fs, host.cmd, host.warn
     actions: list[dict] = []
     before = {path: fs.read_optional(path) for path in FILES}
     if p["state"] == "present":

@@ -1,11 +1,13 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What gpufleet.inference.kernel_cmdline executes: find the bootloader (the Debian drop-in with update-grub,
-or grubby on EL), read the owners and the running kernel's arguments, refuse what would not reach the
-kernel, write the drop-in or run grubby, regenerate grub.cfg, keep the state file, and read it all back.
-The pure parsing and planning is in kernel_cmdline.py; commands go through HostCmd (chroot, C locale),
-failures are raised (hostfs.Failed, CmdlineError), never fail_json-ed here.
+"""What gpufleet.inference.kernel_cmdline executes: check the owner and its arguments, find the bootloader (the
+Debian drop-in with update-grub, or grubby on EL), read the owners and the running kernel's arguments, refuse what
+would not reach the kernel, write the drop-in or run grubby, regenerate grub.cfg, keep the state file, and read it all
+back. On a host without GRUB and grubby (systemd-boot, direct kernel boot) a run with nothing to add or remove is a
+no-op with a note; one that asks for arguments fails, saying what to do by hand.
+The pure parsing and planning is in kernel/cmdline.py; commands go through the Host's HostCmd (_host/commands.py:
+chroot, C locale); failures are raised (_host/result.py's Failed, CmdlineError), never fail_json-ed here.
 """
 
 from __future__ import annotations
@@ -13,52 +15,114 @@ from __future__ import annotations
 import json
 import os
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd, ToolMissing
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.cmdline import (
-    DROPIN, DROPIN_DIR, GRUB_CFG, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, change_owner, check_length,
-    find_conflicts, foreign_texts, grub_cfg_kernel, overriding_dropins, predicted_cmdline, foreign_conflicts,
+    DROPIN, DROPIN_DIR, GRUB_CFG, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, change_owner, check_length,
+    find_conflicts, foreign_texts, gather, grub_cfg_kernel, overriding_dropins, predicted_cmdline, foreign_conflicts,
     foreign_grub_args, grub_cfg_args, parse_dropin, parse_grubby_info, parse_state, pending_after, plan_dropin,
-    plan_grubby, render_state, split_cmdline, status, wanted_args,
+    plan_grubby, render_state, split_cmdline, status, validate_args, validate_owner, wanted_args,
 )
 
+# What a host without GRUB and grubby needs instead (said when arguments are asked for there).
+BY_HAND = ("On systemd-boot or a unified kernel image put them in /etc/kernel/cmdline (or the options line of "
+           "/boot/loader/entries/*.conf) and run kernel-install (or rebuild the image); on a cloud provider's direct "
+           "kernel boot set them in the instance's kernel command line setting. Or leave the arguments empty (the "
+           "role's variable, or state: absent) so this step has nothing to do.")
 
-class Bootloader(HostCmd):
-    """Finds and runs the bootloader tools (HostCmd: under root, through chroot, in the C locale)."""
 
-    def detect(self, wanted: str) -> tuple[str, list[str]]:
-        """(bootloader, argv of the command that applies the configuration)."""
-        where = "" if self.fs.root == "/" else f" under root {self.fs.root}"
-        if wanted in ("auto", "grubby"):
-            grubby = self.find("grubby", required=wanted == "grubby")
-            if grubby:
-                return "grubby", [grubby]
-        if not self.fs.exists(GRUB_DEFAULTS):
-            raise Failed(msg=(
-                f"GRUB files missing: {GRUB_DEFAULTS} does not exist{where}, and grubby is not installed. This module "
-                "drives GRUB 2 (update-grub on Debian/Ubuntu, grubby on EL); hosts that boot through systemd-boot, "
-                "a unified kernel image or a cloud provider's direct kernel boot need another way to set kernel arguments."))
-        update = self.find("update-grub")
-        if update:
-            return "grub_dropin", [update]
-        mkconfig = self.find("grub-mkconfig") or self.find("grub2-mkconfig")
-        if mkconfig:
-            return "grub_dropin", [mkconfig, "-o", GRUB_CFG]
-        raise Failed(msg=(
-            f"GRUB files missing: {GRUB_DEFAULTS} exists{where} but neither update-grub nor grub-mkconfig is installed, "
-            "so the drop-in cannot be turned into grub.cfg. Install grub2-common (Debian/Ubuntu: apt-get install grub2-common)."))
+def detect(cmd: HostCmd, wanted: str, strict: bool = True) -> tuple[str, list[str]] | None:
+    """(bootloader, argv of the command that applies the configuration); None when the host has neither grubby nor
+    /etc/default/grub (no GRUB 2: systemd-boot, direct kernel boot). Failed when GRUB's files are there without the
+    tool that turns them into grub.cfg. ``strict``: an explicit grubby must be installed (the run has work to do)."""
+    fs = cmd.fs
+    if wanted in ("auto", "grubby"):
+        grubby = cmd.find("grubby", required=strict and wanted == "grubby")
+        if grubby:
+            return "grubby", [grubby]
+    if not fs.exists(GRUB_DEFAULTS):
+        return None
+    update = cmd.find("update-grub")
+    if update:
+        return "grub_dropin", [update]
+    mkconfig = cmd.find("grub-mkconfig") or cmd.find("grub2-mkconfig")
+    if mkconfig:
+        return "grub_dropin", [mkconfig, "-o", GRUB_CFG]
+    where = "" if fs.root == "/" else f" under root {fs.root}"
+    raise Failed(msg=(
+        f"GRUB files missing: {GRUB_DEFAULTS} exists{where} but neither update-grub nor grub-mkconfig is installed, "
+        "so the drop-in cannot be turned into grub.cfg. Install grub2-common (Debian/Ubuntu: apt-get install grub2-common)."))
+
+
+def no_bootloader(fs, args: list[str]) -> Failed:
+    """The failure of a run that asks for ``args`` on a host without GRUB 2 and grubby: what it cannot do, what to do."""
+    where = "" if fs.root == "/" else f" under root {fs.root}"
+    return Failed(changed=False, msg=(
+        f"GRUB files missing: {GRUB_DEFAULTS} does not exist{where}, and grubby is not installed, so {' '.join(args)} "
+        "cannot be put on the kernel command line; nothing was changed. This module drives GRUB 2 (update-grub on "
+        "Debian/Ubuntu, grubby on EL); hosts that boot through systemd-boot, a unified kernel image or a cloud "
+        f"provider's direct kernel boot need another way to set kernel arguments. {BY_HAND}"))
+
+
+def validated(p: dict) -> tuple[str, list[str]]:
+    """(owner, its wanted arguments: none with state absent); Failed on a bad owner, argument or conflict among them."""
+    try:
+        owner = validate_owner(p["owner"])
+        args = validate_args(p["args"]) if p["state"] == "present" else []
+    except CmdlineError as err:
+        raise Failed(msg=str(err), changed=False) from None
+    conflicts = find_conflicts({owner: args})
+    if conflicts:
+        raise Failed(msg=f"Conflicting kernel arguments in args, nothing changed: {'; '.join(conflicts)}. Keep one of them.",
+                     changed=False)
+    return owner, args
+
+
+def nothing_to_do(fs, owner: str, why: str) -> dict:
+    """The result of a run with no argument to add on a host whose bootloader this module cannot drive: changed=false
+    and a note, when no record (drop-in or state file) holds arguments of ``owner`` to remove; else Failed."""
+    info = gather(fs, owner)
+    mine = info["owners"].get(owner) or []
+    if mine:
+        raise Failed(changed=False, msg=(
+            f"{why} Owner {owner} still has {' '.join(mine)} recorded ({DROPIN if info['source'] == 'dropin' else STATE_FILE}) "
+            "but there is no bootloader tool to remove them with; nothing was changed. Remove them from the boot "
+            f"configuration by hand, then delete the owner's line (or the file)."))
+    result = {k: info[k] for k in ("wanted", "current", "missing", "unexpected", "reboot_required", "owner_reboot_required")}
+    result.update(changed=False, actions=[], bootloader="none", owners=info["owners"], msg=(
+        f"Nothing to do for owner {owner}: no argument to add or remove, and this module cannot drive this host's "
+        f"bootloader: {why} Nothing was changed."))
+    return result
+
+
+def execute(params: dict, host: Host, check_mode: bool) -> dict:
+    """The module's run: validate, find the bootloader, plan, apply (outside check mode), read back."""
+    owner, args = validated(params)
+    try:
+        found = detect(host.cmd, params["bootloader"], strict=bool(args))
+    except (Failed, ToolMissing) as err:
+        if args:
+            raise
+        return nothing_to_do(host.fs, owner, str(err))
+    if found is None:
+        if args:
+            raise no_bootloader(host.fs, args)
+        return nothing_to_do(host.fs, owner, f"neither {GRUB_DEFAULTS} nor grubby is on this host.")
+    return KernelCmdline(host, found[0], found[1], check_mode).run(owner, args, params["state"])
 
 
 class KernelCmdline:
-    """Reads the owners and the running kernel's arguments, plans, applies."""
+    """Reads the owners and the running kernel's arguments, plans, applies (through the Host's files and commands)."""
 
-    def __init__(self, module, fs: HostFS, loader: Bootloader, bootloader: str, apply_argv: list[str]):
-        self.module = module
-        self.fs = fs
-        self.loader = loader
+    def __init__(self, host: Host, bootloader: str, apply_argv: list[str], check_mode: bool):
+        self.host = host
+        self.fs = host.fs
+        self.cmd = host.cmd
         self.bootloader = bootloader
         self.apply_argv = apply_argv
+        self.check_mode = check_mode
 
     # ---- readers ----------------------------------------------------------------------------
     def read(self, path: str) -> str | None:
@@ -73,7 +137,7 @@ class KernelCmdline:
         return split_cmdline(text)
 
     def grubby_entries(self, grubby: str) -> list[dict]:
-        rc, out, err = self.loader.run(self.loader.argv([grubby, "--info=ALL"]))
+        rc, out, err = self.cmd.run(self.cmd.argv([grubby, "--info=ALL"]))
         if rc != 0:
             raise Failed(msg=f"'{grubby} --info=ALL' exited {rc}: {(err or out).strip()}. grubby cannot read the boot "
                              "entries; check /boot/loader/entries and /etc/default/grub.", rc=rc, stderr=err)
@@ -92,11 +156,26 @@ class KernelCmdline:
             return arch.strip()
         return os.uname().machine if self.fs.root == "/" else None
 
-    def guard(self, owners_before: dict, owners_after: dict, pending: dict, configured: list[str], entries: list[dict],
-              grub_cfg: str | None) -> None:
+    def configuration(self, saved: dict) -> dict:
+        """What the boot configuration holds now: the owners before this run, the arguments it configures, and
+        (drop-in) the drop-in's text, the arguments other grub files set, grub.cfg, or (grubby) the boot entries."""
+        if self.bootloader == "grub_dropin":
+            dropin_before = self.read(DROPIN)
+            owners_before, stray = parse_dropin(dropin_before)
+            if stray:
+                self.host.warn(f"{DROPIN} holds lines this module did not write; they are dropped: {' | '.join(stray)}")
+            grub_cfg = self.fs.read_optional(GRUB_CFG)
+            return {"owners": owners_before, "dropin": dropin_before, "foreign": foreign_grub_args(foreign_texts(self.fs)),
+                    "grub_cfg": grub_cfg, "configured": grub_cfg_args(grub_cfg) or [], "entries": []}
+        entries = self.grubby_entries(self.apply_argv[0])
+        return {"owners": saved["owners"], "dropin": None, "foreign": [], "grub_cfg": None, "entries": entries,
+                "configured": sorted({a for e in entries for a in e["args"]})}
+
+    def guard(self, owners_before: dict, owners_after: dict, pending: dict, conf: dict) -> None:
         """Refuse, before any write, what would not reach the kernel: a later drop-in that resets
         GRUB_CMDLINE_LINUX_DEFAULT (ours would be dropped), or a command line over the architecture's limit."""
         wanted = wanted_args(owners_after)
+        configured = conf["configured"]
         added = [a for a in wanted if a not in wanted_args(owners_before) or a not in configured]
         if self.bootloader == "grub_dropin" and added:
             over = overriding_dropins(self.dropin_files())
@@ -110,35 +189,16 @@ class KernelCmdline:
             return
         dropped = list(pending) + [a for a in wanted_args(owners_before) if a not in wanted]
         if self.bootloader == "grub_dropin":
-            lines = [predicted_cmdline(configured, grub_cfg_kernel(grub_cfg), wanted, dropped)]
+            lines = [predicted_cmdline(configured, grub_cfg_kernel(conf["grub_cfg"]), wanted, dropped)]
         else:
-            lines = [predicted_cmdline(e["args"], e["kernel"], wanted, dropped) for e in entries if not e["rescue"]]
+            lines = [predicted_cmdline(e["args"], e["kernel"], wanted, dropped) for e in conf["entries"] if not e["rescue"]]
         for line in lines:
             problem = check_length(line, self.arch())
             if problem:
                 raise Failed(changed=False, msg=problem, cmdline_bytes=len(line.encode("utf-8")))
 
-    # ---- the run ------------------------------------------------------------------------------
-    def run(self, owner: str, args: list[str], state: str) -> dict:
-        current = self.current()
-        saved = parse_state(self.read(STATE_FILE), self.fs.path(STATE_FILE))
-        dropin_before = None
-        foreign: list[str] = []
-        entries: list[dict] = []
-        grub_cfg = None
-        if self.bootloader == "grub_dropin":
-            dropin_before = self.read(DROPIN)
-            owners_before, stray = parse_dropin(dropin_before)
-            if stray:
-                self.module.warn(f"{DROPIN} holds lines this module did not write; they are dropped: {' | '.join(stray)}")
-            foreign = foreign_grub_args(foreign_texts(self.fs))
-            grub_cfg = self.fs.read_optional(GRUB_CFG)
-            configured = grub_cfg_args(grub_cfg) or []
-        else:
-            owners_before = saved["owners"]
-            entries = self.grubby_entries(self.apply_argv[0])
-            configured = sorted({a for e in entries for a in e["args"]})
-        owners_after = change_owner(owners_before, owner, args, state)
+    def refuse(self, args: list[str], owners_after: dict) -> None:
+        """Refuse what grubby cannot carry and conflicts across all owners; nothing is changed."""
         if self.bootloader == "grubby" and any(";" in a for a in args):
             raise Failed(changed=False, msg=(
                 f"{', '.join(a for a in args if ';' in a)}: a device list with ';' is not written through grubby (boot loader "
@@ -150,58 +210,76 @@ class KernelCmdline:
                 f"Conflicting kernel arguments, nothing changed: {'; '.join(conflicts)}. Keep one of them: change the "
                 "variables of the owning roles (each owner's arguments are listed in the owners key of this result)."),
                 owners=owners_after)
-        pending = pending_after(saved["pending_removal"], owners_before, owners_after, owner, current, configured)
-        self.guard(owners_before, owners_after, pending, configured, entries, grub_cfg if self.bootloader == "grub_dropin" else None)
+
+    def warn_foreign(self, owners_after: dict, current: list[str], pending: dict, foreign: list[str]) -> None:
         for warning in foreign_conflicts(owners_after, current, pending):
-            self.module.warn(warning.capitalize() + ": our argument comes later on the command line; remove the other one "
-                             "from /etc/default/grub (or with grubby) to be sure which value the kernel takes.")
+            self.host.warn(warning.capitalize() + ": our argument comes later on the command line; remove the other one "
+                           "from /etc/default/grub (or with grubby) to be sure which value the kernel takes.")
         for arg in pending:
             if arg in foreign:
-                self.module.warn(f"{arg} was removed by owner {pending[arg]} but {GRUB_DEFAULTS} (or another grub.d file) "
-                                 "still sets it, so the kernel keeps it after the next boot.")
+                self.host.warn(f"{arg} was removed by owner {pending[arg]} but {GRUB_DEFAULTS} (or another grub.d file) "
+                               "still sets it, so the kernel keeps it after the next boot.")
 
+    # ---- the plan -----------------------------------------------------------------------------
+    def plan(self, conf: dict, owners_after: dict, pending: dict) -> tuple[list[dict], dict, dict]:
+        """(the actions on the boot configuration, the plan they come from, the diff)."""
         actions: list[dict] = []
         if self.bootloader == "grub_dropin":
-            plan = plan_dropin(dropin_before, owners_after, grub_cfg, list(pending), foreign)
+            plan = plan_dropin(conf["dropin"], owners_after, conf["grub_cfg"], list(pending), conf["foreign"])
             for action in plan["actions"]:
                 if action["action"] == "update_grub":
-                    action["argv"] = self.loader.argv(self.apply_argv)
+                    action["argv"] = self.cmd.argv(self.apply_argv)
                 actions.append(action)
-            diff = {"before": dropin_before or "", "after": plan["after"] or "", "before_header": DROPIN, "after_header": DROPIN}
-        else:
-            plan = plan_grubby(entries, owners_after, list(pending))
-            grubby = self.apply_argv[0]
-            if plan["remove"]:
-                actions.append({"action": "grubby_remove", "args": plan["remove"],
-                                "argv": self.loader.argv([grubby, "--update-kernel=ALL", "--remove-args=" + " ".join(plan["remove"])])})
-            if plan["add"]:
-                actions.append({"action": "grubby_add", "args": plan["add"],
-                                "argv": self.loader.argv([grubby, "--update-kernel=ALL", "--args=" + " ".join(plan["add"])])})
-            diff = {"before": json.dumps(owners_before, indent=2, sort_keys=True) + "\n",
-                    "after": json.dumps(owners_after, indent=2, sort_keys=True) + "\n",
-                    "before_header": f"{STATE_FILE} (owners)", "after_header": f"{STATE_FILE} (owners)"}
+            diff = {"before": conf["dropin"] or "", "after": plan["after"] or "", "before_header": DROPIN, "after_header": DROPIN}
+            return actions, plan, diff
+        plan = plan_grubby(conf["entries"], owners_after, list(pending))
+        grubby = self.apply_argv[0]
+        if plan["remove"]:
+            actions.append({"action": "grubby_remove", "args": plan["remove"],
+                            "argv": self.cmd.argv([grubby, "--update-kernel=ALL", "--remove-args=" + " ".join(plan["remove"])])})
+        if plan["add"]:
+            actions.append({"action": "grubby_add", "args": plan["add"],
+                            "argv": self.cmd.argv([grubby, "--update-kernel=ALL", "--args=" + " ".join(plan["add"])])})
+        diff = {"before": json.dumps(conf["owners"], indent=2, sort_keys=True) + "\n",
+                "after": json.dumps(owners_after, indent=2, sort_keys=True) + "\n",
+                "before_header": f"{STATE_FILE} (owners)", "after_header": f"{STATE_FILE} (owners)"}
+        return actions, plan, diff
 
-        # The state file: owners (grubby) and the removals the running kernel still has. Pruning
-        # alone is no reason to write.
-        kept = {a: o for a, o in pending.items() if a in current}
+    def state_action(self, saved: dict, owners_after: dict, kept: dict, changing: bool) -> tuple[dict | None, str | None]:
+        """(the state file's action or None, its new text). It keeps the owners (grubby) and the removals the running
+        kernel still has; pruning alone is no reason to write."""
         new_state = {"owners": owners_after if self.bootloader == "grubby" else {}, "pending_removal": kept}
         state_text = render_state(new_state)
-        old_text = render_state(saved)
         grew = set(kept) - set(saved["pending_removal"]) or (self.bootloader == "grubby" and owners_after != saved["owners"])
-        if state_text != old_text and (grew or actions):
-            actions.append({"action": "remove_state" if state_text is None else "write_state", "path": STATE_FILE})
+        if state_text != render_state(saved) and (grew or changing):
+            return {"action": "remove_state" if state_text is None else "write_state", "path": STATE_FILE}, state_text
+        return None, state_text
 
-        result = status(owners_after, current, pending, owner, foreign)
-        result.update(bootloader=self.bootloader, owners=owners_after, actions=actions, changed=bool(actions))
-        if self.module._diff:
-            result["diff"] = diff
-        if actions and not self.module.check_mode:
-            self.apply(actions, dropin_before, plan, owners_after, state_text, foreign, pending)
+    # ---- the run ------------------------------------------------------------------------------
+    def run(self, owner: str, args: list[str], state: str) -> dict:
+        current = self.current()
+        saved = parse_state(self.read(STATE_FILE), self.fs.path(STATE_FILE))
+        conf = self.configuration(saved)
+        owners_after = change_owner(conf["owners"], owner, args, state)
+        self.refuse(args, owners_after)
+        pending = pending_after(saved["pending_removal"], conf["owners"], owners_after, owner, current, conf["configured"])
+        self.guard(conf["owners"], owners_after, pending, conf)
+        self.warn_foreign(owners_after, current, pending, conf["foreign"])
+        actions, plan, diff = self.plan(conf, owners_after, pending)
+        kept = {a: o for a, o in pending.items() if a in current}
+        state_step, state_text = self.state_action(saved, owners_after, kept, bool(actions))
+        if state_step:
+            actions.append(state_step)
+        result = status(owners_after, current, pending, owner, conf["foreign"])
+        result.update(bootloader=self.bootloader, owners=owners_after, actions=actions, changed=bool(actions), diff=diff)
+        if actions and not self.check_mode:
+            self.apply(actions, conf["dropin"], plan, owners_after, state_text)
+            self.verify(owners_after, conf["foreign"], pending)
         return result
 
     # ---- changers -----------------------------------------------------------------------------
     def apply(self, actions: list[dict], dropin_before: str | None, plan: dict, owners_after: dict,
-              state_text: str | None, foreign: list[str], pending: dict) -> None:
+              state_text: str | None) -> None:
         done: list[str] = []
         try:
             for action in actions:
@@ -211,7 +289,7 @@ class KernelCmdline:
                 elif kind == "remove_dropin":
                     self.fs.remove(DROPIN)
                 elif kind in ("update_grub", "grubby_add", "grubby_remove"):
-                    rc, out, err = self.loader.run(action["argv"])
+                    rc, out, err = self.cmd.run(action["argv"])
                     if rc != 0:
                         self.fail_command(action, rc, out, err, dropin_before, done)
                 elif kind == "write_state":
@@ -222,7 +300,6 @@ class KernelCmdline:
         except HostFSError as err:
             raise Failed(msg=f"Writing the boot configuration failed after {', '.join(done) or 'no step'}: {err}. "
                              "Run the module as root (become: true) on a writable /etc and /boot.") from None
-        self.verify(owners_after, foreign, pending)
 
     def fail_command(self, action: dict, rc: int, out: str, err: str, dropin_before: str | None, done: list[str]) -> None:
         cmd = " ".join(action["argv"])

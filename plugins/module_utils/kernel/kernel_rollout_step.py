@@ -1,8 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What gpufleet.inference.kernel_rollout_step executes: read the host (kernel_upgrade_journal.py), check
-the host's lease (host_lease.py), take one step of the state machine (kernel_upgrade_flow.py), then renew the
+"""What gpufleet.inference.kernel_rollout_step executes: read the host (kernel/journal.py), check
+the host's lease (lease/host_lease.py), take one step of the state machine (kernel/flow.py), then renew the
 lease and write the journal it returns. A refused step is a result (``next_action`` finish/refused), not an
 error, and writes nothing; HostFSError from the reads and writes is raised, never fail_json-ed here.
 """
@@ -15,6 +15,7 @@ from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.lease import host_lease as lease_utils
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import KernelUpgradeError, validate_version
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import (
     FlowError, finish, record_facts, step,
@@ -80,9 +81,10 @@ def observe(p: dict, fs: HostFS, check_mode: bool, now: float, running: str, def
                          "commit_timeout": p["commit_timeout"], "gate": p["gate"] or {}}}
 
 
-def execute(p: dict, fs: HostFS, check_mode: bool, now: float | None = None) -> dict[str, Any]:
+def execute(p: dict, host: Host, check_mode: bool, now: float | None = None) -> dict[str, Any]:
     """One step: observe the host, decide, then (outside check mode, and only when the step is not refused)
-    renew the lease and write the journal; the next action. A refused step writes nothing."""
+    renew the lease and write the journal; the next action. A refused step writes nothing. ``now``: the clock, for tests."""
+    fs = host.fs
     now = time.time() if now is None else now
     running = running_kernel(fs)
     default, saved = saved_default(fs)

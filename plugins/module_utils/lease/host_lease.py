@@ -7,16 +7,20 @@ The lease is a small JSON file on the host (``LEASE``: run id, operator, play, t
 times), so it holds across reboots and a lost controller, like kured's lock with its TTL. ``plan``
 is pure: given the lease on the host (or None), the request and the time, it returns the lease to
 write (or None to remove it) and what happened, or raises LeaseError naming the holder; the caller
-then changes nothing. ``execute`` makes it exclusive: the read, the decision and the write happen
-under an ``flock`` of the lock file beside the lease (``lock_path``), and the lease is read back
-after the write, so of two runs that take, renew or break it at once exactly one wins.
+then changes nothing. ``hold`` (and ``execute``, the module's run over the Host's files) makes it
+exclusive: the read, the decision and the write happen under an ``flock`` of the lock file beside the
+lease (``lock_path``), and the lease is read back after the write, so of two runs that take, renew or
+break it at once exactly one wins.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the module's Host; not imported at run time (controller_run, a lookup, imports this file)
+    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 
 LEASE = "/var/lib/gpufleet/lease.json"
 FORMAT = "gpufleet.lease/1"
@@ -246,7 +250,12 @@ def _confirm(fs, path: str, lease: dict[str, Any], now: float) -> None:
                          "collection, or a hand edit). This run does not hold the host: it stops here.")
 
 
-def execute(p: dict, fs, check_mode: bool, now: float | None = None) -> dict:
+def execute(params: dict, host: Host, check_mode: bool) -> dict:
+    """What gpufleet.inference.host_lease executes: ``hold()`` over the Host's files (``host.fs``)."""
+    return hold(params, host.fs, check_mode)
+
+
+def hold(p: dict, fs, check_mode: bool, now: float | None = None) -> dict:
     """Take, renew, release, break or read the lease file under ``fs`` as ``p`` asks; the result with
     ``actions`` and the ``diff``. Raises LeaseError.
 
@@ -269,8 +278,8 @@ def execute(p: dict, fs, check_mode: bool, now: float | None = None) -> dict:
 
 
 def renew(fs, run_id: str, ttl: int, check_mode: bool, now: float | None = None, path: str = LEASE) -> dict:
-    """Renew run ``run_id``'s lease under the lock, as ``execute`` does (for modules that renew it at every
+    """Renew run ``run_id``'s lease under the lock, as ``hold`` does (for modules that renew it at every
     step, such as kernel_rollout_step). LeaseError naming the holder when this run no longer holds it."""
     p = {"path": path, "state": "renewed", "run_id": run_id, "ttl": ttl, "operator": "", "play": "",
          "break_expired": False, "holder": None, "take_over": ""}
-    return execute(p, fs, check_mode, now)
+    return hold(p, fs, check_mode, now)

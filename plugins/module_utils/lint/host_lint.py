@@ -8,7 +8,8 @@ and drop-ins, ``/etc/nccl.conf`` and the ``~/.nccl.conf`` of root and of the ser
 ``Environment=`` lines and ``EnvironmentFile=`` files, ``/etc/modprobe.d``, ``/etc/sysctl.d`` and ``/etc/sysctl.conf``,
 and the drivers bound to the GPUs. Every setting read is a ``Setting`` (its file and line); ``lint(host)`` runs the
 pure rules over them and returns findings, each ``{code, severity, file, line, message, fix, source}``, most severe
-first. The rules' claims are the sources' (``SOURCES``), quoted in docs/tuning_myths.md.
+first. The rules' claims are the sources' (``SOURCES``), quoted in docs/tuning_myths.md. ``execute`` is the
+gpufleet.inference.host_lint module's run: ``run()`` over the Host's files; it never changes the host.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import shlex
 from typing import Any, NamedTuple
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 
 SEVERITIES = ("critical", "warning", "info")
 
@@ -569,3 +571,8 @@ def run(fs: HostFS, params: dict) -> dict[str, Any]:
     findings = lint(host)
     return {"findings": findings, "findings_summary": {sev: sum(f["severity"] == sev for f in findings) for sev in SEVERITIES},
             "files": host["files"], "service_user": host["service_user"]}
+
+
+def execute(params: dict, host: Host, check_mode: bool) -> dict[str, Any]:  # pylint: disable=unused-argument  # read-only
+    """The module's result: run() over the host's files, ``changed`` false and no ``actions`` (it never writes)."""
+    return dict(changed=False, actions=[], **run(host.fs, params))

@@ -5,16 +5,18 @@
 the file NCCL reads and the EnvironmentFile (written whole, root-owned, 0644), both read back and
 checked against the resolved settings, and the per-user file that would override them for root.
 
-The contents come rendered (the ``nccl_env`` filter, ``module_utils/nccl/env.py``); this executes.
+The contents come rendered (the ``nccl_env`` filter, ``module_utils/nccl/env.py``); ``execute`` is the
+gpufleet.inference.nccl_env_files module's run over the Host's files (``_host/managed_files.py`` converges them).
 """
 
 from __future__ import annotations
 
 import json
+import platform
 import posixpath
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files as mf
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 
 USER_CONF = "/root/.nccl.conf"
 
@@ -56,8 +58,10 @@ def check_read_back(params: dict, texts: dict) -> None:
             f"{'; '.join(problems)}. Expected: {json.dumps(params.get('settings') or {})}")
 
 
-def execute(params: dict, fs: HostFS, check_mode: bool, warn=None, owner: tuple[int, int] = (0, 0)) -> dict:
-    """Write (outside check mode) and read back the two files; warn about the per-user override."""
+def execute(params: dict, host: Host, check_mode: bool, owner: tuple[int, int] = (0, 0)) -> dict:
+    """Write (outside check mode) and read back the two files; warn about the per-user override (naming the host:
+    ``host_name`` of ``params``, else this machine's name). ``owner``: the files' uid and gid (tests run as a user)."""
+    fs = host.fs
     check_contents(params)
     env_dir = posixpath.dirname(params["env_file"]) or "/"
     dirs = [mf.wanted_dir(env_dir, 0o755, owner)]
@@ -71,9 +75,10 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None, owner: tuple[
             check_read_back(params, mf.read_back(fs, files))
     except mf.ManagedFilesError as err:
         raise NcclFilesError(str(err)) from None
-    if user_conf_exists and warn is not None:
-        where = f" on {params['host_name']}" if params.get("host_name") else ""
-        warn(f"{user_conf} exists{where}: NCCL reads it instead of {params['conf_path']} for processes of root. "
+    if user_conf_exists:
+        name = params.get("host_name") or platform.node()
+        where = f" on {name}" if name else ""
+        host.warn(f"{user_conf} exists{where}: NCCL reads it instead of {params['conf_path']} for processes of root. "
              "Remove it or fold its keys into nccl_env_settings.")
     return {"changed": bool(actions), "actions": actions, "files": [params["conf_path"], params["env_file"]],
             "user_conf_exists": user_conf_exists, "read_back": not check_mode, "diff": diff}

@@ -80,20 +80,75 @@ def _finding(fid: str, severity: str, message: str, fix: str, line: str | None =
     return {"id": fid, "severity": severity, "message": message, "fix": fix, "line": line}
 
 
-def parse(text: str) -> dict[str, Any]:
-    """The kernel path of the last start in ``text``; see the module docstring."""
-    starts = split_starts(text or "")
-    body = starts[-1] if starts else ""
-    lines = _lines(body)
-    res: dict[str, Any] = {
-        "starts": len(starts), "version": None, "platform": None, "attention_backend": None,
+def _empty(starts: int) -> dict[str, Any]:
+    """The kernel path before any line is read (``starts``: how many starts the text held)."""
+    return {
+        "starts": starts, "version": None, "platform": None, "attention_backend": None,
         "attention_candidates": None, "flash_attention_version": None, "enforce_eager": None,
         "cuda_graphs": {"mode": None, "captured": False, "capture_modes": [], "capture_sizes": None, "seconds": None,
                         "memory_gib": None},
         "torch_compile_s": None, "quantization": None, "kv_cache_dtype": None, "kernels": [],
         "kv_cache": {"tokens": None, "memory_gib": None, "max_concurrency": None, "for_tokens": None},
         "started": False, "failed": False, "error": None, "findings": []}
-    cg = res["cuda_graphs"]
+
+
+def _config_line(msg: str, res: dict[str, Any]) -> None:
+    """What the engine's ``with config:`` line says: device, quantization, KV cache dtype, eager mode, CUDA graphs."""
+    if (m := _DEVICE.search(msg)):
+        res["platform"] = res["platform"] or m["d"]
+    if (m := _QUANT.search(msg)):
+        res["quantization"] = None if m["q"] == "None" else m["q"]
+    if (m := _KV_DTYPE.search(msg)):
+        res["kv_cache_dtype"] = m["d"]
+    if (m := _ENFORCE.search(msg)):
+        res["enforce_eager"] = m["e"] == "True"
+    if (m := _CAPTURE_SIZES.search(msg)):
+        res["cuda_graphs"]["capture_sizes"] = ast.literal_eval(m["s"])
+    if (m := _CG_MODE.search(msg)):
+        res["cuda_graphs"]["mode"] = m["m"]
+
+
+def _path_line(ln: dict[str, Any], res: dict[str, Any], errors: list[str]) -> None:
+    """What one other line says of the kernel path (backend, CUDA graphs, compile, kernels, KV cache), of the start's
+    outcome, and the exception it names (added to ``errors``)."""
+    msg, raw, cg = ln["msg"], ln["raw"], res["cuda_graphs"]
+    if (m := _BACKEND.search(msg)):
+        res["attention_backend"] = m["b"]
+        if m["pot"]:
+            res["attention_candidates"] = ast.literal_eval(m["pot"])
+    elif (m := _BACKEND_PLAIN.search(msg)):
+        res["attention_backend"] = m["b"]
+    if (m := _FA_VERSION.search(msg)):
+        res["flash_attention_version"] = int(m["v"])
+    for m in _CAPTURING.finditer(raw):
+        if m["m"] not in cg["capture_modes"]:
+            cg["capture_modes"].append(m["m"])
+    if (m := _CAPTURED.search(msg)):
+        cg.update(captured=True, seconds=float(m["s"]), memory_gib=float(m["g"]))
+    if (m := _COMPILE.search(msg)):
+        res["torch_compile_s"] = float(m["s"])
+    if (m := _KERNEL.search(msg)) and "attention backend" not in msg:
+        entry = {"kernel": m["k"], "for": (m["for"] or "").strip() or None}
+        if entry not in res["kernels"]:
+            res["kernels"].append(entry)
+    if (m := _KV_TOKENS.search(msg)):
+        res["kv_cache"]["tokens"] = int(m["t"].replace(",", ""))
+    if (m := _KV_MEM.search(msg)):
+        res["kv_cache"]["memory_gib"] = float(m["g"] or m["c"])
+    if (m := _MAX_CONC.search(msg)):
+        res["kv_cache"].update(max_concurrency=float(m["x"]), for_tokens=int(m["t"].replace(",", "")))
+    if "Application startup complete" in msg or "Starting vLLM API server" in msg or "Starting vLLM server on" in msg:
+        res["started"] = True
+    if "EngineCore failed to start" in msg or "Engine core initialization failed" in msg:
+        res["failed"] = True
+    if re.match(r"[\w.]*(Error|Exception): ", msg.strip()) and not msg.startswith("Traceback"):
+        errors.append(msg.strip())
+
+
+def parse(text: str) -> dict[str, Any]:
+    """The kernel path of the last start in ``text``; see the module docstring."""
+    starts = split_starts(text or "")
+    res = _empty(len(starts))
     findings = res["findings"]
     seen: set[tuple[str, str]] = set()
 
@@ -104,57 +159,16 @@ def parse(text: str) -> dict[str, Any]:
             findings.append(f)
 
     errors: list[str] = []
-    for ln in lines:
-        msg, raw = ln["msg"], ln["raw"]
+    for ln in _lines(starts[-1] if starts else ""):
+        msg = ln["msg"]
         if res["version"] is None and (m := _VERSION.search(msg)):
             res["version"] = m["v"]
         if (m := _PLATFORM.search(msg)):
             res["platform"] = m["p"]
         if "with config:" in msg:
-            if (m := _DEVICE.search(msg)):
-                res["platform"] = res["platform"] or m["d"]
-            if (m := _QUANT.search(msg)):
-                res["quantization"] = None if m["q"] == "None" else m["q"]
-            if (m := _KV_DTYPE.search(msg)):
-                res["kv_cache_dtype"] = m["d"]
-            if (m := _ENFORCE.search(msg)):
-                res["enforce_eager"] = m["e"] == "True"
-            if (m := _CAPTURE_SIZES.search(msg)):
-                res["cuda_graphs"]["capture_sizes"] = ast.literal_eval(m["s"])
-            if (m := _CG_MODE.search(msg)):
-                cg["mode"] = m["m"]
+            _config_line(msg, res)
             continue
-        if (m := _BACKEND.search(msg)):
-            res["attention_backend"] = m["b"]
-            if m["pot"]:
-                res["attention_candidates"] = ast.literal_eval(m["pot"])
-        elif (m := _BACKEND_PLAIN.search(msg)):
-            res["attention_backend"] = m["b"]
-        if (m := _FA_VERSION.search(msg)):
-            res["flash_attention_version"] = int(m["v"])
-        for m in _CAPTURING.finditer(raw):
-            if m["m"] not in cg["capture_modes"]:
-                cg["capture_modes"].append(m["m"])
-        if (m := _CAPTURED.search(msg)):
-            cg.update(captured=True, seconds=float(m["s"]), memory_gib=float(m["g"]))
-        if (m := _COMPILE.search(msg)):
-            res["torch_compile_s"] = float(m["s"])
-        if (m := _KERNEL.search(msg)) and "attention backend" not in msg:
-            entry = {"kernel": m["k"], "for": (m["for"] or "").strip() or None}
-            if entry not in res["kernels"]:
-                res["kernels"].append(entry)
-        if (m := _KV_TOKENS.search(msg)):
-            res["kv_cache"]["tokens"] = int(m["t"].replace(",", ""))
-        if (m := _KV_MEM.search(msg)):
-            res["kv_cache"]["memory_gib"] = float(m["g"] or m["c"])
-        if (m := _MAX_CONC.search(msg)):
-            res["kv_cache"].update(max_concurrency=float(m["x"]), for_tokens=int(m["t"].replace(",", "")))
-        if "Application startup complete" in msg or "Starting vLLM API server" in msg or "Starting vLLM server on" in msg:
-            res["started"] = True
-        if "EngineCore failed to start" in msg or "Engine core initialization failed" in msg:
-            res["failed"] = True
-        if re.match(r"[\w.]*(Error|Exception): ", msg.strip()) and not msg.startswith("Traceback"):
-            errors.append(msg.strip())
+        _path_line(ln, res, errors)
         _line_findings(ln, add)
     if res["failed"] or (errors and not res["started"]):
         res["failed"] = True

@@ -4,7 +4,7 @@
 """Checks before the vLLM unit starts, for gpufleet.inference.vllm_preflight: is the model directory
 readable by the service user (with ProtectHome in mind), and is the port free, or held by our own
 unit? Parsers of ``/proc/net/tcp{,6}`` and of the sockets of ``/proc/<pid>/fd``, read through a HostFS;
-the module passes in its command runner for ``systemctl show``.
+``execute`` is the module's run over the Host's files and its HostCmd (``systemctl show``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import socket
 import stat
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 
 
@@ -271,31 +272,31 @@ def unit_active(cmds, unit: str) -> bool:
     return rc == 0 and out.strip() in ("active", "reloading", "activating")
 
 
-def execute(p: dict, fs: HostFS, cmds, check_mode: bool = False, warn=None) -> dict:
+def execute(p: dict, host: Host, check_mode: bool) -> dict:
     """The module's run: the model readable by the service user, the port free or the unit's own. Changes nothing;
     Failed with the model's and the port's facts when a check fails. In check mode with ``model_pending``, a model
     path that does not exist yet (an earlier task of the run creates it) is reported as pending, with a warning."""
+    fs, cmds = host.fs, host.cmd
     if not 1 <= p["port"] <= 65535:
         raise Failed(f"port {p['port']} is outside 1..65535", actions=[])
     model = {"path": p["model"], "kind": "hub id", "config": None, "readable_by": None}
     if p["model_is_path"] and check_mode and p.get("model_pending") and not fs.exists(p["model"]):
         model = {"path": p["model"], "kind": "pending", "config": None, "readable_by": None}
-        if warn:
-            warn(f"Model path {p['model']} does not exist yet; an earlier task of this run puts it in place "
-                 "(model_pending), which check mode only previewed. The real run checks it.")
+        host.warn(f"Model path {p['model']} does not exist yet; an earlier task of this run puts it in place "
+                  "(model_pending), which check mode only previewed. The real run checks it.")
     elif p["model_is_path"]:
         model, err = check_model(fs, p["model"], p["user"], p["protect_home"])
         if err:
             raise Failed(err, model=model, actions=[])
-    host = p["host"]
+    address = p["host"]
     if fs.root == "/":
         try:
-            host = socket.getaddrinfo(host, p["port"], type=socket.SOCK_STREAM)[0][4][0]
+            address = socket.getaddrinfo(address, p["port"], type=socket.SOCK_STREAM)[0][4][0]
         except socket.gaierror as exc:
-            raise Failed(f"Cannot resolve vllm_service_host {host!r} on this host: {exc}", model=model,
+            raise Failed(f"Cannot resolve vllm_service_host {address!r} on this host: {exc}", model=model,
                          actions=[]) from None
     probe = bind_probe if fs.root == "/" else None
-    port, err = check_port(fs, host, p["port"], p["unit"], p["user"], unit_active(cmds, p["unit"]),
+    port, err = check_port(fs, address, p["port"], p["unit"], p["user"], unit_active(cmds, p["unit"]),
                            expect_ours=p["expect_ours"], probe=probe)
     if err:
         raise Failed(err, model=model, port=port, actions=[])

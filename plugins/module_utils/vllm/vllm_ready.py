@@ -7,8 +7,8 @@ and the unit does not restart meanwhile.
 
 The checks (Prober, prove) are pure: they get the HTTP ``request`` and the unit watcher passed in.
 execute() is the module's run: the requests through the benchmark client's transport
-(``inference_transport.request_text``), ``systemctl show`` and ``journalctl`` through HostCmd (C
-locale), the start log through HostFS, and the path vLLM took from ``vllm_startlog``.
+(bench/transport.py's ``request_text``), ``systemctl show`` and ``journalctl`` through HostCmd (C
+locale), the start log through HostFS, and the path vLLM took from ``vllm/startlog.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import time
 from typing import Any, Callable
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed, bounded
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport import request_text
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.startlog import parse as parse_start_log
@@ -158,8 +159,8 @@ def prove(prober: Prober, params: dict, watch, sleep=time.sleep, clock=time.mono
     return out
 
 
-class _Host:
-    """The unit's state, its journal and its start log, through the module's runner and file seam."""
+class Service:
+    """The unit's state, its journal and its start log, through the Host's commands and files."""
 
     def __init__(self, p: dict[str, Any], cmds, warn: Callable[[str], None]):
         self.p = p
@@ -209,18 +210,19 @@ class _Host:
         return path
 
 
-def execute(p: dict[str, Any], cmds, warn: Callable[[str], None] | None = None, request=request_text) -> dict[str, Any]:
+def execute(p: dict[str, Any], host: Host, check_mode: bool, request=request_text) -> dict[str, Any]:  # pylint: disable=unused-argument
     """The module's run: prove() the service while watching its unit; the result, or Failed with the unit's
-    state, its last journal lines and the kernel path vLLM took. Changes nothing."""
+    state, its last journal lines and the kernel path vLLM took. Changes nothing (check mode runs the same).
+    ``request``: the HTTP client (tests)."""
     check_limits(p)
-    host = _Host(p, cmds, warn or (lambda msg: None))
-    first = host.unit()
+    service = Service(p, host.cmd, host.warn)
+    first = service.unit()
     prober = Prober(request, p["url"], p["api_key"], p["request_timeout"])
     try:
-        result = prove(prober, p, lambda: unit_broken(first, host.unit()))
+        result = prove(prober, p, lambda: unit_broken(first, service.unit()))
     except NotReady as err:
-        lines = host.journal()
+        lines = service.journal()
         tail = f"\nLast {p['journal_lines']} journal lines of {p['unit']}:\n{lines}" if lines else ""
-        raise Failed(f"{p['unit'] or p['url']} is not ready: {err}{tail}", changed=False, actions=[], unit=host.unit(),
-                     kernel_path=host.kernel_path()) from None
-    return dict(changed=False, actions=[], unit=host.unit(), kernel_path=host.kernel_path(), diff={}, **result)
+        raise Failed(f"{p['unit'] or p['url']} is not ready: {err}{tail}", changed=False, actions=[], unit=service.unit(),
+                     kernel_path=service.kernel_path()) from None
+    return dict(changed=False, actions=[], unit=service.unit(), kernel_path=service.kernel_path(), diff={}, **result)

@@ -10,7 +10,8 @@ The unit comes rendered by the role (templates/vllm.service.j2) with one stamp l
 as it is on the host (``sha1 HEX``, or ``absent``): a change of the NCCL settings changes the unit, and
 so restarts the service once, even when the nccl_env role ran in another play. The same read gives the
 role's verify the NCCL settings the live process must have, and the unit's presence before the run
-says whether check mode can preview the service.
+says whether check mode can preview the service. ``execute`` is the gpufleet.inference.vllm_service_files
+module's run over the Host's files (``_host/managed_files.py`` converges them).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import re
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files as mf
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 
 UNIT_DIR = "/etc/systemd/system"
@@ -66,8 +68,10 @@ def stamp_unit(unit: str, nccl: dict) -> str:
     return "\n".join(lines)
 
 
-def execute(params: dict, fs: HostFS, check_mode: bool, owner: tuple[int, int] = (0, 0)) -> dict:
-    """Write (outside check mode) and read back the directory and the three files, or say what would change."""
+def execute(params: dict, host: Host, check_mode: bool, owner: tuple[int, int] = (0, 0)) -> dict:
+    """Write (outside check mode) and read back the directory and the three files, or say what would change.
+    ``owner``: the files' uid and gid (tests run as a user)."""
+    fs = host.fs
     name = params["name"]
     if not UNIT_NAME.fullmatch(name) or name.endswith(".service"):
         raise VllmFilesError(f"name={name!r} is not a service name: give the unit's name without '.service' (vllm_service_name, "

@@ -15,6 +15,7 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.lease import host_lease as hl
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 
 NOW = 2_000_000_000.0
 HELD = {"run_id": "A", "operator": "alice", "play": "kernel_upgrade", "taken_at": NOW - 100, "expires_at": NOW + 600,
@@ -144,6 +145,11 @@ def ask(run_id="B", state="acquired", **kw):
                  "break_expired": False, "holder": None, "take_over": ""}, **kw)
 
 
+def on(fs):
+    """The Host of host_lease's executor, which touches files only."""
+    return Host(fs=fs, cmd=None, warn=None)
+
+
 def lease_file(root):
     return root / hl.LEASE.lstrip("/")
 
@@ -164,7 +170,7 @@ def test_a_take_waits_for_the_lock_that_another_process_holds(tmp_path):
     once the lock is let go."""
     ctx = multiprocessing.get_context("fork")
     go = ctx.Event()
-    child = ctx.Process(target=after, args=(go, hl.execute, ask(), HostFS(str(tmp_path)), False))
+    child = ctx.Process(target=after, args=(go, hl.execute, ask(), on(HostFS(str(tmp_path))), False))
     child.start()  # before the lock is taken: a process forked while holding it would hold it too
     with HostFS(str(tmp_path)).lock(hl.lock_path(hl.LEASE)):
         go.set()
@@ -217,7 +223,7 @@ class RacingWriter(HostFS):
 
 def test_the_lease_is_read_back_after_the_write_and_a_foreign_one_stops_the_run(tmp_path):
     with pytest.raises(hl.LeaseError) as err:
-        hl.execute(ask(), RacingWriter(str(tmp_path)), False)
+        hl.execute(ask(), on(RacingWriter(str(tmp_path))), False)
     assert "names run C of alice" in str(err.value) and "right after run B wrote it" in str(err.value)
     assert "without holding /var/lib/gpufleet/lease.json.lock" in str(err.value)
 
@@ -227,20 +233,20 @@ def test_check_mode_takes_no_lock_and_writes_nothing(tmp_path, request_):
     if request_["state"] == "released":
         write_lease(tmp_path, dict(HELD, expires_at=time.time() + 600))
     before = sorted(p.name for p in tmp_path.rglob("*"))
-    result = hl.execute(request_, HostFS(str(tmp_path)), True)
+    result = hl.execute(request_, on(HostFS(str(tmp_path))), True)
     assert result["actions"] and sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
 def test_check_mode_renews_a_lease_its_check_mode_take_only_planned(tmp_path):
-    assert hl.execute(ask(state="renewed"), HostFS(str(tmp_path)), True)["what"] == "acquired"
+    assert hl.execute(ask(state="renewed"), on(HostFS(str(tmp_path))), True)["what"] == "acquired"
     with pytest.raises(hl.LeaseError, match="holds no lease on this host any more"):
-        hl.execute(ask(state="renewed"), HostFS(str(tmp_path)), False)
+        hl.execute(ask(state="renewed"), on(HostFS(str(tmp_path))), False)
 
 
 def test_a_refusal_creates_no_lock_file(tmp_path):
     write_lease(tmp_path, dict(HELD, expires_at=time.time() + 600))
     with pytest.raises(hl.LeaseError, match="held by run A"):
-        hl.execute(ask(), HostFS(str(tmp_path)), False)
+        hl.execute(ask(), on(HostFS(str(tmp_path))), False)
     assert not (tmp_path / hl.lock_path(hl.LEASE).lstrip("/")).exists()
 
 
@@ -248,7 +254,7 @@ def test_a_refusal_creates_no_lock_file(tmp_path):
 def test_a_corrupt_lease_is_broken_on_request(tmp_path, request_):
     lease_file(tmp_path).parent.mkdir(parents=True)
     lease_file(tmp_path).write_text('{"run_id": "A", "expires_at": NaN}')
-    result = hl.execute(request_, HostFS(str(tmp_path)), False)
+    result = hl.execute(request_, on(HostFS(str(tmp_path))), False)
     assert (result["what"], result["previous"]) == ("broken", None)
     assert json.loads(lease_file(tmp_path).read_text())["run_id"] == "B"
     assert result["diff"]["before"] == '{"run_id": "A", "expires_at": NaN}\n'
@@ -256,7 +262,7 @@ def test_a_corrupt_lease_is_broken_on_request(tmp_path, request_):
 
 def test_renew_is_the_locked_renewal_for_other_modules(tmp_path):
     fs = HostFS(str(tmp_path))
-    hl.execute(ask(run_id="A"), fs, False)
+    hl.execute(ask(run_id="A"), on(fs), False)
     result = hl.renew(fs, "A", 900, False)
     assert (result["what"], result["lease"]["ttl"]) == ("renewed", 900)
     with pytest.raises(hl.LeaseError, match="run Z holds no lease on this host any more: it is held by run A"):
@@ -266,5 +272,5 @@ def test_renew_is_the_locked_renewal_for_other_modules(tmp_path):
 @pytest.mark.parametrize("path", ["", "lease.json", "/var/lib/gpufleet/", "/var/lib/\0lease.json"])
 def test_a_lease_path_that_is_no_absolute_file_is_refused_before_any_read(tmp_path, path):
     with pytest.raises(hl.LeaseError, match="path must be an absolute path of a file on the host"):
-        hl.execute(ask(path=path), HostFS(str(tmp_path)), False)
+        hl.execute(ask(path=path), on(HostFS(str(tmp_path))), False)
     assert not list(tmp_path.iterdir())

@@ -17,6 +17,7 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.lease import host_lease as hl
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 
 PAIRS = 200
 NOW = time.time()
@@ -46,7 +47,7 @@ def contender(side: int, roots: list[str], ask: dict, barrier, results) -> None:
         if side and i % 4:
             time.sleep((i % 4) * 0.0003)  # spread the second process over the first one's read-decide-write
         try:
-            out.append(("won", hl.execute(dict(ask), HostFS(root), False)["what"]))
+            out.append(("won", hl.execute(dict(ask), Host(fs=HostFS(root), cmd=None, warn=None), False)["what"]))
         except hl.LeaseError as err:
             out.append(("refused", str(err)))
         except Exception as err:  # pylint: disable=broad-except  # any other failure is reported by the parent

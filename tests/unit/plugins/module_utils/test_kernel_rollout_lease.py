@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import kernel_rollout_step as kernel_rollout_apply
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import kernel_rollout_step as rollout_step
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from tests.unit.plugins.modules.test_host_modules import BUILDERS
 
 LEASE = "/var/lib/gpufleet/lease.json"
@@ -39,6 +40,11 @@ class BrokenAfterRead(HostFS):
         return text
 
 
+def on(fs: HostFS) -> Host:
+    """The Host of an executor that touches files only (no command, no warning)."""
+    return Host(fs=fs, cmd=None, warn=None)
+
+
 def params(root: Path) -> dict:
     return {"root": str(root), "target": "6.1.0-56-cloud-amd64", "event": "benchmarked", "run_id": "run1",
             "data": {"label": "baseline", "kernel": "6.1.0-50-cloud-amd64", "samples": [1000.0, 1001.0, 999.0, 1002.0, 998.0],
@@ -60,7 +66,7 @@ def host(root: Path) -> None:
 
 def test_the_step_renews_under_the_lock_and_writes_the_journal(tmp_path):
     host(tmp_path)
-    result = kernel_rollout_apply.execute(params(tmp_path), HostFS(str(tmp_path)), False, now=3999995000.0)
+    result = rollout_step.execute(params(tmp_path), on(HostFS(str(tmp_path))), False, now=3999995000.0)
     assert result["next_action"]["name"] == "audit", result["next_action"]
     assert json.loads((tmp_path / LEASE.lstrip("/")).read_text())["ttl"] == 900
     assert (tmp_path / (LEASE.lstrip("/") + ".lock")).exists()  # taken through host_lease's lock
@@ -70,7 +76,7 @@ def test_the_step_renews_under_the_lock_and_writes_the_journal(tmp_path):
 def test_a_lease_broken_between_decision_and_write_is_not_overwritten_and_no_journal_is_written(tmp_path):
     host(tmp_path)
     fs = BrokenAfterRead(str(tmp_path))
-    result = kernel_rollout_apply.execute(params(tmp_path), fs, False, now=3999995000.0)
+    result = rollout_step.execute(params(tmp_path), on(fs), False, now=3999995000.0)
     assert result["next_action"]["decision"] == "refused", result["next_action"]
     assert "other" in result["next_action"]["reason"] + result["next_action"].get("msg", "")
     assert json.loads((tmp_path / LEASE.lstrip("/")).read_text())["run_id"] == "other"  # the other run's lease stands

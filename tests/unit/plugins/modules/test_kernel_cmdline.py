@@ -15,6 +15,8 @@ import pytest
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.testing import patch_module_args
 
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import kernel_cmdline as kernel_cmdline_exec
 from ansible_collections.gpufleet.inference.plugins.modules import kernel_cmdline, kernel_cmdline_info
 from tests.unit.plugins.modules.uthelper import UTHelper, target_side
 
@@ -177,9 +179,9 @@ def test_chroot_is_not_used_on_the_real_root(monkeypatch):
         def exists(self, path):
             return path == "/etc/default/grub"
 
-    loader = kernel_cmdline.Bootloader(Module(), FS())
-    assert loader.detect("auto") == ("grub_dropin", ["/usr/sbin/update-grub"])
-    assert loader.argv(["/usr/sbin/update-grub"]) == ["/usr/sbin/update-grub"]
+    cmd = HostCmd(Module(), FS())
+    assert kernel_cmdline_exec.detect(cmd, "auto") == ("grub_dropin", ["/usr/sbin/update-grub"])
+    assert cmd.argv(["/usr/sbin/update-grub"]) == ["/usr/sbin/update-grub"]
 
 
 @pytest.mark.skipif(shutil.which("sh") is None, reason="no shell")

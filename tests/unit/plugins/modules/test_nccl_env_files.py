@@ -15,8 +15,10 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files as mf
+from ansible_collections.gpufleet.inference.plugins.module_utils._host import module as host_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.nccl import nccl_env_files as nf
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.modules import nccl_env_files
 from tests.unit.plugins.modules.uthelper import run_module
 
@@ -24,6 +26,11 @@ RESOLVED = FilterModule().filters()["nccl_env"]("pcie_safe")
 ME = (os.getuid(), os.getgid())
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the module gives its files to root (chown)")
 
+
+
+def on(fs, warn=None) -> Host:
+    """The Host of the executor: files only; warnings to ``warn`` (dropped by default)."""
+    return Host(fs=fs, cmd=None, warn=warn or (lambda msg: None))
 
 def _params(**over) -> dict:
     params = {"conf_path": "/etc/nccl.conf", "conf_content": RESOLVED["nccl_conf"], "env_file": "/etc/gpufleet/nccl.env",
@@ -38,7 +45,7 @@ def _mode(path) -> int:
 
 def test_first_run_creates_the_directory_and_both_files(tmp_path):
     (tmp_path / "etc").mkdir()
-    result = nf.execute(_params(), HostFS(str(tmp_path)), False, owner=ME)
+    result = nf.execute(_params(), on(HostFS(str(tmp_path))), False, owner=ME)
     assert result["changed"] is True and result["read_back"] is True
     assert result["actions"] == [{"action": "create_directory", "path": "/etc/gpufleet", "after": "0755"},
                                  {"action": "create", "path": "/etc/nccl.conf", "after": "0644"},
@@ -53,24 +60,24 @@ def test_first_run_creates_the_directory_and_both_files(tmp_path):
     assert result["diff"][1] == {"before": "", "after": RESOLVED["nccl_conf"], "before_header": "/etc/nccl.conf",
                                  "after_header": "/etc/nccl.conf"}
     # the second run changes nothing and still reads back
-    again = nf.execute(_params(), HostFS(str(tmp_path)), False, owner=ME)
+    again = nf.execute(_params(), on(HostFS(str(tmp_path))), False, owner=ME)
     assert again["changed"] is False and again["actions"] == [] and again["diff"] == [] and again["read_back"] is True
 
 
 def test_check_mode_reads_and_writes_nothing(tmp_path):
     (tmp_path / "etc").mkdir()
-    result = nf.execute(_params(), HostFS(str(tmp_path)), True, owner=ME)
+    result = nf.execute(_params(), on(HostFS(str(tmp_path))), True, owner=ME)
     assert result["changed"] is True and len(result["actions"]) == 3 and result["read_back"] is False
     assert os.listdir(tmp_path / "etc") == []
 
 
 def test_an_edited_file_is_rewritten_and_a_wrong_mode_set(tmp_path):
     fs = HostFS(str(tmp_path))
-    nf.execute(_params(), fs, False, owner=ME)
+    nf.execute(_params(), on(fs), False, owner=ME)
     (tmp_path / "etc/nccl.conf").write_text(RESOLVED["nccl_conf"] + "NCCL_P2P_DISABLE=1\n")
     os.chmod(tmp_path / "etc/gpufleet/nccl.env", 0o600)
     os.chmod(tmp_path / "etc/gpufleet", 0o700)
-    result = nf.execute(_params(), fs, False, owner=ME)
+    result = nf.execute(_params(), on(fs), False, owner=ME)
     assert result["actions"] == [
         {"action": "set_mode", "path": "/etc/gpufleet", "before": "0700", "after": "0755"},
         {"action": "write", "path": "/etc/nccl.conf"},
@@ -83,9 +90,9 @@ def test_an_edited_file_is_rewritten_and_a_wrong_mode_set(tmp_path):
 @as_root
 def test_a_wrong_owner_is_given_back_to_root(tmp_path):
     fs = HostFS(str(tmp_path))
-    nf.execute(_params(), fs, False)
+    nf.execute(_params(), on(fs), False)
     os.chown(tmp_path / "etc/nccl.conf", 1000, 1000)
-    result = nf.execute(_params(), fs, False)
+    result = nf.execute(_params(), on(fs), False)
     assert result["actions"] == [{"action": "set_owner", "path": "/etc/nccl.conf", "before": "1000:1000", "after": "0:0"}]
     assert os.stat(tmp_path / "etc/nccl.conf").st_uid == 0
 
@@ -101,7 +108,7 @@ class LossyFS(HostFS):
 
 def test_the_read_back_fails_when_a_file_does_not_hold_what_was_written(tmp_path):
     with pytest.raises(nf.NcclFilesError) as err:
-        nf.execute(_params(), LossyFS(str(tmp_path)), False, owner=ME)
+        nf.execute(_params(), on(LossyFS(str(tmp_path))), False, owner=ME)
     msg = str(err.value)
     assert msg.startswith("/etc/nccl.conf or /etc/gpufleet/nccl.env does not hold the settings just written "
                           "(changed by hand or by another tool?)")
@@ -126,7 +133,7 @@ def test_the_per_user_override_warns(tmp_path):
     (tmp_path / "root").mkdir()
     (tmp_path / "root/.nccl.conf").write_text("NCCL_P2P_DISABLE=1\n")
     warnings = []
-    result = nf.execute(dict(_params(), host_name="gpu1"), HostFS(str(tmp_path)), True, warn=warnings.append, owner=ME)
+    result = nf.execute(dict(_params(), host_name="gpu1"), on(HostFS(str(tmp_path)), warnings.append), True, owner=ME)
     assert result["user_conf_exists"] is True
     assert warnings == ["/root/.nccl.conf exists on gpu1: NCCL reads it instead of /etc/nccl.conf for processes of root. "
                         "Remove it or fold its keys into nccl_env_settings."]
@@ -135,11 +142,11 @@ def test_the_per_user_override_warns(tmp_path):
 def test_a_directory_where_the_file_belongs_fails_with_the_fix(tmp_path):
     (tmp_path / "etc/nccl.conf").mkdir(parents=True)
     with pytest.raises(nf.NcclFilesError, match="is not a regular file .* move it away"):
-        nf.execute(_params(), HostFS(str(tmp_path)), True, owner=ME)
+        nf.execute(_params(), on(HostFS(str(tmp_path))), True, owner=ME)
     (tmp_path / "etc/nccl.conf").rmdir()
     (tmp_path / "etc/gpufleet").write_text("")
     with pytest.raises(nf.NcclFilesError, match="/etc/gpufleet exists and is not a directory"):
-        nf.execute(_params(), HostFS(str(tmp_path)), True, owner=ME)
+        nf.execute(_params(), on(HostFS(str(tmp_path))), True, owner=ME)
 
 
 def test_managed_files_read_back_reports_a_missing_file(tmp_path):
@@ -161,7 +168,7 @@ def test_main_writes_then_changes_nothing_and_diffs(tmp_path, capsys):
 
 @as_root
 def test_main_reports_the_read_back_failure(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(nccl_env_files, "HostFS", LossyFS)
+    monkeypatch.setattr(host_module, "HostFS", LossyFS)  # the HostFS run_module() builds
     result = run_module(nccl_env_files, dict(_params(), root=str(tmp_path)), capsys)
     assert result["failed"] is True and "does not hold the settings just written" in result["msg"]
 
@@ -193,6 +200,6 @@ def test_a_write_that_fails_halfway_undoes_the_files_written_before(tmp_path, ca
             super().write_atomic(host_path, data, mode)
 
     with pytest.raises(HostFSError) as err:
-        nf.execute(_params(), Immutable(str(tmp_path)), False, owner=ME)
+        nf.execute(_params(), on(Immutable(str(tmp_path))), False, owner=ME)
     assert err.value.fields == {"changed": False}
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

@@ -17,6 +17,7 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm import vllm_service_files as vsf
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.modules import vllm_service_files
 from tests.unit.plugins.modules.test_vllm_unit_security import render
@@ -45,6 +46,11 @@ def _mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
+def on(fs) -> Host:
+    """The Host of the executor, which touches files only."""
+    return Host(fs=fs, cmd=None, warn=lambda msg: None)
+
+
 def _tree(tmp_path):
     (tmp_path / "etc/systemd/system").mkdir(parents=True)
     return HostFS(str(tmp_path))
@@ -52,7 +58,7 @@ def _tree(tmp_path):
 
 def test_first_run_writes_the_directory_environment_and_unit_and_the_second_nothing(tmp_path):
     fs = _tree(tmp_path)
-    result = vsf.execute(_params(), fs, False, owner=ME)
+    result = vsf.execute(_params(), on(fs), False, owner=ME)
     assert result["changed"] is True and result["read_back"] is True and result["unit_existed"] is False
     assert result["actions"] == [{"action": "create_directory", "path": "/etc/gpufleet/vllm", "after": "0755"},
                                  {"action": "create", "path": "/etc/gpufleet/vllm/vllm.env", "after": "0644"},
@@ -65,7 +71,7 @@ def test_first_run_writes_the_directory_environment_and_unit_and_the_second_noth
     assert not (tmp_path / "etc/gpufleet/vllm/vllm.secret.env").exists()
     assert result["files"] == ["/etc/gpufleet/vllm/vllm.env", "/etc/systemd/system/vllm.service"]
     assert result["nccl_env"] == {"path": NCCL, "exists": False, "sha1": None, "lines": []}
-    again = vsf.execute(_params(), fs, False, owner=ME)
+    again = vsf.execute(_params(), on(fs), False, owner=ME)
     assert again["changed"] is False and again["actions"] == [] and again["unit_existed"] is True
 
 
@@ -74,38 +80,38 @@ def test_the_nccl_checksum_is_stamped_and_a_change_of_it_rewrites_the_unit(tmp_p
     (tmp_path / "etc/gpufleet").mkdir(parents=True)
     nccl = "# Managed by Ansible\nNCCL_P2P_LEVEL=PHB\n\n  # a note\nCUDA_DEVICE_ORDER=PCI_BUS_ID\n"
     (tmp_path / NCCL.lstrip("/")).write_text(nccl)
-    first = vsf.execute(_params(), fs, False, owner=ME)
+    first = vsf.execute(_params(), on(fs), False, owner=ME)
     sha1 = hashlib.sha1(nccl.encode()).hexdigest()  # what Ansible's stat module calls the checksum
     assert first["nccl_env"] == {"path": NCCL, "exists": True, "sha1": sha1,
                                  "lines": ["NCCL_P2P_LEVEL=PHB", "CUDA_DEVICE_ORDER=PCI_BUS_ID"]}
     unit = tmp_path / "etc/systemd/system/vllm.service"
     assert f"# NCCL environment {NCCL}: sha1 {sha1}\n" in unit.read_text()
     (tmp_path / NCCL.lstrip("/")).write_text(nccl.replace("PHB", "SYS"))
-    second = vsf.execute(_params(), fs, False, owner=ME)
+    second = vsf.execute(_params(), on(fs), False, owner=ME)
     assert second["actions"] == [{"action": "write", "path": "/etc/systemd/system/vllm.service"}]
     assert second["diff"][0]["before"].count(sha1) == 1 and sha1 not in second["diff"][0]["after"]
 
 
 def test_the_secret_file_is_root_only_hidden_and_removed_when_unwanted(tmp_path):
     fs = _tree(tmp_path)
-    result = vsf.execute(_params(secret_content=SECRET), fs, False, owner=ME)
+    result = vsf.execute(_params(secret_content=SECRET), on(fs), False, owner=ME)
     secret = tmp_path / "etc/gpufleet/vllm/vllm.secret.env"
     assert secret.read_text() == SECRET and _mode(secret) == 0o600 and result["secret_file"] is True
     assert {"action": "create", "path": "/etc/gpufleet/vllm/vllm.secret.env", "after": "0600"} in result["actions"]
     assert "hf_never_shown" not in json.dumps(result) and "k" * 32 not in json.dumps(result)
     assert f"({len(SECRET)} bytes, not shown)\n" in [d["after"] for d in result["diff"]]
-    gone = vsf.execute(_params(), fs, False, owner=ME)
+    gone = vsf.execute(_params(), on(fs), False, owner=ME)
     assert gone["actions"] == [{"action": "remove", "path": "/etc/gpufleet/vllm/vllm.secret.env"}]
     assert gone["diff"] == [{"before": f"({len(SECRET)} bytes, not shown)\n", "after": "",
                              "before_header": "/etc/gpufleet/vllm/vllm.secret.env",
                              "after_header": "/etc/gpufleet/vllm/vllm.secret.env (removed)"}]
     assert not secret.exists() and gone["secret_file"] is False
-    assert vsf.execute(_params(), fs, False, owner=ME)["changed"] is False
+    assert vsf.execute(_params(), on(fs), False, owner=ME)["changed"] is False
 
 
 def test_check_mode_writes_nothing_and_says_what_would_change(tmp_path):
     fs = _tree(tmp_path)
-    result = vsf.execute(_params(secret_content=SECRET), fs, True, owner=ME)
+    result = vsf.execute(_params(secret_content=SECRET), on(fs), True, owner=ME)
     assert result["changed"] is True and result["read_back"] is False and len(result["actions"]) == 4
     assert os.listdir(tmp_path / "etc") == ["systemd"] and os.listdir(tmp_path / "etc/systemd/system") == []
 
@@ -115,7 +121,7 @@ def test_check_mode_writes_nothing_and_says_what_would_change(tmp_path):
 def test_a_unit_without_its_one_stamp_line_is_refused_before_any_write(tmp_path, unit, count):
     fs = _tree(tmp_path)
     with pytest.raises(vsf.VllmFilesError) as err:
-        vsf.execute(_params(unit_content=unit), fs, False, owner=ME)
+        vsf.execute(_params(unit_content=unit), on(fs), False, owner=ME)
     assert str(err.value).startswith(f"unit_content holds {count} lines '# NCCL environment {NCCL}:' where the module")
     assert "templates/vllm.service.j2" in str(err.value) and not (tmp_path / "etc/gpufleet").exists()
 
@@ -132,7 +138,7 @@ def test_a_unit_without_its_one_stamp_line_is_refused_before_any_write(tmp_path,
 def test_bad_names_and_paths_are_refused_before_any_write(tmp_path, over, words):
     fs = _tree(tmp_path)
     with pytest.raises(vsf.VllmFilesError, match=words):
-        vsf.execute(_params(**over), fs, False, owner=ME)
+        vsf.execute(_params(**over), on(fs), False, owner=ME)
     assert sorted(os.listdir(tmp_path / "etc")) == ["systemd"]
 
 
@@ -140,7 +146,7 @@ def test_a_directory_where_the_unit_belongs_fails_with_the_fix_and_writes_nothin
     fs = _tree(tmp_path)
     (tmp_path / "etc/systemd/system/vllm.service").mkdir()
     with pytest.raises(vsf.VllmFilesError, match="is not a regular file .* move it away.*Nothing was written"):
-        vsf.execute(_params(), fs, False, owner=ME)
+        vsf.execute(_params(), on(fs), False, owner=ME)
     assert not (tmp_path / "etc/gpufleet").exists()
 
 
@@ -154,7 +160,7 @@ class LossyFS(HostFS):
 def test_the_read_back_fails_as_changed_when_a_file_does_not_hold_what_was_written(tmp_path):
     _tree(tmp_path)
     with pytest.raises(Failed) as err:
-        vsf.execute(_params(), LossyFS(str(tmp_path)), False, owner=ME)
+        vsf.execute(_params(), on(LossyFS(str(tmp_path))), False, owner=ME)
     assert str(err.value) == ("The vLLM service's files do not hold what was just written (changed by another tool meanwhile?): "
                               "/etc/gpufleet/vllm/vllm.env differs from what was written. Run the role again; the service "
                               "was not restarted.")
