@@ -124,6 +124,47 @@ def _cap_finding(bdf: str, role: str, old: tuple[float, int], new: tuple[float, 
         "follows (the audit's link_below_capability) and re-benchmark to refresh the baseline.")
 
 
+def _device_changes(bdf: str, old: dict[str, Any], new: dict[str, Any], is_gpu: bool) -> list[dict[str, Any]]:
+    """Findings of one device seen by both audits: its link (speed and width, capability), new AER errors, and for a
+    GPU its interrupts moved off its NUMA node."""
+    findings: list[dict[str, Any]] = []
+    lo, ln = _link(old), _link(new)
+    if lo and ln and _speed(lo) != _speed(ln):
+        worse = _speed(ln)[0] < _speed(lo)[0] or _speed(ln)[1] < _speed(lo)[1]
+        role = "GPU" if is_gpu else "device"
+        findings.append(_finding(
+            "link_degraded" if worse else "link_changed", "critical" if worse else "info", bdf,
+            f"{role} {bdf} link is {link_text(ln)} now, was {link_text(lo)} at the previous audit",
+            "A link that trained lower than before points at the slot, riser or cable (or a BIOS setting): reseat "
+            "the card, check the slot's lane setting in the BIOS, and compare with lspci -vv LnkSta; the audit's "
+            "link_below_capability finding says how far below capability it is." if worse else
+            "The link trained faster or wider than before (a reseat or BIOS change); re-benchmark to refresh the "
+            "baseline."))
+    cap_old, cap_new = _cap(lo), _cap(ln)
+    if lo and ln and all(cap_old) and all(cap_new) and cap_old != cap_new:
+        findings.append(_cap_finding(bdf, "GPU" if is_gpu else "device", cap_old, cap_new))
+    grown = {k: v - _aer_total(old).get(k, 0) for k, v in _aer_total(new).items() if v > _aer_total(old).get(k, 0)}
+    bits = sorted(_aer_bits(new) - _aer_bits(old))
+    if grown or bits:
+        fatal = any(k.startswith("fatal.") for k in grown) or any(b.startswith("uncorrectable.") for b in bits)
+        what = ", ".join([f"{k} +{v}" for k, v in sorted(grown.items())] + bits)
+        findings.append(_finding(
+            "aer_new", "critical" if fatal else "warning", bdf, f"{bdf} logged new AER errors since the previous "
+            f"audit: {what}",
+            "Correctable errors that keep growing (BadTLP, BadDLLP, Rollover, Timeout) mean a marginal link: reseat, "
+            "check the riser and cable, try a lower link speed in the BIOS to confirm; uncorrectable or fatal errors "
+            "need the card or slot replaced."))
+    if is_gpu:
+        newly_off = sorted(_irqs_off_node(new) - _irqs_off_node(old))
+        if newly_off:
+            findings.append(_finding(
+                "irq_off_numa", "warning", bdf, f"GPU {bdf} interrupts {', '.join(map(str, newly_off))} moved off its "
+                f"NUMA node's CPUs ({new.get('local_cpulist')}) since the previous audit",
+                "irqbalance or a tool moved them: run the irq_affinity role again (its reapply timer keeps them), or "
+                "set irq_affinity_irqbalance: policyscript so irqbalance leaves GPU interrupts alone."))
+    return findings
+
+
 def compare(previous: dict[str, Any] | None, current: dict[str, Any], kernel_log: Sequence[str] | str = (),
             previous_kernel: str | None = None, current_kernel: str | None = None) -> list[dict[str, Any]]:
     """Findings of ``current`` against ``previous`` (pcie_facts ``pcie`` documents) and the log since then."""
@@ -156,41 +197,7 @@ def compare(previous: dict[str, Any] | None, current: dict[str, Any], kernel_log
         findings.append(_finding("gpu_new", "info", bdf, f"GPU {bdf} is new since the previous audit",
                                  "Nothing to do if it was installed on purpose; tune it (site.yml) and re-benchmark."))
     for bdf in sorted(set(prev_devs) & set(cur_devs)):
-        old, new = prev_devs[bdf], cur_devs[bdf]
-        lo, ln = _link(old), _link(new)
-        if lo and ln and _speed(lo) != _speed(ln):
-            worse = _speed(ln)[0] < _speed(lo)[0] or _speed(ln)[1] < _speed(lo)[1]
-            role = "GPU" if bdf in cur_gpus else "device"
-            findings.append(_finding(
-                "link_degraded" if worse else "link_changed", "critical" if worse else "info", bdf,
-                f"{role} {bdf} link is {link_text(ln)} now, was {link_text(lo)} at the previous audit",
-                "A link that trained lower than before points at the slot, riser or cable (or a BIOS setting): reseat "
-                "the card, check the slot's lane setting in the BIOS, and compare with lspci -vv LnkSta; the audit's "
-                "link_below_capability finding says how far below capability it is." if worse else
-                "The link trained faster or wider than before (a reseat or BIOS change); re-benchmark to refresh the "
-                "baseline."))
-        cap_old, cap_new = _cap(lo), _cap(ln)
-        if lo and ln and all(cap_old) and all(cap_new) and cap_old != cap_new:
-            findings.append(_cap_finding(bdf, "GPU" if bdf in cur_gpus else "device", cap_old, cap_new))
-        grown = {k: v - _aer_total(old).get(k, 0) for k, v in _aer_total(new).items() if v > _aer_total(old).get(k, 0)}
-        bits = sorted(_aer_bits(new) - _aer_bits(old))
-        if grown or bits:
-            fatal = any(k.startswith("fatal.") for k in grown) or any(b.startswith("uncorrectable.") for b in bits)
-            what = ", ".join([f"{k} +{v}" for k, v in sorted(grown.items())] + bits)
-            findings.append(_finding(
-                "aer_new", "critical" if fatal else "warning", bdf, f"{bdf} logged new AER errors since the previous "
-                f"audit: {what}",
-                "Correctable errors that keep growing (BadTLP, BadDLLP, Rollover, Timeout) mean a marginal link: reseat, "
-                "check the riser and cable, try a lower link speed in the BIOS to confirm; uncorrectable or fatal errors "
-                "need the card or slot replaced."))
-        if bdf in cur_gpus:
-            newly_off = sorted(_irqs_off_node(new) - _irqs_off_node(old))
-            if newly_off:
-                findings.append(_finding(
-                    "irq_off_numa", "warning", bdf, f"GPU {bdf} interrupts {', '.join(map(str, newly_off))} moved off its "
-                    f"NUMA node's CPUs ({new.get('local_cpulist')}) since the previous audit",
-                    "irqbalance or a tool moved them: run the irq_affinity role again (its reapply timer keeps them), or "
-                    "set irq_affinity_irqbalance: policyscript so irqbalance leaves GPU interrupts alone."))
+        findings += _device_changes(bdf, prev_devs[bdf], cur_devs[bdf], bdf in cur_gpus)
     if (previous.get("cmdline") or "") != (current.get("cmdline") or "") and previous.get("cmdline") is not None:
         a, b = set((previous.get("cmdline") or "").split()), set((current.get("cmdline") or "").split())
         changes = [f"-{t}" for t in sorted(a - b)] + [f"+{t}" for t in sorted(b - a)]

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Path- and peer-safe PCIe MaxPayload (MPS) and MaxReadRequest (MRRS) for gpufleet.inference.pcie_payload.
 
-The model comes from pci_topology.PciWalker (the same path walk and config-space decoder as
+The model comes from _pci/topology.py's PciWalker (the same path walk and config-space decoder as
 pcie_facts); plan_present() and plan_restore() are pure and return the register writes;
 apply_writes() runs them with setpci through a ``run(argv) -> (rc, out, err)`` callback, reads
 every write back from the sysfs ``config`` file through HostFS and rolls back on failure.
@@ -469,7 +469,7 @@ def plan_restore(record: dict, model: dict, hierarchies: set) -> dict[str, Any]:
     return {"writes": writes, "restore": chosen, "gone": gone}
 
 
-# ---- persistence (the boot unit lives in pcie_boot) ----------------------------------------------
+# ---- persistence (the boot unit lives in pcie/boot.py) -------------------------------------------
 def persist_entries(managed: dict[str, dict], existing: dict[str, dict], live: dict[str, dict], skip=()) -> list[dict]:
     """What the boot unit re-applies after this task.
 

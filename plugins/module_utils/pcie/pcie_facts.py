@@ -187,7 +187,7 @@ def bandwidth(model: dict, params: dict, run) -> dict:
 
 
 def serving(fs: HostFS, bdfs: list[str]) -> list[str]:
-    """Which processes hold the GPUs now (pcie_users' lines), empty when none does: the audit wakes a GPU with
+    """Which processes hold the GPUs now (_pci/users.py's lines), empty when none does: the audit wakes a GPU with
     the copy probe only on a host that is not serving."""
     if fs.root != "/" or not bdfs:
         return []
@@ -196,7 +196,7 @@ def serving(fs: HostFS, bdfs: list[str]) -> list[str]:
 
 def reread_under_load(model: dict, findings: list[dict]) -> list[dict]:
     """Each GPU's ``link_below_capability`` judged again with the link read during the copy probe (the GPU woken
-    by the load): an idle downclock, a link that stays down, or one that changes under load (pcie_findings)."""
+    by the load): an idle downclock, a link that stays down, or one that changes under load (pcie/findings.py)."""
     gpus = ((model.get("bandwidth") or {}).get("gpus")) or {}
     out = []
     for finding in findings:
