@@ -167,30 +167,23 @@ diff:
   type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.hugepages.hugepages import HugepagesError, execute
+
+ARGUMENT_SPEC = dict(
+    root=dict(type="path", default="/"),
+    pages_2m=dict(type="int"),
+    pages_1g=dict(type="int"),
+    nodes=dict(type="list", elements="int", default=[]),
+    per_node=dict(type="dict", default={}),
+    max_memory_percent=dict(type="int", default=80),
+    allow_partial=dict(type="bool", default=False),
+    method_1g=dict(type="str", choices=["cmdline", "runtime"], default="cmdline"),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            root=dict(type="path", default="/"),
-            pages_2m=dict(type="int"),
-            pages_1g=dict(type="int"),
-            nodes=dict(type="list", elements="int", default=[]),
-            per_node=dict(type="dict", default={}),
-            max_memory_percent=dict(type="int", default=80),
-            allow_partial=dict(type="bool", default=False),
-            method_1g=dict(type="str", choices=["cmdline", "runtime"], default="cmdline"),
-        ),
-        supports_check_mode=True,
-    )
-    root = module.params["root"]
-    finish(module, "hugepages", "reads and writes sysfs",
-           lambda: execute(module.params, HostFS(root), module.check_mode, warn=module.warn), HugepagesError)
+    run_module(ModuleSpec("hugepages", ARGUMENT_SPEC, "reads and writes sysfs", (HugepagesError,)), execute)
 
 
 if __name__ == "__main__":

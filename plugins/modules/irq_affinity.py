@@ -318,42 +318,34 @@ diff:
   elements: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq.affinity import IrqError
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq.irq_affinity import execute
 
+ARGUMENT_SPEC = dict(
+    root=dict(type="path", default="/"),
+    devices=dict(type="list", elements="str", required=True),
+    state=dict(type="str", choices=["present", "absent"], default="present"),
+    cpus=dict(type="str", default=""),
+    housekeeping_cpus=dict(type="str", default=""),
+    policy=dict(type="str", choices=["spread", "node"], default="spread"),
+    numa_node=dict(type="int"),
+    allow_remote=dict(type="bool", default=False),
+    allow_no_irqs=dict(type="bool", default=False),
+    irqbalance=dict(type="str", choices=["policyscript", "banned_cpus", "none"], default="policyscript"),
+    irqbalance_config=dict(type="path"),
+    persist=dict(type="bool", default=False),
+    exclusive=dict(type="bool", default=False),
+    install_reapply=dict(type="bool", default=False),
+    reapply_wait=dict(type="int", default=30),
+    reapply_interval=dict(type="str", default=""),
+    reapply_python=dict(type="path"),
+    legacy_libdir=dict(type="path"),
+)
+
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            root=dict(type="path", default="/"),
-            devices=dict(type="list", elements="str", required=True),
-            state=dict(type="str", choices=["present", "absent"], default="present"),
-            cpus=dict(type="str", default=""),
-            housekeeping_cpus=dict(type="str", default=""),
-            policy=dict(type="str", choices=["spread", "node"], default="spread"),
-            numa_node=dict(type="int"),
-            allow_remote=dict(type="bool", default=False),
-            allow_no_irqs=dict(type="bool", default=False),
-            irqbalance=dict(type="str", choices=["policyscript", "banned_cpus", "none"], default="policyscript"),
-            irqbalance_config=dict(type="path"),
-            persist=dict(type="bool", default=False),
-            exclusive=dict(type="bool", default=False),
-            install_reapply=dict(type="bool", default=False),
-            reapply_wait=dict(type="int", default=30),
-            reapply_interval=dict(type="str", default=""),
-            reapply_python=dict(type="path"),
-            legacy_libdir=dict(type="path"),
-        ),
-        supports_check_mode=True,
-    )
-    fs = HostFS(module.params["root"])
-    finish(module, "irq_affinity", "reads sysfs and writes /proc/irq",
-           lambda: execute(module.params, fs, module.check_mode, warn=module.warn, cmds=HostCmd(module, fs)), IrqError)
+    run_module(ModuleSpec("irq_affinity", ARGUMENT_SPEC, "reads sysfs and writes /proc/irq", (IrqError,)), execute)
 
 
 if __name__ == "__main__":

@@ -166,48 +166,27 @@ diff:
   elements: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
-from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import TopologyError, normalize_bdfs
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import TopologyError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.acs import AcsError
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.boot import PERSIST_CONFIG
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_acs import PcieAcs
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_acs import execute
+
+ARGUMENT_SPEC = dict(
+    root=dict(type="path", default="/"),
+    devices=dict(type="list", elements="str", default=[]),
+    state=dict(type="str", choices=["present", "default"], default="present"),
+    persist=dict(type="bool", default=True),
+    defer_to_boot=dict(type="bool", default=False),
+    force=dict(type="bool", default=False),
+    force_on_vfio_host=dict(type="bool", default=False),
+    state_dir=dict(type="path", default="/var/lib/gpufleet/pcie_acs"),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            root=dict(type="path", default="/"),
-            devices=dict(type="list", elements="str", default=[]),
-            state=dict(type="str", choices=["present", "default"], default="present"),
-            persist=dict(type="bool", default=True),
-            defer_to_boot=dict(type="bool", default=False),
-            force=dict(type="bool", default=False),
-            force_on_vfio_host=dict(type="bool", default=False),
-            state_dir=dict(type="path", default="/var/lib/gpufleet/pcie_acs"),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    if not p["state_dir"].startswith("/"):
-        module.fail_json(msg=f"state_dir must be an absolute path on the host, got {p['state_dir']!r}.")
-    try:
-        devices = normalize_bdfs(p["devices"])
-    except TopologyError as err:
-        module.fail_json(msg=str(err))
-    fs = HostFS(p["root"])
-    acs = PcieAcs(module, fs, HostCmd(module, fs).find_live("setpci", required=True))
-    if p["state"] == "present":
-        def run():
-            return acs.present(devices, p["persist"], p["defer_to_boot"], p["force"], p["force_on_vfio_host"])
-    else:
-        def run():
-            return acs.default(devices, p["force"])
-    finish(module, "pcie_acs", f"reads sysfs and writes {PERSIST_CONFIG}, {p['state_dir']} and the boot unit", run,
-           (AcsError, TopologyError))
+    run_module(ModuleSpec("pcie_acs", ARGUMENT_SPEC, f"reads sysfs and writes {PERSIST_CONFIG}, its state_dir and the boot unit",
+                          (AcsError, TopologyError)), execute)
 
 
 if __name__ == "__main__":

@@ -73,33 +73,18 @@ diff:
   sample: {before: "default\n", after: "performance\n"}
 """
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_aspm import PolicyError, execute
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_aspm import POLICY_FILE, PolicyError, set_policy
+ARGUMENT_SPEC = dict(
+    policy=dict(type="str", required=True, choices=["default", "performance", "powersave", "powersupersave"]),
+    root=dict(type="path", default="/"),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            policy=dict(type="str", required=True, choices=["default", "performance", "powersave", "powersupersave"]),
-            root=dict(type="path", default="/"),
-        ),
-        supports_check_mode=True,
-    )
-    try:
-        result, warnings = set_policy(HostFS(module.params["root"]), module.params["policy"], module.check_mode)
-    except PolicyError as err:
-        module.fail_json(msg=str(err))
-    except HostFSError as err:
-        module.fail_json(msg=f"Reading the ASPM policy failed: {err}. Run the module as root (become: true).")
-    for warning in warnings:
-        module.warn(warning)
-    result["changed"] = bool(result["actions"])
-    if module._diff:
-        result["diff"] = {"before": f"{result['policy_before']}\n", "after": f"{result['policy']}\n",
-                          "before_header": POLICY_FILE, "after_header": POLICY_FILE}
-    module.exit_json(**result)
+    run_module(ModuleSpec("pcie_aspm", ARGUMENT_SPEC, "reads and writes the kernel's ASPM policy (sysfs)", (PolicyError,)),
+               execute)
 
 
 if __name__ == "__main__":

@@ -471,10 +471,7 @@ ansible_facts:
       type: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule, missing_required_lib
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.nvml import (  # noqa: F401 pylint: disable=unused-import
     HAS_PYNVML, PYNVML_IMPORT_ERROR, NvmlUnavailable,
 )
@@ -487,40 +484,30 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology i
     BMC_VENDORS, TopologyError,
 )
 
+ARGUMENT_SPEC = dict(
+    root=dict(type="path", default="/"),
+    devices=dict(type="list", elements="str", default=[]),
+    vendor=dict(type="str"),
+    device=dict(type="str"),
+    class_prefix=dict(type="str", default="03"),
+    exclude_vendors=dict(type="list", elements="str", default=list(BMC_VENDORS)),
+    include_nvml=dict(type="str", choices=["auto", "always", "never"], default="auto"),
+    vfio_wanted=dict(type="bool", default=False),
+    bandwidth_probe=dict(type="bool", default=False),
+    probe_python=dict(type="path"),
+    probe_size_mb=dict(type="int", default=256),
+    tp_groups=dict(type="list", elements="str", default=[]),
+    host_lint=dict(type="bool", default=False),
+    host_lint_units=dict(type="list", elements="str", default=["vllm"]),
+    dest=dict(type="path"),
+    dest_host=dict(type="str", default=""),
+    dest_kernel=dict(type="str", default=""),
+)
+
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            root=dict(type="path", default="/"),
-            devices=dict(type="list", elements="str", default=[]),
-            vendor=dict(type="str"),
-            device=dict(type="str"),
-            class_prefix=dict(type="str", default="03"),
-            exclude_vendors=dict(type="list", elements="str", default=list(BMC_VENDORS)),
-            include_nvml=dict(type="str", choices=["auto", "always", "never"], default="auto"),
-            vfio_wanted=dict(type="bool", default=False),
-            bandwidth_probe=dict(type="bool", default=False),
-            probe_python=dict(type="path"),
-            probe_size_mb=dict(type="int", default=256),
-            tp_groups=dict(type="list", elements="str", default=[]),
-            host_lint=dict(type="bool", default=False),
-            host_lint_units=dict(type="list", elements="str", default=["vllm"]),
-            dest=dict(type="path"),
-            dest_host=dict(type="str", default=""),
-            dest_kernel=dict(type="str", default=""),
-        ),
-        supports_check_mode=True,
-    )
-    if module.params["include_nvml"] == "always" and not HAS_PYNVML:
-        module.fail_json(msg=missing_required_lib("nvidia-ml-py (include_nvml=always)"), exception=PYNVML_IMPORT_ERROR)
-
-    def run(argv, env):
-        return module.run_command(argv, environ_update=env)
-
-    dest = module.params["dest"]
-    finish(module, "PCIe audit", f"reads sysfs and procfs{' and writes ' + dest if dest else ''}",
-           lambda: execute(module.params, HostFS(module.params["root"]), module.check_mode, run=run, warn=module.warn),
-           KNOWN_ERRORS)
+    run_module(ModuleSpec("PCIe audit", ARGUMENT_SPEC, "reads sysfs and procfs, and writes the report to dest when given", KNOWN_ERRORS),
+               execute)
 
 
 if __name__ == "__main__":

@@ -222,62 +222,30 @@ diff:
   elements: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import TopologyError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.payload import PERSIST_CONFIG, PayloadError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_payload import execute
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
-from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import TopologyError, normalize_bdfs
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.payload import (
-    PERSIST_CONFIG, PayloadError, parse_mps, parse_size,
+ARGUMENT_SPEC = dict(
+    root=dict(type="path", default="/"),
+    devices=dict(type="list", elements="str", default=[]),
+    mps=dict(type="str"),
+    mrrs=dict(type="int"),
+    mrrs_cap=dict(type="int"),
+    include_path=dict(type="bool", default=True),
+    state=dict(type="str", choices=["present", "default"], default="present"),
+    persist=dict(type="bool", default=True),
+    on_readonly=dict(type="str", choices=["fail", "warn"], default="fail"),
+    state_dir=dict(type="path", default="/var/lib/gpufleet/pcie_payload"),
+    force=dict(type="bool", default=False),
+    defer_to_boot=dict(type="bool", default=False),
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_payload import PciePayload
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            root=dict(type="path", default="/"),
-            devices=dict(type="list", elements="str", default=[]),
-            mps=dict(type="str"),
-            mrrs=dict(type="int"),
-            mrrs_cap=dict(type="int"),
-            include_path=dict(type="bool", default=True),
-            state=dict(type="str", choices=["present", "default"], default="present"),
-            persist=dict(type="bool", default=True),
-            on_readonly=dict(type="str", choices=["fail", "warn"], default="fail"),
-            state_dir=dict(type="path", default="/var/lib/gpufleet/pcie_payload"),
-            force=dict(type="bool", default=False),
-            defer_to_boot=dict(type="bool", default=False),
-        ),
-        supports_check_mode=True,
-    )
-    p = module.params
-    try:
-        mps = parse_mps(p["mps"])
-        mrrs = parse_size(p["mrrs"], "mrrs") if p["mrrs"] is not None else None
-        mrrs_cap = parse_size(p["mrrs_cap"], "mrrs_cap") if p["mrrs_cap"] is not None else None
-    except PayloadError as err:
-        module.fail_json(msg=str(err))
-    if not p["state_dir"].startswith("/"):
-        module.fail_json(msg=f"state_dir must be an absolute path on the host, got {p['state_dir']!r}.")
-    if p["state"] == "present" and mps is None and mrrs is None and mrrs_cap is None:
-        module.fail_json(msg="Nothing to set: give mps (max_safe or bytes), mrrs or mrrs_cap, or state: default to restore.")
-    try:
-        devices = normalize_bdfs(p["devices"])
-    except TopologyError as err:
-        module.fail_json(msg=str(err))
-    fs = HostFS(p["root"])
-    payload = PciePayload(module, fs, HostCmd(module, fs).find_live("setpci", required=True))
-    if p["state"] == "present":
-        def run():
-            return payload.present(devices, mps, mrrs, mrrs_cap, p["include_path"], p["persist"], p["on_readonly"],
-                                   p["force"], p["defer_to_boot"])
-    else:
-        def run():
-            return payload.default(devices, p["persist"], p["force"])
-    finish(module, "pcie_payload", f"reads sysfs and writes {PERSIST_CONFIG}, {p['state_dir']} and the boot unit", run,
-           PayloadError)
+    run_module(ModuleSpec("pcie_payload", ARGUMENT_SPEC, f"reads sysfs and writes {PERSIST_CONFIG}, its state_dir and the boot unit",
+                          (PayloadError, TopologyError)), execute)
 
 
 if __name__ == "__main__":

@@ -242,38 +242,27 @@ diff:
   elements: dict
 """
 
-from ansible.module_utils.basic import AnsibleModule
-
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.vfio.binding import VfioError
-from ansible_collections.gpufleet.inference.plugins.module_utils.vfio.vfio_bind import execute, modprobe_with
+from ansible_collections.gpufleet.inference.plugins.module_utils.vfio.vfio_bind import execute
+
+ARGUMENT_SPEC = dict(
+    root=dict(type="path", default="/"),
+    devices=dict(type="list", elements="str", required=True),
+    state=dict(type="str", choices=["present", "absent"], default="present"),
+    companions=dict(type="bool", default=True),
+    group_allow=dict(type="list", elements="str", default=[]),
+    force=dict(type="bool", default=False),
+    force_display=dict(type="bool", default=False),
+    bind_now=dict(type="bool", default=True),
+    persist=dict(type="str", choices=["none", "udev", "modprobe"], default="none"),
+    restore_driver=dict(type="str"),
+    timeout=dict(type="float", default=10),
+)
 
 
 def main():
-    module = AnsibleModule(
-        argument_spec=dict(
-            root=dict(type="path", default="/"),
-            devices=dict(type="list", elements="str", required=True),
-            state=dict(type="str", choices=["present", "absent"], default="present"),
-            companions=dict(type="bool", default=True),
-            group_allow=dict(type="list", elements="str", default=[]),
-            force=dict(type="bool", default=False),
-            force_display=dict(type="bool", default=False),
-            bind_now=dict(type="bool", default=True),
-            persist=dict(type="str", choices=["none", "udev", "modprobe"], default="none"),
-            restore_driver=dict(type="str"),
-            timeout=dict(type="float", default=10),
-        ),
-        supports_check_mode=True,
-    )
-    params = module.params
-    if not 0 < params["timeout"] <= 600:  # nan too
-        module.fail_json(msg=f"timeout must be a positive number of seconds, at most 600, got {params['timeout']}", changed=False)
-    fs = HostFS(params["root"])
-    finish(module, "vfio_bind", "reads and writes sysfs",
-           lambda: execute(params, fs, module.check_mode, modprobe_with(HostCmd(module, fs)), warn=module.warn), VfioError)
+    run_module(ModuleSpec("vfio_bind", ARGUMENT_SPEC, "reads and writes sysfs", (VfioError,)), execute)
 
 
 if __name__ == "__main__":

@@ -108,3 +108,7 @@ class HostCmd:
     def run_in_root(self, argv: list[str]) -> tuple[int, str, str]:
         """Run a command of the tree under root (``argv`` wrapped by argv())."""
         return self.run(self.argv(argv))
+
+    def run_env(self, argv: list[str], environ: dict) -> tuple[int, str, str]:
+        """Run ``argv`` as given, in the C locale with ``environ`` added (a probe's CUDA_DEVICE_ORDER, ...)."""
+        return self.module.run_command(argv, environ_update=dict(C_LOCALE, **environ))

@@ -6,7 +6,8 @@
 2 MiB pages are reserved at runtime through ``/sys/devices/system/node/nodeN/hugepages/``; 1 GiB
 pages normally need the kernel command line (``hugepagesz=1G hugepages=...``), because a running
 system seldom has 1 GiB of contiguous free memory. The guard refuses any request that would leave a
-node with less than ``100 - max_memory_percent`` percent of its memory for everything else.
+node with less than ``100 - max_memory_percent`` percent of its memory for everything else. ``execute`` is the
+hugepages module's executor.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import re
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import bounded
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import NODES, parse_cpulist, parse_meminfo
 
@@ -253,15 +255,12 @@ def _render(layout: dict) -> str:
     return "".join(lines)
 
 
-def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
-    """Read, guard, plan, write, read back. Raises HugepagesError with the reason."""
-    warn = warn or (lambda msg: None)
+def execute(params: dict, host: Host, check_mode: bool) -> dict:
+    """The hugepages module's run: read, guard, plan, write, read back (on the Host's files, warnings to
+    ``host.warn``). Raises HugepagesError with the reason, Failed (bounded()) for a count out of range."""
+    fs, warn = host.fs, host.warn
     pct = params["max_memory_percent"]
-    if not 1 <= pct <= 100:
-        raise HugepagesError(f"max_memory_percent must be between 1 and 100, got {pct}.")
-    for name in ("pages_2m", "pages_1g"):
-        if params.get(name) is not None:
-            bounded(name, params[name], 0, MAX_PAGES, "pages")
+    _check_counts(params)
     layout = read_layout(fs)
     if not layout["supported_kb"]:
         raise HugepagesError("This kernel offers no huge pages (/sys/kernel/mm/hugepages is empty or missing): it was built "
@@ -276,37 +275,79 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
     if params["method_1g"] == "cmdline":  # at runtime 1 GiB pages are only given back
         actions += [a for a in plan(layout, want, {1048576}) if a["after"] < (a["before"] or 0)]
     persist = persistence(layout, want)
-
     got: dict[tuple, int | None] = {}
     shortfall: list[str] = []
     if not check_mode:
-        done = []
-        for a in actions:
-            try:
-                fs.write_text(a["path"], str(a["after"]))
-            except HostFSError as err:
-                # the kernel refuses a count it cannot give with ENOMEM on some versions; read back below tells
-                if err.errno not in (12,):
-                    _restore(fs, done)
-                    raise HugepagesError(f"Failed to set {a['path']} to {a['after']}: {err}. {_restored(done)}") from None
-            value = fs.read_optional(a["path"])
-            got[(a["node"], a["size_kb"])] = int(value) if (value or "").isdigit() else None
-            done.append(a)
-            if a["after"] < (a["before"] or 0) and (got[(a["node"], a["size_kb"])] or 0) > a["after"]:
-                warn(f"node {a['node']}: {NAMES[a['size_kb']]} pages stay at {got[(a['node'], a['size_kb'])]}, not {a['after']}: "
-                     f"pages in use cannot be given back until their users free them.")
-            elif (got[(a["node"], a["size_kb"])] or 0) < a["after"]:
-                shortfall.append(f"node {a['node']}: {NAMES[a['size_kb']]} pages {got[(a['node'], a['size_kb'])]} of "
-                                 f"{a['after']} (free memory is fragmented or short)")
-        if shortfall and not params["allow_partial"]:
-            _restore(fs, done)
-            raise HugepagesError(
-                f"The kernel gave fewer huge pages than asked: {'; '.join(shortfall)}. {_restored(done)} Free memory on that "
-                f"node (stop what uses it, or 'echo 1 > /proc/sys/vm/compact_memory'), reserve the pages at boot through "
-                f"the kernel command line, or set allow_partial: true to keep what the kernel can give.")
+        got, shortfall = _write(fs, actions, params["allow_partial"], warn)
     after = read_layout(fs) if not check_mode else layout
+    reboot_pending = _check_boot_pages(layout, after, want, params, shortfall)
+    if shortfall:
+        warn(f"Fewer huge pages than asked (allow_partial): {'; '.join(shortfall)}.")
+    shown = [{"action": "set", "path": a["path"], "node": a["node"], "size": NAMES[a["size_kb"]], "before": a["before"],
+              "after": a["after"]} for a in actions]
+    return {
+        "changed": bool(actions),
+        "actions": shown,
+        "nodes": _nodes_report(layout, after, want, pct),
+        "cmdline_args": persist["cmdline_args"],
+        "sysctl": persist["sysctl"],
+        "reboot_pending": reboot_pending,
+        "partial": bool(shortfall),
+        "shortfall": shortfall,
+        "supported_sizes": [NAMES.get(kb, f"{kb}kB") for kb in layout["supported_kb"]],
+        "meminfo": after["meminfo"],
+        "diff": _diff(layout, actions, got),
+    }
 
-    # 1 GiB pages the command line should bring
+
+def _check_counts(params: dict) -> None:
+    """max_memory_percent from 1 to 100 (HugepagesError), page counts from 0 to MAX_PAGES (Failed), before any read."""
+    pct = params["max_memory_percent"]
+    if not 1 <= pct <= 100:
+        raise HugepagesError(f"max_memory_percent must be between 1 and 100, got {pct}.")
+    for name in ("pages_2m", "pages_1g"):
+        if params.get(name) is not None:
+            bounded(name, params[name], 0, MAX_PAGES, "pages")
+
+
+def _write(fs: HostFS, actions: list[dict], allow_partial: bool, warn) -> tuple[dict, list[str]]:
+    """Write each count and read it back: ``({(node, size_kb): count read back}, shortfall)``. A page count that stays
+    higher (pages in use) is a warning; a write the kernel refuses, or fewer pages than asked without
+    ``allow_partial``, puts every count back and raises HugepagesError."""
+    got: dict[tuple, int | None] = {}
+    shortfall: list[str] = []
+    done = []
+    for a in actions:
+        try:
+            fs.write_text(a["path"], str(a["after"]))
+        except HostFSError as err:
+            # the kernel refuses a count it cannot give with ENOMEM on some versions; read back below tells
+            if err.errno not in (12,):
+                _restore(fs, done)
+                raise HugepagesError(f"Failed to set {a['path']} to {a['after']}: {err}. {_restored(done)}") from None
+        value = fs.read_optional(a["path"])
+        key = (a["node"], a["size_kb"])
+        got[key] = int(value) if (value or "").isdigit() else None
+        done.append(a)
+        if a["after"] < (a["before"] or 0) and (got[key] or 0) > a["after"]:
+            warn(f"node {a['node']}: {NAMES[a['size_kb']]} pages stay at {got[key]}, not {a['after']}: "
+                 f"pages in use cannot be given back until their users free them.")
+        elif (got[key] or 0) < a["after"]:
+            shortfall.append(f"node {a['node']}: {NAMES[a['size_kb']]} pages {got[key]} of "
+                             f"{a['after']} (free memory is fragmented or short)")
+    if shortfall and not allow_partial:
+        _restore(fs, done)
+        raise HugepagesError(
+            f"The kernel gave fewer huge pages than asked: {'; '.join(shortfall)}. {_restored(done)} Free memory on that "
+            f"node (stop what uses it, or 'echo 1 > /proc/sys/vm/compact_memory'), reserve the pages at boot through "
+            f"the kernel command line, or set allow_partial: true to keep what the kernel can give.")
+    return got, shortfall
+
+
+def _check_boot_pages(layout: dict, after: dict, want: dict, params: dict, shortfall: list[str]) -> bool:
+    """The 1 GiB pages the command line should bring (method_1g cmdline): True when they wait for a reboot (the
+    kernel was not booted with the arguments yet); a boot that gave fewer is added to ``shortfall``, and fails
+    (HugepagesError) without allow_partial."""
     args_1g = boot_args(layout, want, 1048576)
     booted = booted_with(layout["cmdline"], args_1g)
     reboot_pending = False
@@ -325,9 +366,12 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
         raise HugepagesError(
             f"The kernel was booted with {' '.join(args_1g)} but gave fewer 1 GiB pages: {'; '.join(boot_short)}. Lower "
             f"pages_1g, check 'dmesg | grep -i hugetlb', or set allow_partial: true to accept what it gave.")
-    if shortfall:
-        warn(f"Fewer huge pages than asked (allow_partial): {'; '.join(shortfall)}.")
+    return reboot_pending
 
+
+def _nodes_report(layout: dict, after: dict, want: dict, pct: int) -> dict:
+    """Per node (by its number as a string): its memory, the guard's limit, and each page size's count before,
+    wanted, after and free."""
     nodes_out = {}
     for node, info in sorted(after["nodes"].items()):
         before_sizes = layout["nodes"][node]["sizes"]
@@ -338,28 +382,19 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
                                                  "after": s["nr"], "free": s["free"]}
                       for kb, s in sorted(info["sizes"].items())},
         }
-    shown = [{"action": "set", "path": a["path"], "node": a["node"], "size": NAMES[a["size_kb"]], "before": a["before"],
-              "after": a["after"]} for a in actions]
-    diff = {}
-    if actions:
-        predicted = {"numa": layout["numa"], "nodes": {n: {"sizes": {kb: dict(s) for kb, s in i["sizes"].items()}}
-                                                       for n, i in layout["nodes"].items()}}
-        for a in actions:
-            predicted["nodes"][a["node"]]["sizes"][a["size_kb"]]["nr"] = got.get((a["node"], a["size_kb"]), a["after"])
-        diff = {"before": _render(layout), "after": _render(predicted)}
-    return {
-        "changed": bool(actions),
-        "actions": shown,
-        "nodes": nodes_out,
-        "cmdline_args": persist["cmdline_args"],
-        "sysctl": persist["sysctl"],
-        "reboot_pending": reboot_pending,
-        "partial": bool(shortfall),
-        "shortfall": shortfall,
-        "supported_sizes": [NAMES.get(kb, f"{kb}kB") for kb in layout["supported_kb"]],
-        "meminfo": after["meminfo"],
-        "diff": diff,
-    }
+    return nodes_out
+
+
+def _diff(layout: dict, actions: list[dict], got: dict) -> dict:
+    """The counts per node and size before, and after (as read back, or as planned in check mode); empty when
+    nothing changes."""
+    if not actions:
+        return {}
+    predicted = {"numa": layout["numa"], "nodes": {n: {"sizes": {kb: dict(s) for kb, s in i["sizes"].items()}}
+                                                   for n, i in layout["nodes"].items()}}
+    for a in actions:
+        predicted["nodes"][a["node"]]["sizes"][a["size_kb"]]["nr"] = got.get((a["node"], a["size_kb"]), a["after"])
+    return {"before": _render(layout), "after": _render(predicted)}
 
 
 def _restore(fs: HostFS, done: list) -> None:

@@ -4,8 +4,8 @@
 """Pinning a PCI function's MSI/MSI-X vectors to CPUs of its NUMA node, and keeping them there.
 
 Shared by the irq_affinity module and by the re-apply script the irq_affinity role installs on the
-host (``gpufleet-irq-affinity-apply``, irq_reapply), which carries this file and the module_utils it
-imports (reapply_bundle; all stdlib only) so the boot-time and rebind-time pinning is the same code
+host (``gpufleet-irq-affinity-apply``, irq/reapply.py), which carries this file and the module_utils it
+imports (_host/bundle.py; all stdlib only) so the boot-time and rebind-time pinning is the same code
 as the module's. IRQ numbers change whenever a driver re-requests its vectors, so
 nothing here is keyed by IRQ number: the persistent configuration names PCI functions, and the
 spread is recomputed from the function's current ``msi_irqs``.

@@ -1,12 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What gpufleet.inference.irq_affinity executes with ``install_reapply``: the pinning (``irq_pinning``),
-then, in the same module run, the boot-time and bind-time re-apply that keeps it.
+"""What gpufleet.inference.irq_affinity executes (``execute``): the pinning (irq/pinning.py's ``pin``), then, with
+``install_reapply`` and in the same module run, the boot-time and bind-time re-apply that keeps it.
 
 The kernel resets a function's interrupt affinity whenever a driver requests its vectors again (a
 rebind, a reboot), so the pinning is re-applied by ``/usr/local/libexec/gpufleet-irq-affinity-apply``
-(``irq_reapply`` with the module_utils it imports, bundled by ``reapply_bundle``) from three places:
+(irq/reapply.py with the module_utils it imports, bundled by _host/bundle.py) from three places:
 
 - ``gpufleet-irq-affinity.service`` at boot (enabled in ``multi-user.target``);
 - ``gpufleet-irq-affinity@<bdf>.service``, started by the udev rule
@@ -20,7 +20,7 @@ installed while functions are given with ``state: present``; the udev rule and t
 follow the functions the configuration holds (the rule is removed when it holds none); the timer
 exists only with an interval and functions, and is stopped and removed otherwise.
 
-Commands (systemctl, udevadm) run in the C locale through HostCmd. Under a ``root`` other than ``/``
+Commands (systemctl, udevadm) run in the C locale through the Host's HostCmd (_host/commands.py). Under a ``root`` other than ``/``
 (tests, an image), ``systemctl --root`` enables and disables offline, and nothing that needs the live
 systemd or udev (daemon-reload, start, stop, the rule reload) runs.
 """
@@ -32,9 +32,10 @@ import re
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq import reapply as irq_reapply
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq.affinity import IrqError
-from ansible_collections.gpufleet.inference.plugins.module_utils.irq.pinning import execute as pin
+from ansible_collections.gpufleet.inference.plugins.module_utils.irq.pinning import pin
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.bundle import BundleError
 
 SCRIPT = "/usr/local/libexec/" + irq_reapply.PROG
@@ -219,14 +220,12 @@ def apply(fs: HostFS, systemd: Systemd, steps: dict) -> None:
         run(cmd)
 
 
-def execute(params: dict, fs: HostFS, check_mode: bool, warn=None, cmds=None) -> dict:
-    """Pin (irq_pinning.execute), then with ``install_reapply`` plan and apply the re-apply's script, units and
-    udev rule (``cmds``: the HostCmd that runs systemctl and udevadm). Bad re-apply options fail before anything
-    is written."""
+def execute(params: dict, host: Host, check_mode: bool) -> dict:
+    """Pin (irq/pinning.py's pin()), then with ``install_reapply`` plan and apply the re-apply's script, units and
+    udev rule (``host.cmd`` runs systemctl and udevadm). Bad re-apply options fail before anything is written."""
+    fs, cmds = host.fs, host.cmd
     install_asked = bool(params.get("install_reapply"))
     if install_asked:
-        if cmds is None:
-            raise ValueError("install_reapply needs cmds, the HostCmd of the module run")
         validate(params)
         if not params.get("persist"):
             raise IrqError("install_reapply needs persist: true: the re-apply script pins what "
@@ -237,7 +236,7 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None, cmds=None) ->
             script = irq_reapply.render_script(params.get("reapply_python") or cmds.script_python())
         except BundleError as err:
             raise IrqError(f"Cannot build the re-apply script: {err}") from None
-    result = pin(params, fs, check_mode, warn)
+    result = pin(params, fs, check_mode, host.warn)
     if not install_asked:
         return result
     systemd = Systemd(cmds, fs)

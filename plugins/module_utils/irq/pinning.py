@@ -1,11 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What gpufleet.inference.irq_affinity executes: resolve the devices and CPUs, plan the pinning,
-write ``/proc/irq/*/smp_affinity_list`` (read back), keep irqbalance away from the pinned vectors, and
-write the pinned list, the policy script and the re-apply configuration. ``irq_affinity.py`` holds the
-planning it builds on (and is what the role's boot-time script imports); nothing here imports
-AnsibleModule.
+"""The pinning gpufleet.inference.irq_affinity does (``pin``, which irq/irq_affinity.py's execute() calls first):
+resolve the devices and CPUs, plan the pinning, write ``/proc/irq/*/smp_affinity_list`` (read back), keep irqbalance
+away from the pinned vectors, and write the pinned list, the policy script and the re-apply configuration.
+``irq/affinity.py`` holds the planning it builds on (and is what the re-apply script, irq/reapply.py, imports);
+nothing here imports AnsibleModule.
 """
 
 from __future__ import annotations
@@ -34,17 +34,11 @@ def _file_action(fs: HostFS, path: str, after: str | None, mode: int = 0o644) ->
     return [{"op": "write", "path": path, "before": before_text or "", "after": after, "mode": mode}]
 
 
-def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
+def pin(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
     """Select, plan, check, apply, read back. Raises IrqError with the reason; nothing is written before all checks pass."""
     warn = warn or (lambda msg: None)
     walker = PciWalker(fs)
-    if not params["devices"] and not params["exclusive"]:
-        raise IrqError("devices is empty: name the PCI functions by address (0000:3b:00.0) or vendor:device ID (10de:2335). "
-                       "With exclusive: true an empty list unpins every function pinned earlier.")
-    try:
-        bdfs = [t["bdf"] for t in resolve(walker, params["devices"], companions=False)] if params["devices"] else []
-    except VfioError as err:
-        raise IrqError(str(err)) from None
+    bdfs = _targets(walker, params)
     state, persist, exclusive = params["state"], params["persist"], params["exclusive"]
     settings = {k: params.get(k, v) for k, v in DEFAULTS.items()}
     config_before = load_json(fs, CONFIG_FILE)
@@ -58,7 +52,34 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
     cache = load_json(fs, MANAGED_CACHE)
     entries, plan_warnings = plan(walker, resolved, bdfs, state, cache, params["allow_no_irqs"])
     warnings += plan_warnings
+    pinned = _pinned_after(fs, bdfs, resolved, state, exclusive)
+    files, ib = _irqbalance_files(fs, params, pinned)
+    if persist and config_after != config_before:
+        text = json.dumps(config_after, indent=2, sort_keys=True) + "\n" if config_after["devices"] else None
+        files += _file_action(fs, CONFIG_FILE, text)
+    if not check_mode:
+        _apply(fs, walker, entries, files, cache, warnings)
+    for msg in warnings:
+        warn(msg)
+    return _result(state, entries, files, resolved, bdfs, ib,
+                   sorted((config_after.get("devices") or {}).keys()) if persist else [])
 
+
+def _targets(walker: PciWalker, params: dict) -> list[str]:
+    """The PCI addresses of the functions the task names (by address or vendor:device ID); IrqError when it names
+    none without exclusive, or names what is not there."""
+    if not params["devices"] and not params["exclusive"]:
+        raise IrqError("devices is empty: name the PCI functions by address (0000:3b:00.0) or vendor:device ID (10de:2335). "
+                       "With exclusive: true an empty list unpins every function pinned earlier.")
+    try:
+        return [t["bdf"] for t in resolve(walker, params["devices"], companions=False)] if params["devices"] else []
+    except VfioError as err:
+        raise IrqError(str(err)) from None
+
+
+def _pinned_after(fs: HostFS, bdfs: list[str], resolved: dict, state: str, exclusive: bool) -> dict[str, str]:
+    """The pinned list (PINNED_FILE) after this task: each function's CPU list, the task's functions added (present)
+    or taken out (absent), with exclusive only the task's."""
     pinned_before = parse_pinned(fs.read_optional(PINNED_FILE))
     pinned = {} if exclusive else dict(pinned_before)
     for bdf in bdfs:
@@ -66,6 +87,12 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
             pinned[bdf] = format_cpulist(resolved[bdf]["cpus"])
         else:
             pinned.pop(bdf, None)
+    return pinned
+
+
+def _irqbalance_files(fs: HostFS, params: dict, pinned: dict[str, str]) -> tuple[list[dict], dict]:
+    """The file steps of the pinned list and of irqbalance's configuration and policy script, and the irqbalance
+    report (``restart_required`` when any of them changes what irqbalance reads)."""
     mode = params["irqbalance"]
     ib = irqbalance_state(fs, params.get("irqbalance_config"))
     ib.update(mode=mode, restart_required=False, note=None)
@@ -81,32 +108,35 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
         script_actions = _file_action(fs, POLICY_SCRIPT, render_policy_script(), 0o755) if mode == "policyscript" and pinned else []
         files += script_actions + conf_actions
         ib["restart_required"] = bool(conf_actions or script_actions or (pinned_changed and mode != "none"))
-    if persist and config_after != config_before:
-        text = json.dumps(config_after, indent=2, sort_keys=True) + "\n" if config_after["devices"] else None
-        files += _file_action(fs, CONFIG_FILE, text)
+    return files, ib
 
-    if not check_mode:
-        apply(fs, entries)
-        for a in files:
-            if a["op"] == "write":
-                fs.write_atomic(a["path"], a["after"], mode=a["mode"])
-            else:
-                fs.remove(a["path"])
-        new_cache = managed_cache_after(cache, walker, entries)
-        if new_cache != cache:
-            try:
-                fs.write_atomic(MANAGED_CACHE, json.dumps(new_cache, sort_keys=True) + "\n")
-            except HostFSError as err:
-                warnings.append(f"Could not remember the managed vectors in {MANAGED_CACHE}: {err}; check mode will not predict them.")
-    for msg in warnings:
-        warn(msg)
 
+def _apply(fs: HostFS, walker: PciWalker, entries: list[dict], files: list[dict], cache: dict, warnings: list[str]) -> None:
+    """Pin (read back), write or remove the files, and remember the kernel-managed vectors (a warning when that
+    cannot be written: check mode will not predict them)."""
+    apply(fs, entries)
+    for a in files:
+        if a["op"] == "write":
+            fs.write_atomic(a["path"], a["after"], mode=a["mode"])
+        else:
+            fs.remove(a["path"])
+    new_cache = managed_cache_after(cache, walker, entries)
+    if new_cache != cache:
+        try:
+            fs.write_atomic(MANAGED_CACHE, json.dumps(new_cache, sort_keys=True) + "\n")
+        except HostFSError as err:
+            warnings.append(f"Could not remember the managed vectors in {MANAGED_CACHE}: {err}; check mode will not predict them.")
+
+
+def _result(state: str, entries: list[dict], files: list[dict], resolved: dict, bdfs: list[str], ib: dict,
+            persisted: list[str]) -> dict:
+    """The module's result of the pinning: actions (each vector pinned or reset, each file), the IRQs, the devices,
+    irqbalance, what is persisted and the diff."""
     verb = "pin" if state == "present" else "reset"
+    changing = [e for e in entries if e["status"] in ("change", "changed")]
     actions = [{"action": verb, "path": f"/proc/irq/{e['irq']}/smp_affinity_list", "irq": e["irq"], "device": e["bdf"],
-                "before": e["before"], "after": e["wanted"]}
-               for e in entries if e["status"] in ("change", "changed")]
+                "before": e["before"], "after": e["wanted"]} for e in changing]
     actions += [{"action": a["op"], "path": a["path"]} for a in files]  # the contents are in the diff
-    irqs = report(entries, resolved)
     devices = []
     for bdf in bdfs:
         mine = [e for e in entries if e["bdf"] == bdf]
@@ -115,19 +145,11 @@ def execute(params: dict, fs: HostFS, check_mode: bool, warn=None) -> dict:
                         "cpus": format_cpulist(info["cpus"]), "vectors": len(mine),
                         "managed_vectors": sum(1 for e in mine if e["status"] == "managed"), "remote": info["remote"]})
     diff = []
-    changing = [e for e in entries if e["status"] in ("change", "changed")]
     if changing:
         diff.append({"before_header": "smp_affinity_list", "after_header": "smp_affinity_list",
                      "before": "".join(f"IRQ {e['irq']} ({e['bdf']}): {e['before']}\n" for e in changing),
                      "after": "".join(f"IRQ {e['irq']} ({e['bdf']}): {e['wanted']}\n" for e in changing)})
     for a in files:
         diff.append({"before_header": a["path"], "after_header": a["path"], "before": a["before"] or "", "after": a["after"]})
-    return {
-        "changed": bool(actions),
-        "actions": actions,
-        "irqs": irqs,
-        "devices": devices,
-        "irqbalance": ib,
-        "persisted": sorted((config_after.get("devices") or {}).keys()) if persist else [],
-        "diff": diff,
-    }
+    return {"changed": bool(actions), "actions": actions, "irqs": report(entries, resolved), "devices": devices,
+            "irqbalance": ib, "persisted": persisted, "diff": diff}

@@ -4,8 +4,8 @@
 """Re-apply gpufleet.inference IRQ pinning from /etc/gpufleet/irq_affinity.json, outside a module run.
 
 The irq_affinity role installs ``/usr/local/libexec/gpufleet-irq-affinity-apply``, which carries this
-file and its import closure (reapply_bundle: irq_affinity, pci_topology, pci_config, hostfs,
-device_apply), so the boot-time and rebind-time pinning is the module's own code. Three things run
+file and its import closure (_host/bundle.py: irq/affinity.py, _pci/topology.py, _pci/config.py,
+_host/files.py, _host/device_apply.py), so the boot-time and rebind-time pinning is the module's own code. Three things run
 it: gpufleet-irq-affinity.service at boot, gpufleet-irq-affinity@<bdf>.service, which a udev rule
 starts when a driver binds one of the pinned PCI functions again, and the optional timer. The kernel
 resets affinity whenever a driver re-requests its vectors, and the vectors come back with new IRQ
@@ -41,7 +41,7 @@ PYTHON_HINT = "Set irq_affinity_python to a Python 3.7 or later and run the gpuf
 
 @functools.lru_cache(maxsize=None)
 def render_script(python: str) -> str:
-    """The re-apply script as the role installs it: ``#!python``, this module_utils and its closure (reapply_bundle)."""
+    """The re-apply script as the role installs it: ``#!python``, this module_utils and its closure (_host/bundle.py)."""
     return reapply_bundle.render_script(python, ENTRY, reapply_bundle.loaded_sources([ENTRY]), HEADER, REINSTALL, PYTHON_HINT)
 
 

@@ -10,9 +10,9 @@ either list holds an entry. The unit runs early in boot, before udev coldplug lo
 drivers (``Before=systemd-udev-trigger.service``) and before the services that use the GPUs, so
 no DMA is in flight when a register changes.
 
-The applier (``APPLY_SCRIPT``) is ``pcie_boot_apply``: the module_utils of the modules, shipped in
-one script by ``reapply_bundle``, so that the boot applies, reads back and rolls back with the
-modules' own code (``device_apply``, ``pci_config``'s capability walk). This file holds the paths,
+The applier (``APPLY_SCRIPT``) is ``pcie/reapply.py``: the module_utils of the modules, shipped in
+one script by ``_host/bundle.py``, so that the boot applies, reads back and rolls back with the
+modules' own code (``_host/device_apply.py``, ``_pci/config.py``'s capability walk). This file holds the paths,
 the JSON file, the unit and the file and unit steps.
 
 Also here: the setpci argv every module uses, always ``-A linux-sysfs`` against the given root,
@@ -105,7 +105,7 @@ def persistence_plan(read, exists, script: str, systemctl_argv, devices: list[di
     """File and unit steps that make the boot unit match both lists (or remove it when both are empty).
 
     ``read(path) -> str | None`` and ``exists(path)`` read the host; ``script`` is the applier as
-    ``pcie_boot_apply.render_script()`` renders it; ``systemctl_argv(*args)`` builds a systemctl
+    ``pcie/reapply.py``'s ``render_script()`` renders it; ``systemctl_argv(*args)`` builds a systemctl
     command. Returns actions ``write_file``/``remove_file`` (with ``content``/``mode``),
     ``daemon_reload``, ``enable_unit``, ``disable_unit``.
     """

@@ -1,7 +1,7 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Pure judgement of the PCIe model built by pci_topology.build_model().
+"""Pure judgement of the PCIe model built by _pci/topology.py's build_model().
 
 find(model, vfio_wanted) returns findings, each ``{code, severity, device, devices, message,
 fix}``, severity one of critical/warning/info, most severe first. No I/O.

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Peer-to-peer judgement of the PCIe model: NVML's P2P status per GPU pair, tensor-parallel groups
 that span sockets, GPUs behind the chipset (PCH) instead of CPU-attached lanes. Pure;
-pcie_findings.find() adds these findings.
+pcie/findings.py's find() adds these findings.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Path- and peer-safe PCIe MaxPayload (MPS) and MaxReadRequest (MRRS) for gpufleet.inference.pcie_payload.
 
-The model comes from pci_topology.PciWalker (the same path walk and config-space decoder as
+The model comes from _pci/topology.py's PciWalker (the same path walk and config-space decoder as
 pcie_facts); plan_present() and plan_restore() are pure and return the register writes;
 apply_writes() runs them with setpci through a ``run(argv) -> (rc, out, err)`` callback, reads
 every write back from the sysfs ``config`` file through HostFS and rolls back on failure.
@@ -259,102 +259,135 @@ def plan_present(model: dict, mps=None, mrrs: int | None = None, mrrs_cap: int |
     function (what the boot unit re-applies), changed or not. Raises PayloadError when the request
     is unsafe or cannot be met.
     """
-    functions = model["functions"]
-    targets = model["targets"]
-    written: set = set()
-    roles: dict[str, str] = {}
-    for bdf in targets:
-        roles[bdf] = "target"
-    if mps is not None:
-        for bdf in targets:
-            info = functions[bdf]
-            written.add(bdf)
-            for other in model["hierarchies"][hierarchy_key(info)]:
-                o = functions[other]
-                if other != bdf and other[:-1] == bdf[:-1] and o["readable"] and o["pcie_offset"] is not None:
-                    written.add(other)
-                    roles.setdefault(other, "function")
-            if include_path:
-                for hop in info["path"][:-1]:
-                    if functions[hop]["pcie_offset"] is not None:
-                        written.add(hop)
-                        roles.setdefault(hop, "path")
-
+    written, roles = _written(model, mps, include_path)
     report: dict[str, dict[str, Any]] = {}
     writes: list[dict[str, Any]] = []
     managed: dict[str, dict[str, Any]] = {}
     for key, members in model["hierarchies"].items():
-        for bdf in members if mps is not None else ():
-            info = functions[bdf]
-            if not info["readable"]:
-                raise PayloadError(
-                    f"Cannot read the payload settings of {describe(info)}, which shares the PCIe hierarchy below {key} "
-                    f"with the devices to tune: {info['error']}. Its MaxPayload must match theirs; run the module as root "
-                    "(become: true).")
-        pcie = [functions[b] for b in members if functions[b]["pcie_offset"] is not None]
-        limit, limiting = _limit(pcie, written)
-        target_mps = None
-        if mps is not None and any(b in written for b in members):
-            target_mps = limit if mps == "max_safe" else mps
-            if target_mps > limit:
-                relation = _relation(limiting, members, targets, functions)
-                raise PayloadError(
-                    f"mps {mps} is not safe below {key}: {_why(functions[limiting], limiting in written, relation)}. Every function in one "
-                    f"PCIe hierarchy must use one MaxPayload no larger than the smallest supported one (the kernel's "
-                    f"pcie_bus_safe rule), so the largest safe value is {limit}: use mps: max_safe or mps: {limit}.")
-            fixed = [f for f in pcie if f["bdf"] not in written]
-            values = sorted({f["mps"] for f in fixed})
-            if len(values) > 1:
-                listing = ", ".join(f"{describe(f)} at {f['mps']}" for f in fixed)
-                raise PayloadError(
-                    f"The PCIe hierarchy below {key} already mixes MaxPayload values on functions this task does not "
-                    f"write ({listing}). Add them to devices so that all of them are set to one value.")
-            for f in fixed:
-                if f["mps"] != target_mps:
-                    raise PayloadError(
-                        f"Cannot set MaxPayload {target_mps} below {key}: {describe(f)} shares that hierarchy and stays at "
-                        f"{f['mps']} because this task does not write it, and functions that exchange packets must use one "
-                        f"MaxPayload. Add {f['bdf']} to devices (it supports {f['mps_supported']}), or set mps: {f['mps']}.")
-        for info in pcie:
-            bdf = info["bdf"]
-            if bdf not in written and bdf not in targets:
-                continue
-            path_infos = [functions[h] for h in info["path"] if h in functions and functions[h]["pcie_offset"] is not None]
-            peer_infos = [p for p in pcie if p["bdf"] not in info["path"]]
-            path_limit, path_dev = _limit(path_infos, written)
-            peer_limit, peer_dev = _limit(peer_infos, written)
-            entry = {
-                "bdf": bdf, "role": roles.get(bdf, "path"), "hierarchy": key, "class_name": info["class_name"],
-                "vendor_id": info["vendor_id"], "device_id": info["device_id"], "port_type": info["port_type"],
-                "mps_supported": info["mps_supported"], "mps_before": info["mps"], "mps_after": info["mps"],
-                "mrrs_before": info["mrrs"], "mrrs_after": info["mrrs"], "mrrs_capped": False,
-                "limit": limit, "limiting_device": limiting, "path_limit": path_limit, "path_limiting_device": path_dev,
-                "peer_limit": peer_limit, "peer_limiting_device": peer_dev,
-            }
-            registers = []
-            if target_mps is not None and bdf in written:
-                registers.append("mps")
-                if info["mps"] != target_mps:
-                    entry["mps_after"] = target_mps
-                    writes.append({"device": bdf, "register": "mps", "before": info["mps"], "after": target_mps,
-                                   "hierarchy": key, "depth": info["depth"]})
-            if bdf in targets and (mrrs is not None or mrrs_cap is not None):
-                registers.append("mrrs")
-            if registers:
-                managed[bdf] = {"vendor_id": info["vendor_id"], "device_id": info["device_id"], "hierarchy": key,
-                                "depth": info["depth"], "registers": registers}
-            if bdf in targets:
-                want = mrrs
-                if mrrs_cap is not None and (want if want is not None else info["mrrs"]) > mrrs_cap:
-                    want = mrrs_cap
-                    entry["mrrs_capped"] = True
-                if want is not None and want != info["mrrs"]:
-                    entry["mrrs_after"] = want
-                    writes.append({"device": bdf, "register": "mrrs", "before": info["mrrs"], "after": want,
-                                   "hierarchy": key, "depth": info["depth"]})
-            report[bdf] = entry
+        hierarchy = _hierarchy(model, key, members, written, mps)
+        for info in hierarchy["pcie"]:
+            if info["bdf"] in written or info["bdf"] in model["targets"]:
+                report[info["bdf"]] = _plan_function(info, hierarchy, model, written, roles, (mrrs, mrrs_cap), writes, managed)
     writes.sort(key=lambda w: (w["depth"], w["device"], REGISTER_ORDER.index(w["register"])))
     return {"devices": report, "writes": writes, "managed": managed}
+
+
+def _written(model: dict, mps, include_path: bool) -> tuple[set, dict[str, str]]:
+    """The functions whose MaxPayload this task writes (with ``mps``: the targets, the other functions of their
+    devices and, with ``include_path``, the bridges above them), and each function's role in the report."""
+    functions = model["functions"]
+    written: set = set()
+    roles = {bdf: "target" for bdf in model["targets"]}
+    if mps is None:
+        return written, roles
+    for bdf in model["targets"]:
+        info = functions[bdf]
+        written.add(bdf)
+        for other in model["hierarchies"][hierarchy_key(info)]:
+            o = functions[other]
+            if other != bdf and other[:-1] == bdf[:-1] and o["readable"] and o["pcie_offset"] is not None:
+                written.add(other)
+                roles.setdefault(other, "function")
+        if include_path:
+            for hop in info["path"][:-1]:
+                if functions[hop]["pcie_offset"] is not None:
+                    written.add(hop)
+                    roles.setdefault(hop, "path")
+    return written, roles
+
+
+def _hierarchy(model: dict, key: str, members: list[str], written: set, mps) -> dict[str, Any]:
+    """One PCIe hierarchy's plan inputs: ``key``, its functions with a PCI Express capability (``pcie``), the
+    smallest supported MaxPayload (``limit``, ``limiting``) and the MaxPayload to set (``target_mps``, None when
+    none is written). Raises PayloadError when a member cannot be read, the value is not safe, or functions this
+    task does not write would be left at another MaxPayload."""
+    functions = model["functions"]
+    for bdf in members if mps is not None else ():
+        info = functions[bdf]
+        if not info["readable"]:
+            raise PayloadError(
+                f"Cannot read the payload settings of {describe(info)}, which shares the PCIe hierarchy below {key} "
+                f"with the devices to tune: {info['error']}. Its MaxPayload must match theirs; run the module as root "
+                "(become: true).")
+    pcie = [functions[b] for b in members if functions[b]["pcie_offset"] is not None]
+    limit, limiting = _limit(pcie, written)
+    target_mps = None
+    if mps is not None and any(b in written for b in members):
+        target_mps = limit if mps == "max_safe" else mps
+        if target_mps > limit:
+            relation = _relation(limiting, members, model["targets"], functions)
+            raise PayloadError(
+                f"mps {mps} is not safe below {key}: {_why(functions[limiting], limiting in written, relation)}. Every function in one "
+                f"PCIe hierarchy must use one MaxPayload no larger than the smallest supported one (the kernel's "
+                f"pcie_bus_safe rule), so the largest safe value is {limit}: use mps: max_safe or mps: {limit}.")
+        _check_fixed(key, [f for f in pcie if f["bdf"] not in written], target_mps)
+    return {"key": key, "pcie": pcie, "limit": limit, "limiting": limiting, "target_mps": target_mps}
+
+
+def _check_fixed(key: str, fixed: list[dict], target_mps: int) -> None:
+    """The functions of hierarchy ``key`` this task does not write must already be at ``target_mps`` (else
+    PayloadError, saying which to add to devices)."""
+    values = sorted({f["mps"] for f in fixed})
+    if len(values) > 1:
+        listing = ", ".join(f"{describe(f)} at {f['mps']}" for f in fixed)
+        raise PayloadError(
+            f"The PCIe hierarchy below {key} already mixes MaxPayload values on functions this task does not "
+            f"write ({listing}). Add them to devices so that all of them are set to one value.")
+    for f in fixed:
+        if f["mps"] != target_mps:
+            raise PayloadError(
+                f"Cannot set MaxPayload {target_mps} below {key}: {describe(f)} shares that hierarchy and stays at "
+                f"{f['mps']} because this task does not write it, and functions that exchange packets must use one "
+                f"MaxPayload. Add {f['bdf']} to devices (it supports {f['mps_supported']}), or set mps: {f['mps']}.")
+
+
+def _plan_function(info: dict, hierarchy: dict, model: dict, written: set, roles: dict, mrrs_wanted: tuple,
+                   writes: list[dict], managed: dict) -> dict[str, Any]:
+    """One function's report entry; its register writes are appended to ``writes``, the registers this task keeps
+    on it put in ``managed``. ``mrrs_wanted``: (mrrs, mrrs_cap)."""
+    bdf, key, targets = info["bdf"], hierarchy["key"], model["targets"]
+    mrrs, mrrs_cap = mrrs_wanted
+    target_mps = hierarchy["target_mps"]
+    entry = _report_entry(info, hierarchy, model["functions"], written, roles.get(bdf, "path"))
+    registers = []
+    if target_mps is not None and bdf in written:
+        registers.append("mps")
+        if info["mps"] != target_mps:
+            entry["mps_after"] = target_mps
+            writes.append({"device": bdf, "register": "mps", "before": info["mps"], "after": target_mps,
+                           "hierarchy": key, "depth": info["depth"]})
+    if bdf in targets and (mrrs is not None or mrrs_cap is not None):
+        registers.append("mrrs")
+    if registers:
+        managed[bdf] = {"vendor_id": info["vendor_id"], "device_id": info["device_id"], "hierarchy": key,
+                        "depth": info["depth"], "registers": registers}
+    if bdf in targets:
+        want = mrrs
+        if mrrs_cap is not None and (want if want is not None else info["mrrs"]) > mrrs_cap:
+            want = mrrs_cap
+            entry["mrrs_capped"] = True
+        if want is not None and want != info["mrrs"]:
+            entry["mrrs_after"] = want
+            writes.append({"device": bdf, "register": "mrrs", "before": info["mrrs"], "after": want,
+                           "hierarchy": key, "depth": info["depth"]})
+    return entry
+
+
+def _report_entry(info: dict, hierarchy: dict, functions: dict, written: set, role: str) -> dict[str, Any]:
+    """A function's report before any write: its registers as they are, and the limits of its hierarchy, of its
+    path and of its peers (with the function that sets each)."""
+    path_infos = [functions[h] for h in info["path"] if h in functions and functions[h]["pcie_offset"] is not None]
+    peer_infos = [p for p in hierarchy["pcie"] if p["bdf"] not in info["path"]]
+    path_limit, path_dev = _limit(path_infos, written)
+    peer_limit, peer_dev = _limit(peer_infos, written)
+    return {
+        "bdf": info["bdf"], "role": role, "hierarchy": hierarchy["key"], "class_name": info["class_name"],
+        "vendor_id": info["vendor_id"], "device_id": info["device_id"], "port_type": info["port_type"],
+        "mps_supported": info["mps_supported"], "mps_before": info["mps"], "mps_after": info["mps"],
+        "mrrs_before": info["mrrs"], "mrrs_after": info["mrrs"], "mrrs_capped": False,
+        "limit": hierarchy["limit"], "limiting_device": hierarchy["limiting"], "path_limit": path_limit,
+        "path_limiting_device": path_dev, "peer_limit": peer_limit, "peer_limiting_device": peer_dev,
+    }
 
 
 # ---- the record of original values --------------------------------------------------------------
@@ -436,7 +469,7 @@ def plan_restore(record: dict, model: dict, hierarchies: set) -> dict[str, Any]:
     return {"writes": writes, "restore": chosen, "gone": gone}
 
 
-# ---- persistence (the boot unit lives in pcie_boot) ----------------------------------------------
+# ---- persistence (the boot unit lives in pcie/boot.py) -------------------------------------------
 def persist_entries(managed: dict[str, dict], existing: dict[str, dict], live: dict[str, dict], skip=()) -> list[dict]:
     """What the boot unit re-applies after this task.
 

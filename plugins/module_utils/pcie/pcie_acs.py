@@ -1,16 +1,17 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What gpufleet.inference.pcie_acs executes, on top of pcie_state.PcieState (record, boot persistence, unit)
-and the pure planning of pcie_acs.py: read the registers, guard against live users, write through setpci, read
-back, roll back, persist. Failures are raised (AcsError, StepFailed), never fail_json-ed here.
+"""What gpufleet.inference.pcie_acs executes (``execute``), on top of pcie/state.py's PcieState (record, boot
+persistence, unit) and the pure planning of pcie/acs.py: read the registers, guard against live users, write through
+setpci, read back, roll back, persist. Failures are raised (AcsError, TopologyError, StepFailed), never fail_json-ed
+here.
 """
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import (
-    PciWalker, TopologyError, build_model, select_targets,
+    PciWalker, TopologyError, build_model, normalize_bdfs, select_targets,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.acs import (
     MASK, RECORD_FILE, AcsError, apply_writes, bit_names, failure_message, kernel_args, merge_record, pair_bridges,
@@ -19,7 +20,6 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.acs import
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.boot import (
     PERSIST_CONFIG, parse_persist, persistence_plan,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.reapply import render_script
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.state import PcieState, shown_actions
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.users import refusal, users
 
@@ -27,8 +27,8 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._pci.users impo
 class PcieAcs(PcieState):
     SET_WHAT = "The ACS bits are set"
 
-    def __init__(self, module, fs: HostFS, setpci: str):
-        super().__init__(module, fs, setpci, RECORD_FILE, render_script)
+    def __init__(self, host: Host, setpci: str, state_dir: str, check_mode: bool):
+        super().__init__(host, setpci, RECORD_FILE, state_dir, check_mode)
 
     def file_actions(self, record_text, record, acs_entries, persist: bool) -> list[dict]:
         payload = list(parse_persist(self.read(PERSIST_CONFIG), "devices").values())
@@ -40,12 +40,12 @@ class PcieAcs(PcieState):
         found = users(PciWalker(self.fs), bdfs)
         result["path_users"] = found["lines"]
         for note in found["notes"]:
-            self.module.warn(note)
+            self.warn(note)
         if found["holders"] and not force:
             msg = refusal(what, found, boot_way)
-            if not self.module.check_mode:
+            if not self.check_mode:
                 raise AcsError(msg)
-            self.module.warn(msg)
+            self.warn(msg)
 
     def set_action(self, w: dict, kind: str = "set_acs") -> dict:
         return {"action": kind, "device": w["device"], "before": w["before"], "after": w["after"],
@@ -92,7 +92,7 @@ class PcieAcs(PcieState):
                 "if no GPU below them is passed to a VM.")
         boot = kernel_args(sorted(bridges), self.fs.read_optional("/proc/sys/kernel/osrelease"))
         for note in boot["notes"]:
-            self.module.warn(note)
+            self.warn(note)
         result["kernel_args"] = boot["args"]
         rec_after = merge_record(record, writes, current)
         entries = persist_entries(bridges, {b: current[b] for b in bridges})
@@ -109,10 +109,10 @@ class PcieAcs(PcieState):
         if defer:
             result["reboot_required"] = bool(writes)
             sets = [self.set_action(w, "set_at_boot") for w in writes]
-            if not self.module.check_mode:
+            if not self.check_mode:
                 self.do_file_actions(files)
             return self.finish(result, files + sets, bridges, before, before, entries)
-        if not self.module.check_mode:
+        if not self.check_mode:
             first = [a for a in files if a["action"] == "record_originals"]
             self.do_file_actions(first)  # the originals are on disk before the first write
             try:
@@ -122,7 +122,7 @@ class PcieAcs(PcieState):
                     self.put_record_back(record_text)
                 raise
             self.do_file_actions([a for a in files if a["action"] != "record_originals"])
-        after = {b: (read_acs(self.fs, b)["ctrl"] if not self.module.check_mode else
+        after = {b: (read_acs(self.fs, b)["ctrl"] if not self.check_mode else
                      next((w["after"] for w in writes if w["device"] == b), before[b])) for b in bridges}
         return self.finish(result, [a for a in files if a["action"] == "record_originals"] + sets
                            + [a for a in files if a["action"] != "record_originals"], bridges, before, after, entries)
@@ -140,7 +140,7 @@ class PcieAcs(PcieState):
         current = {b: read_acs(self.fs, b) for b in record["devices"] if b in present}
         plan = plan_restore(record, current, only)
         for bdf in plan["gone"]:
-            self.module.warn(f"{bdf} had its ACS Control recorded but no longer exists; its entry is dropped.")
+            self.warn(f"{bdf} had its ACS Control recorded but no longer exists; its entry is dropped.")
         result = {"pairs": [], "path_users": [], "reboot_required": False, "vfio_reasons": [], "kernel_args": [], "persisted": []}
         if plan["writes"]:
             self.guard("restore ACS Control on " + ", ".join(w["device"] for w in plan["writes"]),
@@ -152,10 +152,10 @@ class PcieAcs(PcieState):
         entries = [e for b, e in sorted(existing.items()) if b not in done]
         files = self.file_actions(record_text, rec_after, entries, bool(entries))
         before = {b: current[b]["ctrl"] for b in plan["restore"]}
-        if not self.module.check_mode:
+        if not self.check_mode:
             self.apply(plan["writes"])
             self.do_file_actions(files)
-        after = {b: (read_acs(self.fs, b)["ctrl"] if not self.module.check_mode else
+        after = {b: (read_acs(self.fs, b)["ctrl"] if not self.check_mode else
                      next((w["after"] for w in plan["writes"] if w["device"] == b), before[b])) for b in plan["restore"]}
         bridges = {b: {"on": [], "clear": 0, "pairs": []} for b in plan["restore"]}
         result["persisted"] = entries
@@ -167,7 +167,20 @@ class PcieAcs(PcieState):
                                  "cleared": bit_names((before.get(b) or 0) & ~(after.get(b) or 0) & MASK),
                                  "pairs": info["pairs"]} for b, info in bridges.items()}
         result.update(changed=bool(shown), actions=shown)
-        if self.module._diff:  # pylint: disable=protected-access
-            result["diff"] = [{"before": {"acsctl": before}, "after": {"acsctl": after, "persisted": [e["bdf"] for e in entries]}}] \
-                + self.file_diffs(actions)
+        # finish() returns the diff in diff mode only
+        result["diff"] = [{"before": {"acsctl": before}, "after": {"acsctl": after, "persisted": [e["bdf"] for e in entries]}}] \
+            + self.file_diffs(actions)
         return result
+
+
+def execute(params: dict, host: Host, check_mode: bool) -> dict:
+    """The pcie_acs module's run: the options checked (AcsError, TopologyError: nothing done), setpci found, then
+    state present (clear ACS redirect on the bridges between the GPUs) or default (restore the recorded bits)."""
+    p = params
+    if not p["state_dir"].startswith("/"):
+        raise AcsError(f"state_dir must be an absolute path on the host, got {p['state_dir']!r}.")
+    devices = normalize_bdfs(p["devices"])
+    acs = PcieAcs(host, host.cmd.find_live("setpci", required=True), p["state_dir"], check_mode)
+    if p["state"] == "present":
+        return acs.present(devices, p["persist"], p["defer_to_boot"], p["force"], p["force_on_vfio_host"])
+    return acs.default(devices, p["force"])

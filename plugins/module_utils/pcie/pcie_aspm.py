@@ -2,8 +2,8 @@
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The kernel's runtime PCIe ASPM policy (``/sys/module/pcie_aspm/parameters/policy``), for
-gpufleet.inference.pcie_aspm: pure parsing and planning, and set_policy (read, decide, write through a
-HostFS, read back), which the module calls."""
+gpufleet.inference.pcie_aspm: pure parsing and planning, set_policy (read, decide, write through a
+HostFS, read back), and the module's executor, execute()."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import re
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 
 POLICY_FILE = "/sys/module/pcie_aspm/parameters/policy"
 POLICIES = ("default", "performance", "powersave", "powersupersave")
@@ -91,3 +92,19 @@ def set_policy(fs, wanted: str, check_mode: bool) -> tuple[dict, list[str]]:
                           "(a tuned profile, a udev rule); find it and stop it.")
     result["policy"] = now
     return result, warnings
+
+
+def execute(params: dict, host: Host, check_mode: bool) -> dict:
+    """The pcie_aspm module's run: set_policy() on the Host's files, its warnings to ``host.warn``, the diff of the
+    policy file (finish() returns it in diff mode only). Raises PolicyError, also for a HostFSError while reading or
+    writing (what to do: run as root)."""
+    try:
+        result, warnings = set_policy(host.fs, params["policy"], check_mode)
+    except HostFSError as err:
+        raise PolicyError(f"Reading the ASPM policy failed: {err}. Run the module as root (become: true).") from None
+    for warning in warnings:
+        host.warn(warning)
+    result["changed"] = bool(result["actions"])
+    result["diff"] = {"before": f"{result['policy_before']}\n", "after": f"{result['policy']}\n",
+                      "before_header": POLICY_FILE, "after_header": POLICY_FILE}
+    return result

@@ -3,14 +3,15 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The PCIe audit of gpufleet.inference.pcie_facts: targets, the topology model, NVML, the optional
 copy-bandwidth probe and the findings, gathered through a HostFS (``gather``). The probe runs in
-another interpreter (one that may hold PyTorch or CuPy) through the ``run(argv, environ_update)``
-the module passes in; nothing here imports AnsibleModule.
+another interpreter (one that may hold PyTorch or CuPy) through a ``run(argv, environ_update)``, in a module run
+the Host's HostCmd.run_env (``execute``); nothing here imports AnsibleModule.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import socket
 import sys
 
@@ -18,8 +19,10 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.lint import hos
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci import users as pcie_users
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.nvml import (
-    HAS_PYNVML, NvmlUnavailable, collect as nvml_collect, merge as nvml_merge,
+    HAS_PYNVML, PYNVML_IMPORT_ERROR, NvmlUnavailable, collect as nvml_collect, merge as nvml_merge,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.config import link_bandwidth_gbps
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import (
@@ -184,7 +187,7 @@ def bandwidth(model: dict, params: dict, run) -> dict:
 
 
 def serving(fs: HostFS, bdfs: list[str]) -> list[str]:
-    """Which processes hold the GPUs now (pcie_users' lines), empty when none does: the audit wakes a GPU with
+    """Which processes hold the GPUs now (_pci/users.py's lines), empty when none does: the audit wakes a GPU with
     the copy probe only on a host that is not serving."""
     if fs.root != "/" or not bdfs:
         return []
@@ -193,7 +196,7 @@ def serving(fs: HostFS, bdfs: list[str]) -> list[str]:
 
 def reread_under_load(model: dict, findings: list[dict]) -> list[dict]:
     """Each GPU's ``link_below_capability`` judged again with the link read during the copy probe (the GPU woken
-    by the load): an idle downclock, a link that stays down, or one that changes under load (pcie_findings)."""
+    by the load): an idle downclock, a link that stays down, or one that changes under load (pcie/findings.py)."""
     gpus = ((model.get("bandwidth") or {}).get("gpus")) or {}
     out = []
     for finding in findings:
@@ -234,6 +237,27 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
                              class_prefix=params["class_prefix"], exclude_vendors=params["exclude_vendors"])
     model = build_model(fs, targets)
     model["privileges"] = params.get("privileges") or process_privileges()
+    check_config_spaces(model, targets, warnings)
+    nvml_merge(model, read_nvml(fs, model, targets, params["include_nvml"], nvml_lib, warnings))
+    model["bandwidth"] = None
+    if params["bandwidth_probe"]:
+        model["bandwidth"] = probe_unless_serving(fs, model, params, run)
+        if model["bandwidth"]["error"]:
+            warnings.append(f"Bandwidth probe: {model['bandwidth']['error']}")
+    groups = tp_groups_of(params["tp_groups"], model)
+    model["findings"] = reread_under_load(model, find(model, vfio_wanted=params["vfio_wanted"], tp_groups=groups))
+    if params["host_lint"]:
+        model["host_lint"], lint_findings = lint_host(fs, params, [g["bdf"] for g in model["gpus"]])
+        order = {s: i for i, s in enumerate(host_lint.SEVERITIES)}
+        model["findings"] = sorted(model["findings"] + lint_findings, key=lambda f: order[f["severity"]])
+    del model["privileges"]  # who audited is for the messages, not part of the host's facts
+    model["findings_summary"] = summary(model["findings"])
+    return model, warnings
+
+
+def check_config_spaces(model: dict, targets: list[str], warnings: list[str]) -> None:
+    """A target whose config space cannot be read stops the audit (TopologyError, with what to do); a function on a
+    target's path that cannot be read, or whose config space is readable only in part, is a warning."""
     short: list[tuple[str, int]] = []
     for bdf in targets:
         dev = model["devices"][bdf]
@@ -254,8 +278,11 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
         warnings.append(f"{who}: only part of the config space is readable for {len(short)} function(s): {shown}. "
                         + privilege_hint(model["privileges"]))
 
+
+def read_nvml(fs: HostFS, model: dict, targets: list[str], mode: str, nvml_lib, warnings: list[str]) -> dict:
+    """NVML's view for ``include_nvml`` ``mode``, or the empty view with ``error`` saying why it was not read (a
+    warning when NVML failed in auto mode; NvmlUnavailable, with what to do, in always mode)."""
     has_nvidia = any(model["devices"][b]["vendor_id"] == NVIDIA for b in targets)
-    mode = params["include_nvml"]
     nvml = {"available": False, "error": None, "gpus": {}, "pairs": []}
     if mode == "never":
         nvml["error"] = "include_nvml is never"
@@ -275,37 +302,36 @@ def gather(fs: HostFS, params: dict, nvml_lib=None, run=None) -> tuple[dict, lis
                     "nvidia-ml-py for the interpreter that runs the module, or set include_nvml: auto.") from None
             nvml["error"] = str(err)
             warnings.append(f"NVML not read: {err}; topology levels come from sysfs.")
-    nvml_merge(model, nvml)
+    return nvml
 
-    model["bandwidth"] = None
-    if params["bandwidth_probe"]:
-        busy = serving(fs, [g["bdf"] for g in model["gpus"]])
-        model["bandwidth"] = bandwidth(model, params, run) if not busy else {
-            "backend": None, "python": None, "size_mb": params["probe_size_mb"], "gpus": {},
+
+def probe_unless_serving(fs: HostFS, model: dict, params: dict, run) -> dict:
+    """The copy probe's result (bandwidth()), or, while processes hold the GPUs, the empty result saying why it did
+    not run (the probe would compete with the service)."""
+    busy = serving(fs, [g["bdf"] for g in model["gpus"]])
+    if not busy:
+        return bandwidth(model, params, run)
+    return {"backend": None, "python": None, "size_mb": params["probe_size_mb"], "gpus": {},
             "error": f"not run: the GPUs are in use ({'; '.join(busy[:3])}); the probe would compete with the service"}
-        if model["bandwidth"]["error"]:
-            warnings.append(f"Bandwidth probe: {model['bandwidth']['error']}")
 
+
+def tp_groups_of(texts: list | None, model: dict) -> list[list[str]]:
+    """The ``tp_groups`` option as lists of PCI addresses, each one of the audited GPUs (else TopologyError, naming
+    the entry and the GPUs there are)."""
+    audited = [g["bdf"] for g in model["gpus"]]
     groups = []
-    for text in params["tp_groups"] or []:
+    for text in texts or []:
         group = []
         for raw in str(text).replace(" ", ",").split(","):
             if raw:
                 bdf = normalize_bdf(raw)
-                if bdf is None or bdf not in {g["bdf"] for g in model["gpus"]}:
+                if bdf is None or bdf not in audited:
                     raise TopologyError(f"tp_groups: '{raw}' is not one of the audited GPUs "
-                                        f"({', '.join(g['bdf'] for g in model['gpus'])}); list each group as its GPUs' PCI "
+                                        f"({', '.join(audited)}); list each group as its GPUs' PCI "
                                         "addresses, comma-separated, for example '0000:17:00.0,0000:18:00.0'.")
                 group.append(bdf)
         groups.append(group)
-    model["findings"] = reread_under_load(model, find(model, vfio_wanted=params["vfio_wanted"], tp_groups=groups))
-    if params["host_lint"]:
-        model["host_lint"], lint_findings = lint_host(fs, params, [g["bdf"] for g in model["gpus"]])
-        order = {s: i for i, s in enumerate(host_lint.SEVERITIES)}
-        model["findings"] = sorted(model["findings"] + lint_findings, key=lambda f: order[f["severity"]])
-    del model["privileges"]  # who audited is for the messages, not part of the host's facts
-    model["findings_summary"] = summary(model["findings"])
-    return model, warnings
+    return groups
 
 
 def lint_host(fs: HostFS, params: dict, gpus: list[str]) -> tuple[dict, list[dict]]:
@@ -340,20 +366,31 @@ def keep_report(fs: HostFS, dest: str, text: str, check_mode: bool, owner: tuple
 KNOWN_ERRORS = (TopologyError, NvmlUnavailable, managed_files.ManagedFilesError, ValueError)
 
 
-def execute(params: dict, fs: HostFS, check_mode: bool, run=None, warn=None) -> dict:
-    """The pcie_facts module's run: the audit (gather()) and, with ``dest``, its JSON kept on the host
-    (keep_report(), behind check mode); warnings go to ``warn``. Raises one of KNOWN_ERRORS for input or a
-    topology the audit cannot read, HostFSError for a path it cannot read or write."""
+def missing_pynvml() -> Failed:
+    """The failure of include_nvml=always where nvidia-ml-py cannot be imported: Ansible's missing_required_lib()
+    message (which names this host and its interpreter), with the import error as the result's ``exception``."""
+    return Failed(f"Failed to import the required Python library (nvidia-ml-py (include_nvml=always)) on {platform.node()}'s "
+                  f"Python {sys.executable}. Please read the module documentation and install it in the appropriate location."
+                  " If the required library is installed, but Ansible is using the wrong Python interpreter,"
+                  " please consult the documentation on ansible_python_interpreter", exception=PYNVML_IMPORT_ERROR)
+
+
+def execute(params: dict, host: Host, check_mode: bool) -> dict:
+    """The pcie_facts module's run: the audit (gather(), the copy probe run through ``host.cmd``) and, with ``dest``,
+    its JSON kept on the host (keep_report(), behind check mode); warnings go to ``host.warn``. Raises Failed when
+    include_nvml=always finds no nvidia-ml-py, one of KNOWN_ERRORS for input or a topology the audit cannot read,
+    HostFSError for a path it cannot read or write."""
+    if params.get("include_nvml") == "always" and not HAS_PYNVML:
+        raise missing_pynvml()
     if not 1 <= params.get("probe_size_mb", 256) <= 65536:
         raise ValueError(f"probe_size_mb must be from 1 to 65536 (MiB), got {params['probe_size_mb']}")
     audit_params = {k: v for k, v in params.items() if k not in ("root", "dest", "dest_host", "dest_kernel")}
-    facts, warnings = gather(fs, audit_params, run=run)
+    facts, warnings = gather(host.fs, audit_params, run=host.cmd.run_env)
     actions, diff = [], []
     if params.get("dest"):
-        actions, diff = keep_report(fs, params["dest"], render_report(params.get("dest_host") or "",
-                                                                      params.get("dest_kernel") or "", facts), check_mode)
+        actions, diff = keep_report(host.fs, params["dest"], render_report(params.get("dest_host") or "",
+                                                                           params.get("dest_kernel") or "", facts), check_mode)
     for warning in warnings:
-        if warn is not None:
-            warn(warning)
+        host.warn(warning)
     return {"changed": bool(actions), "actions": actions, "findings_summary": facts["findings_summary"], "pcie": facts,
             "ansible_facts": {"gpufleet_pcie": facts}, "diff": diff}

@@ -1,22 +1,22 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What gpufleet.inference.pcie_payload executes, on top of pcie_state.PcieState (record, boot persistence, unit)
-and the pure planning of pcie_payload.py: read the registers, guard against live users, write through setpci, read
-back, roll back, persist. Failures are raised (PayloadError, StepFailed), never fail_json-ed here.
+"""What gpufleet.inference.pcie_payload executes (``execute``), on top of pcie/state.py's PcieState (record, boot
+persistence, unit) and the pure planning of pcie/payload.py: read the registers, guard against live users, write
+through setpci, read back, roll back, persist. Failures are raised (PayloadError, TopologyError, StepFailed), never
+fail_json-ed here.
 """
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker, normalize_bdfs
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.payload import (
     PERSIST_CONFIG, RECORD_FILE, UNIT_WANTS, PayloadError, apply_writes, failure_message, gather, gather_recorded,
-    merge_record, parse_persist, parse_record, persist_entries, plan_present, plan_restore, read_payload,
-    restore_scope, setpci_argv,
+    merge_record, parse_mps, parse_persist, parse_record, parse_size, persist_entries, plan_present, plan_restore,
+    read_payload, restore_scope, setpci_argv,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.boot import persistence_plan
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.reapply import render_script
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.state import PcieState, StepFailed, shown_actions
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.users import refusal, users
 
@@ -24,8 +24,8 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._pci.users impo
 class PciePayload(PcieState):
     """The payload registers on top of PcieState (record, persistence files, unit)."""
 
-    def __init__(self, module, fs: HostFS, setpci: str):
-        super().__init__(module, fs, setpci, RECORD_FILE, render_script)
+    def __init__(self, host: Host, setpci: str, state_dir: str, check_mode: bool):
+        super().__init__(host, setpci, RECORD_FILE, state_dir, check_mode)
 
     def record(self) -> tuple[str | None, dict]:
         text = self.read(self.record_path)
@@ -43,7 +43,7 @@ class PciePayload(PcieState):
                 force: bool = False, defer: bool = False) -> dict:
         model = gather(self.fs, devices)
         for warning in model["warnings"]:
-            self.module.warn(warning)
+            self.warn(warning)
         plan = plan_present(model, mps, mrrs, mrrs_cap, include_path)
         record_text, record = self.record()
         persist_text = self.read(PERSIST_CONFIG)
@@ -61,7 +61,7 @@ class PciePayload(PcieState):
             found = users(PciWalker(self.fs), sorted({w["device"] for w in plan["writes"]}))
             result["path_users"] = found["lines"]
             for note in found["notes"]:
-                self.module.warn(note)
+                self.warn(note)
             if defer:
                 if not persist:
                     raise PayloadError("defer_to_boot: true needs persist: true: the values are applied by the boot unit.")
@@ -70,10 +70,10 @@ class PciePayload(PcieState):
                 msg = refusal("write MaxPayload/MaxReadReq on " + ", ".join(sorted({w["device"] for w in plan["writes"]})), found,
                               "set defer_to_boot: true (the boot unit gpufleet-pcie-payload.service applies them before udev "
                               "loads the GPU drivers) and reboot")
-                if not self.module.check_mode:
+                if not self.check_mode:
                     raise PayloadError(msg)
-                self.module.warn(msg)
-        if self.module.check_mode or not (sets or file_actions):
+                self.warn(msg)
+        if self.check_mode or not (sets or file_actions):
             actions = [a for a in file_actions if a["action"] == "record_originals"] + sets + \
                       [a for a in file_actions if a["action"] != "record_originals"]
             return self.finish(result, actions, before_state, plan["devices"], entries, persist)
@@ -91,7 +91,7 @@ class PciePayload(PcieState):
                              failures=outcome["failures"], rolled_back=outcome["rolled_back"],
                              rollback_failed=outcome["rollback_failed"], devices=plan["devices"])
         for failure in outcome["failures"]:
-            self.module.warn(failure_message(failure, model["functions"], {"rolled_back": [], "rollback_failed": []}))
+            self.warn(failure_message(failure, model["functions"], {"rolled_back": [], "rollback_failed": []}))
             result["readonly"].append({k: failure[k] for k in ("device", "register", "wanted", "reads")})
         # Read every reported device back, then make the record and the boot unit match what took.
         for bdf, dev in plan["devices"].items():
@@ -116,7 +116,7 @@ class PciePayload(PcieState):
         """No live write: record the originals and persist the new values for the boot unit, which applies
         them at the next boot before the GPU drivers load. The registers read as before until then."""
         file_actions = self.record_action(record_text, rec_after) + self.persistence_actions(entries, True)
-        if not self.module.check_mode:
+        if not self.check_mode:
             self.do_file_actions(file_actions)
         result["deferred"] = [{k: w[k] for k in ("device", "register", "before", "after")} for w in plan["writes"]]
         result["reboot_required"] = True
@@ -133,7 +133,7 @@ class PciePayload(PcieState):
         model = gather_recorded(self.fs, list(record["devices"]))
         plan = plan_restore(record, model, scope)
         for bdf in plan["gone"]:
-            self.module.warn(f"{bdf} was tuned earlier but no longer exists; its recorded values are dropped.")
+            self.warn(f"{bdf} was tuned earlier but no longer exists; its recorded values are dropped.")
         rec_after = {"format": record["format"], "devices": {b: r for b, r in record["devices"].items() if b not in plan["restore"]}}
         entries = sorted((e for e in existing.values() if e.get("hierarchy") not in scope),
                          key=lambda e: (e.get("depth", 0), e["bdf"]))
@@ -162,10 +162,10 @@ class PciePayload(PcieState):
                 msg = refusal("restore MaxPayload/MaxReadReq on " + ", ".join(sorted({w["device"] for w in plan["writes"]})),
                               found, "stop the users and run state: default again, or reboot (the firmware values come "
                               "back by themselves once the boot unit is gone: run with persist: false first)")
-                if not self.module.check_mode:
+                if not self.check_mode:
                     raise PayloadError(msg)
-                self.module.warn(msg)
-        if not self.module.check_mode and sets:
+                self.warn(msg)
+        if not self.check_mode and sets:
             outcome = apply_writes(self.fs, plan["writes"], self.run, self.setpci)
             if outcome["failures"]:
                 raise StepFailed("Restoring the original values failed: " + failure_message(
@@ -175,7 +175,7 @@ class PciePayload(PcieState):
             for bdf, dev in report.items():
                 now = read_payload(self.fs, bdf)
                 dev["mps_after"], dev["mrrs_after"] = now["mps"], now["mrrs"]
-        if not self.module.check_mode:
+        if not self.check_mode:
             self.do_file_actions(file_actions)
         return self.finish(result, sets + file_actions, before_state, report, entries, persist)
 
@@ -191,10 +191,29 @@ class PciePayload(PcieState):
     def finish(self, result: dict, actions: list[dict], before_state: dict, devices: dict, entries: list[dict], persist: bool) -> dict:
         shown = shown_actions(actions)
         result.update(changed=bool(shown), actions=shown)
-        if self.module._diff:
-            after = self.diff_state(devices, "after", {}, None)
-            after["boot_unit_enabled"] = bool(persist and entries)
-            after["persisted"] = sorted(e["bdf"] for e in entries) if persist else []
-            # the registers and the boot unit's state, then each file written or removed (its text)
-            result["diff"] = [{"before": before_state, "after": after}] + self.file_diffs(actions)
+        after = self.diff_state(devices, "after", {}, None)
+        after["boot_unit_enabled"] = bool(persist and entries)
+        after["persisted"] = sorted(e["bdf"] for e in entries) if persist else []
+        # the registers and the boot unit's state, then each file written or removed (its text); finish() returns it
+        # in diff mode only
+        result["diff"] = [{"before": before_state, "after": after}] + self.file_diffs(actions)
         return result
+
+
+def execute(params: dict, host: Host, check_mode: bool) -> dict:
+    """The pcie_payload module's run: the options checked (PayloadError, TopologyError: nothing done), setpci found,
+    then state present (set MaxPayload/MaxReadReq) or default (restore the recorded originals)."""
+    p = params
+    mps = parse_mps(p["mps"])
+    mrrs = parse_size(p["mrrs"], "mrrs") if p["mrrs"] is not None else None
+    mrrs_cap = parse_size(p["mrrs_cap"], "mrrs_cap") if p["mrrs_cap"] is not None else None
+    if not p["state_dir"].startswith("/"):
+        raise PayloadError(f"state_dir must be an absolute path on the host, got {p['state_dir']!r}.")
+    if p["state"] == "present" and mps is None and mrrs is None and mrrs_cap is None:
+        raise PayloadError("Nothing to set: give mps (max_safe or bytes), mrrs or mrrs_cap, or state: default to restore.")
+    devices = normalize_bdfs(p["devices"])
+    payload = PciePayload(host, host.cmd.find_live("setpci", required=True), p["state_dir"], check_mode)
+    if p["state"] == "present":
+        return payload.present(devices, mps, mrrs, mrrs_cap, p["include_path"], p["persist"], p["on_readonly"],
+                               p["force"], p["defer_to_boot"])
+    return payload.default(devices, p["persist"], p["force"])

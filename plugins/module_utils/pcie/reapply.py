@@ -6,7 +6,7 @@
 udev coldplug loads the GPU drivers.
 
 It runs as ``/usr/local/libexec/gpufleet-pcie-payload-apply``, which the modules write with this file
-and its import closure in it (reapply_bundle), so the boot reads config space with pci_config's
+and its import closure in it (_host/bundle.py), so the boot reads config space with _pci/config.py's
 capability walk and applies, reads back and rolls back with device_apply, exactly as the modules do:
 
 - payload entries (``devices``), hierarchy by hierarchy: every entry of a hierarchy is checked first
@@ -56,7 +56,7 @@ PYTHON_HINT = ("The modules write the interpreter they run under: run them again
 
 @functools.lru_cache(maxsize=None)
 def render_script(python: str) -> str:
-    """The applier as the modules install it: ``#!python``, this module_utils and its closure (reapply_bundle)."""
+    """The applier as the modules install it: ``#!python``, this module_utils and its closure (_host/bundle.py)."""
     return reapply_bundle.render_script(python, ENTRY, reapply_bundle.loaded_sources([ENTRY]), HEADER, REINSTALL, PYTHON_HINT)
 
 

@@ -5,19 +5,20 @@
 (``pcie_payload``, ``pcie_acs``).
 
 Both record the original register values under their ``state_dir`` before the first write, write
-through setpci, persist what they set into the one boot unit of ``pcie_boot`` and undo all of it on
-``state: default``. PcieState holds what they share: the file readers, the record action, the
-systemctl command under ``root``, the commands in the C locale (HostCmd), the file and unit steps,
-and putting the record back after a rolled-back write. Failures are raised (StepFailed carries the
-extra result keys), never ``fail_json``-ed here: the module's ``main()`` turns them into its result.
+through setpci, persist what they set into the one boot unit of ``pcie/boot.py`` (its applier is
+``pcie/reapply.py``) and undo all of it on ``state: default``. PcieState holds what they share: the
+file readers, the record action, the systemctl command under ``root``, the commands in the C locale
+(the Host's HostCmd), the file and unit steps, and putting the record back after a rolled-back write.
+Failures are raised (StepFailed carries the extra result keys), never ``fail_json``-ed here:
+``finish()`` (_host/result.py) turns them into the module's result.
 """
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.managed_files import text_diff
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.boot import UNIT_WANTS, render_json
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.reapply import render_script
 
 
 # The file steps of the record and persistence plans: those that write a file, those that remove one.
@@ -40,14 +41,14 @@ class PcieState:
     # What is in place when only the boot persistence fails (for the failure message).
     SET_WHAT = "The register values are set"
 
-    def __init__(self, module, fs, setpci: str, record_file: str, render_script):
-        """``render_script(python) -> str``: the boot applier (pcie_boot_apply's, which this layer cannot import)."""
-        self.module = module
-        self.render_script = render_script
-        self.fs = fs
+    def __init__(self, host, setpci: str, record_file: str, state_dir: str, check_mode: bool):
+        """``host``: the run's Host (files, commands, warnings); the record is ``state_dir/record_file``."""
+        self.fs = host.fs
+        self.cmds = host.cmd
+        self.warn = host.warn
+        self.check_mode = check_mode
         self.setpci = setpci
-        self.cmds = HostCmd(module, fs)
-        self.record_path = module.params["state_dir"].rstrip("/") + "/" + record_file
+        self.record_path = state_dir.rstrip("/") + "/" + record_file
         # each file's text before this run's first change of it (do_file_actions), for the diff
         self.texts_before: dict[str, str | None] = {}
 
@@ -61,8 +62,8 @@ class PcieState:
         return self.cmds.script_python()
 
     def script(self) -> str:
-        """The boot applier (pcie_boot_apply.render_script) for this host's interpreter."""
-        return self.render_script(self.python())
+        """The boot applier (pcie/reapply.py's render_script) for this host's interpreter."""
+        return render_script(self.python())
 
     def systemctl_argv(self, *args: str) -> list[str]:
         """systemctl on the host; ``--root=ROOT`` for a tree other than ``/`` (HostCmd.systemctl)."""

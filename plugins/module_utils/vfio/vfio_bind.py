@@ -1,10 +1,11 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""What gpufleet.inference.vfio_bind executes: read the bindings, check the IOMMU groups, plan,
+"""What gpufleet.inference.vfio_bind executes (``execute``): read the bindings, check the IOMMU groups, plan,
 bind or unbind through sysfs (each step read back, the whole run rolled back on a failure), persist
-through modprobe.d or udev, and report. ``vfio.py`` holds the pure planning it builds on; the module
-passes in ``modprobe(name)`` (its command runner) and nothing here imports AnsibleModule.
+through modprobe.d or udev, and report. ``vfio/binding.py`` holds the pure planning it builds on; ``bind()`` takes
+``modprobe(name)``, which execute() builds over the Host's HostCmd (modprobe_with); nothing here imports
+AnsibleModule.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PCI_DEVICES, PciWalker, normalize_bdf
 from ansible_collections.gpufleet.inference.plugins.module_utils.vfio.binding import (
@@ -135,7 +137,7 @@ def _rollback(fs: HostFS, applier: Applier, before: dict, touched: list[str]) ->
 
 
 def modprobe_with(cmds):
-    """The ``modprobe(name)`` execute() takes, over the module's runner: loads a kernel module on the live host only."""
+    """The ``modprobe(name)`` bind() takes, over the Host's HostCmd: loads a kernel module on the live host only."""
 
     def modprobe(name: str) -> None:
         if cmds.chrooted:
@@ -150,156 +152,207 @@ def modprobe_with(cmds):
     return modprobe
 
 
-def execute(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindWatcher | None = None,
-            warn=None) -> dict:
-    """The whole run: select, read, check, plan, apply, read back. Raises VfioError with the reason."""
-    warn = warn or (lambda msg: None)
-    allow = []
-    for raw in params.get("group_allow") or []:
-        bdf = normalize_bdf(raw)
-        if bdf is None:
-            raise VfioError(f"group_allow: '{raw}' is not a PCI address; write it as DDDD:BB:DD.F (0000:3b:00.3).")
-        allow.append(bdf)
-    walker = PciWalker(fs)
-    targets = resolve(walker, params["devices"], companions=params["companions"])
-    states = {t["bdf"]: read_state(walker, t["bdf"]) for t in targets}
-    order = [states[t["bdf"]] for t in targets]
-    originals = load_originals(fs)
-    state, persist = params["state"], params["persist"]
-    problems: list[str] = []
-    usage = {bdf: [] for bdf in states}
-    groups: dict = {}
-    groups_on = iommu_enabled(fs)
+def execute(params: dict, host: Host, check_mode: bool) -> dict:
+    """The vfio_bind module's run: the timeout checked (Failed, nothing changed), then bind() on the Host's files,
+    kernel modules loaded through its HostCmd (modprobe_with), warnings to ``host.warn``."""
+    if not 0 < params["timeout"] <= 600:  # nan too
+        raise Failed(f"timeout must be a positive number of seconds, at most 600, got {params['timeout']}", changed=False)
+    return bind(params, host.fs, check_mode, modprobe_with(host.cmd), warn=host.warn)
 
-    if state == "present":
-        pending = [s for s in order if s["driver"] != VFIO]
+
+def bind(params: dict, fs: HostFS, check_mode: bool, modprobe, watcher: BindWatcher | None = None, warn=None) -> dict:
+    """The whole run: select, read, check, plan, apply, read back. Raises VfioError with the reason.
+    ``modprobe(name)`` loads a kernel module; ``watcher`` (a BindWatcher of ``fs`` by default) waits for the binds."""
+    run = _Run(params, fs, warn or (lambda msg: None))
+    runtime, file_actions = run.check_and_plan()
+    steps = run.with_modules(runtime)
+    after_states = _predict(run.states, steps)
+    originals = run.originals
+    new_originals = remember(originals, run.order) if run.state == "present" else given_back(originals, after_states)
+    orig_action = []
+    if new_originals != originals and (steps or file_actions):  # bookkeeping only alongside a real change
+        orig_action = [{"op": "write", "path": STATE_FILE, "internal": True,
+                        "after": json_text(new_originals) if new_originals else None}]
+    wait_source = None
+    if not check_mode:
+        after_states, new_originals, wait_source = run.apply(steps, file_actions, orig_action, new_originals,
+                                                             (modprobe, watcher))
+    return run.result(steps, file_actions, after_states, new_originals, wait_source)
+
+
+class _Run:
+    """One vfio_bind run: the options, the targets and their bindings as read, what the checks found (``usage``,
+    ``groups``), and the steps: check and plan, the kernel modules the probes need, apply, the result."""
+
+    def __init__(self, params: dict, fs: HostFS, warn):
+        self.params, self.fs, self.warn = params, fs, warn
+        self.allow = []
+        for raw in params.get("group_allow") or []:
+            bdf = normalize_bdf(raw)
+            if bdf is None:
+                raise VfioError(f"group_allow: '{raw}' is not a PCI address; write it as DDDD:BB:DD.F (0000:3b:00.3).")
+            self.allow.append(bdf)
+        self.walker = PciWalker(fs)
+        self.targets = resolve(self.walker, params["devices"], companions=params["companions"])
+        self.states = {t["bdf"]: read_state(self.walker, t["bdf"]) for t in self.targets}
+        self.order = [self.states[t["bdf"]] for t in self.targets]
+        self.originals = load_originals(fs)
+        self.state, self.persist = params["state"], params["persist"]
+        self.usage: dict[str, list] = {bdf: [] for bdf in self.states}
+        self.groups: dict = {}
+        self.groups_on = iommu_enabled(fs)
+
+    def check_and_plan(self) -> tuple[list[dict], list[dict]]:
+        """The runtime steps and the file steps; VfioError naming every problem found (nothing changed)."""
+        problems: list[str] = []
+        pending: list[dict] = []
+        if self.state == "present":
+            runtime, releasing, pending = self._plan_present(problems)
+        else:
+            runtime = plan_absent(self.order, self.originals, self.params.get("restore_driver"))
+            releasing = [a["bdf"] for a in runtime if a["op"] == "unbind"]
+        problems += self._check_in_use(releasing)
+        if self.state == "present" and not self.groups_on and pending:
+            self.warn(f"No IOMMU groups on this host: the group check of {', '.join(s['bdf'] for s in pending)} runs when "
+                      "the module runs again after the reboot with the IOMMU on.")
+        file_actions, persist_problems = plan_persist(self.fs, self.persist, self.state, self.order, self.originals, self.walker)
+        problems += persist_problems
+        if problems:
+            raise VfioError(" ".join(problems) + " Nothing was changed.")
+        return runtime, file_actions
+
+    def _plan_present(self, problems: list[str]) -> tuple[list[dict], list[str], list[dict]]:
+        """state=present: (runtime steps, the functions to release from their driver, the functions not on vfio-pci);
+        a display console, a group that cannot be split, are added to ``problems``; the IOMMU off with bind_now fails."""
+        params = self.params
+        pending = [s for s in self.order if s["driver"] != VFIO]
         for st in pending:
-            shown = display_reasons(walker, st["bdf"])
+            shown = display_reasons(self.walker, st["bdf"])
             if shown and params.get("force_display"):
-                warn("; ".join(shown) + ". Binding it to vfio-pci anyway (force_display: true).")
+                self.warn("; ".join(shown) + ". Binding it to vfio-pci anyway (force_display: true).")
             elif shown:
                 problems.append("; ".join(shown) + ". Binding it to vfio-pci takes that console away (a blank screen, no "
                                 "BMC remote console). Leave it out of devices, or set force_display: true.")
-        if params["bind_now"] and pending and not groups_on:
+        if params["bind_now"] and pending and not self.groups_on:
             raise VfioError(
                 f"Failed to bind {', '.join(s['bdf'] for s in pending)} to {VFIO}: the IOMMU is off on this host "
                 f"(/sys/kernel/iommu_groups is empty), and vfio-pci refuses functions without an IOMMU group (-22). "
                 f"Put intel_iommu=on (AMD: amd_iommu=on) and iommu=pt on the kernel command line and reboot (the vfio role "
                 f"does both), or run with bind_now: false to write only the persistent configuration.")
-        if groups_on:
-            groups, group_problems = check_groups(walker, states, allow)
+        if self.groups_on:
+            self.groups, group_problems = check_groups(self.walker, self.states, self.allow)
             problems += group_problems
-        runtime = plan_present(order) if params["bind_now"] else []
+        runtime = plan_present(self.order) if params["bind_now"] else []
         # a function in use now is also refused when only the persistent rule is written: the next boot takes it
-        releasing = [s["bdf"] for s in pending if s["driver"] and (params["bind_now"] or persist != "none")]
-    else:
-        runtime = plan_absent(order, originals, params.get("restore_driver"))
-        releasing = [a["bdf"] for a in runtime if a["op"] == "unbind"]
-    for bdf in releasing:
-        usage[bdf] = in_use(walker, states[bdf])
-        if usage[bdf]:
-            when = "" if params["bind_now"] or state == "absent" else " Writing the persistent rule would take it away at the next boot."
-            msg = f"{bdf} ({states[bdf]['class_name']}, on {states[bdf]['driver']}) is in use: {'; '.join(usage[bdf])}.{when}"
-            if params["force"]:
-                warn(msg + " Releasing it anyway (force: true).")
-            else:
-                problems.append(msg + " Stop what uses it (or unmount it), or set force: true to release it anyway.")
-    if state == "present" and not groups_on and pending:
-        warn(f"No IOMMU groups on this host: the group check of {', '.join(s['bdf'] for s in pending)} runs when the module "
-             "runs again after the reboot with the IOMMU on.")
-    file_actions, persist_problems = plan_persist(fs, persist, state, order, originals, walker)
-    problems += persist_problems
-    if problems:
-        raise VfioError(" ".join(problems) + " Nothing was changed.")
+        releasing = [s["bdf"] for s in pending if s["driver"] and (params["bind_now"] or self.persist != "none")]
+        return runtime, releasing, pending
 
-    # kernel modules the probes need
-    runtime_full: list[dict] = []
-    loaded: set[str] = set()
-    ids_in_modprobe = set(parse_modprobe(fs.read_optional(MODPROBE_CONF))[0])
-    for a in runtime:
-        if a["op"] == "probe":
-            driver = a["expect"]
-            if driver and driver not in loaded and not fs.isdir(f"{PCI_DRIVERS}/{driver}"):
-                runtime_full.append({"op": "modprobe", "module": a.get("module") or driver, "driver": driver})
-                loaded.add(driver)
-            if state == "absent" and states[a["bdf"]]["id"] in ids_in_modprobe:
-                runtime_full.append({"op": "remove_id", "id": states[a["bdf"]]["id"]})
-        runtime_full.append(a)
+    def _check_in_use(self, releasing: list[str]) -> list[str]:
+        """Who uses each function to release (``usage``): a problem, or with force a warning."""
+        problems = []
+        for bdf in releasing:
+            self.usage[bdf] = in_use(self.walker, self.states[bdf])
+            if self.usage[bdf]:
+                st = self.states[bdf]
+                when = ("" if self.params["bind_now"] or self.state == "absent"
+                        else " Writing the persistent rule would take it away at the next boot.")
+                msg = f"{bdf} ({st['class_name']}, on {st['driver']}) is in use: {'; '.join(self.usage[bdf])}.{when}"
+                if self.params["force"]:
+                    self.warn(msg + " Releasing it anyway (force: true).")
+                else:
+                    problems.append(msg + " Stop what uses it (or unmount it), or set force: true to release it anyway.")
+        return problems
 
-    after_states = _predict(states, runtime_full)
-    new_originals = remember(originals, order) if state == "present" else given_back(originals, after_states)
-    orig_action = []
-    if new_originals != originals and (runtime_full or file_actions):  # bookkeeping only alongside a real change
-        orig_action = [{"op": "write", "path": STATE_FILE, "internal": True,
-                        "after": json_text(new_originals) if new_originals else None}]
-    wait_source = None
-    if not check_mode:
+    def with_modules(self, runtime: list[dict]) -> list[dict]:
+        """The runtime steps with the kernel modules the probes need loaded first, and (state=absent) the device ID
+        taken out of vfio-pci's dynamic table where modprobe.d put it there."""
+        steps: list[dict] = []
+        loaded: set[str] = set()
+        ids_in_modprobe = set(parse_modprobe(self.fs.read_optional(MODPROBE_CONF))[0])
+        for a in runtime:
+            if a["op"] == "probe":
+                driver = a["expect"]
+                if driver and driver not in loaded and not self.fs.isdir(f"{PCI_DRIVERS}/{driver}"):
+                    steps.append({"op": "modprobe", "module": a.get("module") or driver, "driver": driver})
+                    loaded.add(driver)
+                if self.state == "absent" and self.states[a["bdf"]]["id"] in ids_in_modprobe:
+                    steps.append({"op": "remove_id", "id": self.states[a["bdf"]]["id"]})
+            steps.append(a)
+        return steps
+
+    def apply(self, steps: list[dict], file_actions: list[dict], orig_action: list[dict], new_originals: dict,
+              kernel: tuple) -> tuple[dict, dict, str | None]:
+        """Outside check mode: the originals recorded first (present), the kernel steps (kernel_steps()), the files,
+        the bindings read back. Returns (bindings after, the originals record after, the wait source)."""
+        fs, originals = self.fs, self.originals
         for a in orig_action:
-            if state == "present":  # record before the first change
+            if self.state == "present":  # record before the first change
                 _write_state(fs, a["after"])
-        if runtime_full:
-            watcher = watcher or BindWatcher(fs)
-            wait_source = watcher.source
-            applier = Applier(fs, modprobe, watcher, params["timeout"])
-            touched: list[str] = []
-            try:
-                for a in runtime_full:
-                    if a.get("bdf") and a["bdf"] not in touched:
-                        touched.append(a["bdf"])
-                    applier.run(a)
-            except VfioError as err:
-                notes = _rollback(fs, applier, states, touched) if state == "present" else []
-                # the functions were unbound and probed again (reset) even where rolled back: that is a change
-                raise ApplyFailed(f"{err}{' Rolled back: ' + '; '.join(notes) + '.' if notes else ''}", changed=bool(touched),
-                                  actions=[result_action(a, states) for a in runtime_full]) from None
-            finally:
-                watcher.close()
+        wait_source = self.kernel_steps(steps, *kernel) if steps else None
         for a in file_actions:
             if a["op"] == "write":
                 fs.write_atomic(a["path"], a["after"])
             else:
                 fs.remove(a["path"])
-        after_states = {bdf: read_state(walker, bdf) for bdf in states}
-        if state == "absent" and orig_action:  # forget only the functions that are back on a driver now
+        after_states = {bdf: read_state(self.walker, bdf) for bdf in self.states}
+        if self.state == "absent" and orig_action:  # forget only the functions that are back on a driver now
             new_originals = given_back(originals, after_states)
             _write_state(fs, json_text(new_originals) if new_originals else None)
-        if params["bind_now"] and state == "present":
+        if self.params["bind_now"] and self.state == "present":
             wrong = [b for b, s in after_states.items() if s["driver"] != VFIO]
             if wrong:
                 raise VfioError(f"After the run {', '.join(wrong)} is not on {VFIO}: something rebound it. Check dmesg and udev rules.")
+        return after_states, new_originals, wait_source
 
-    actions = [result_action(a, states) for a in runtime_full + file_actions]
-    devices = []
-    for t in targets:
-        bdf = t["bdf"]
-        b, a = states[bdf], after_states[bdf]
-        devices.append({
-            "bdf": bdf, "id": b["id"], "class_name": b["class_name"], "selected_by": t["selected_by"],
-            "companion_of": t["companion_of"], "iommu_group": b["iommu_group"],
-            "driver_before": b["driver"], "driver_after": a["driver"],
-            "driver_override_before": b["driver_override"], "driver_override_after": a["driver_override"],
-            "original_driver": (new_originals.get(bdf) or originals.get(bdf) or {}).get("driver"),
-            "in_use": usage[bdf],
-        })
-    diff = []
-    if actions:
-        diff.append({"before_header": "bindings", "after_header": "bindings",
-                     "before": _render_bindings(states), "after": _render_bindings(after_states)})
-        for a in file_actions:
-            diff.append({"before_header": a["path"], "after_header": a["path"], "before": a["before"], "after": a["after"]})
-    changed_files = [a["path"] for a in file_actions]
-    return {
-        "changed": bool(actions),
-        "actions": actions,
-        "devices": devices,
-        "groups": groups,
-        "iommu_enabled": groups_on,
-        "persist": {"method": persist, "files": changed_files},
-        "udev_rules_changed": UDEV_RULES in changed_files,
-        "initramfs_update_required": MODPROBE_CONF in changed_files,
-        "wait_source": wait_source,
-        "diff": diff,
-    }
+    def kernel_steps(self, steps: list[dict], modprobe, watcher: BindWatcher | None) -> str:
+        """Run the kernel steps in order; on a failure roll the touched functions back (present) and raise
+        ApplyFailed. Returns how the binds were waited for (the watcher's source)."""
+        watcher = watcher or BindWatcher(self.fs)
+        applier = Applier(self.fs, modprobe, watcher, self.params["timeout"])
+        touched: list[str] = []
+        try:
+            for a in steps:
+                if a.get("bdf") and a["bdf"] not in touched:
+                    touched.append(a["bdf"])
+                applier.run(a)
+        except VfioError as err:
+            notes = _rollback(self.fs, applier, self.states, touched) if self.state == "present" else []
+            # the functions were unbound and probed again (reset) even where rolled back: that is a change
+            raise ApplyFailed(f"{err}{' Rolled back: ' + '; '.join(notes) + '.' if notes else ''}", changed=bool(touched),
+                              actions=[result_action(a, self.states) for a in steps]) from None
+        finally:
+            watcher.close()
+        return watcher.source
+
+    def result(self, steps: list[dict], file_actions: list[dict], after_states: dict, new_originals: dict,
+               wait_source: str | None) -> dict:
+        """The module's result: the actions, each target's binding before and after, the groups, the persistence
+        and the diff (the bindings, then each file)."""
+        states, originals = self.states, self.originals
+        actions = [result_action(a, states) for a in steps + file_actions]
+        devices = []
+        for t in self.targets:
+            bdf = t["bdf"]
+            b, a = states[bdf], after_states[bdf]
+            devices.append({
+                "bdf": bdf, "id": b["id"], "class_name": b["class_name"], "selected_by": t["selected_by"],
+                "companion_of": t["companion_of"], "iommu_group": b["iommu_group"],
+                "driver_before": b["driver"], "driver_after": a["driver"],
+                "driver_override_before": b["driver_override"], "driver_override_after": a["driver_override"],
+                "original_driver": (new_originals.get(bdf) or originals.get(bdf) or {}).get("driver"),
+                "in_use": self.usage[bdf],
+            })
+        diff = []
+        if actions:
+            diff.append({"before_header": "bindings", "after_header": "bindings",
+                         "before": _render_bindings(states), "after": _render_bindings(after_states)})
+            for a in file_actions:
+                diff.append({"before_header": a["path"], "after_header": a["path"], "before": a["before"], "after": a["after"]})
+        changed_files = [a["path"] for a in file_actions]
+        return {"changed": bool(actions), "actions": actions, "devices": devices, "groups": self.groups,
+                "iommu_enabled": self.groups_on, "persist": {"method": self.persist, "files": changed_files},
+                "udev_rules_changed": UDEV_RULES in changed_files,
+                "initramfs_update_required": MODPROBE_CONF in changed_files, "wait_source": wait_source, "diff": diff}
 
 
 def given_back(originals: dict, after_states: dict) -> dict:

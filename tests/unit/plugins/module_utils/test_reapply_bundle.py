@@ -199,14 +199,25 @@ def test_python_3_6_is_refused_with_the_way_out(tmp_path, render_script, hint):
 
 # ---- which interpreter the PCIe modules write -----------------------------------------------------------------------
 class _Module:
-    params = {"state_dir": "/var/lib/gpufleet/pcie_payload"}
+    """What HostCmd asks of the module here (the interpreter is found without running anything)."""
+
+    def get_bin_path(self, name, required=False):
+        return f"/usr/bin/{name}"
+
+
+def _state(root: str):
+    from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
+    from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+    from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.state import PcieState
+    fs = HostFS(root)
+    host = Host(fs=fs, cmd=HostCmd(_Module(), fs), warn=lambda msg: None)
+    return PcieState(host, "setpci", "originals.json", "/var/lib/gpufleet/pcie_payload", False)
 
 
 def test_the_boot_script_names_the_interpreter_that_runs_the_module(tmp_path, monkeypatch):
     """/usr/bin/python3 only when it is that interpreter: on EL 8 it may be a 3.6 beside the 3.11 Ansible runs."""
-    from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-    from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.state import PcieState
-    real = PcieState(_Module(), HostFS("/"), "/usr/bin/setpci", "originals.json", pcie_boot_apply.render_script)
+    real = _state("/")
     other = tmp_path / "python3.11"
     other.symlink_to(sys.executable)
     monkeypatch.setattr(sys, "executable", str(other))
@@ -224,7 +235,7 @@ def test_the_boot_script_names_the_interpreter_that_runs_the_module(tmp_path, mo
         monkeypatch.setattr(sys, "executable", str(tmp_path / "venv-python"))
     tree = tmp_path / "tree"
     tree.mkdir()
-    assert PcieState(_Module(), HostFS(str(tree)), "setpci", "o.json", pcie_boot_apply.render_script).python() == str(tmp_path / "venv-python")
+    assert _state(str(tree)).python() == str(tmp_path / "venv-python")
     (tree / "usr/bin").mkdir(parents=True)
     (tree / "usr/bin/python3").write_text("")
-    assert PcieState(_Module(), HostFS(str(tree)), "setpci", "o.json", pcie_boot_apply.render_script).python() == "/usr/bin/python3"
+    assert _state(str(tree)).python() == "/usr/bin/python3"

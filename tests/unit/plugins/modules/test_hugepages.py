@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.hugepages.hugepages import HugepagesError
 from ansible_collections.gpufleet.inference.plugins.modules import hugepages
 from tests.unit.fakesysfs import SimKernel, node_memory
@@ -21,6 +22,11 @@ def params(**kw):
             "method_1g": "cmdline"}
     base.update(kw)
     return base
+
+
+def on(fs, warn=None) -> Host:
+    """The Host of a run: its files; the module runs no command; warnings to ``warn`` (dropped by default)."""
+    return Host(fs=fs, cmd=None, warn=warn or (lambda msg: None))
 
 
 def set_pages(node, size, before, after) -> dict:
@@ -37,7 +43,7 @@ def nr(host, node, kb=M2) -> int:
 def test_reserve_2m_on_every_node_reads_back_and_persists_as_sysctl(tmp_path):
     host = two_node_host(tmp_path)
     sim = SimKernel(host)
-    result = hugepages.execute(params(pages_2m=1024), sim.fs(), False)
+    result = hugepages.execute(params(pages_2m=1024), on(sim.fs()), False)
     assert result["changed"] is True
     assert result["actions"] == [set_pages(0, "2M", 0, 1024), set_pages(1, "2M", 0, 1024)]
     assert (nr(host, 0), nr(host, 1)) == (1024, 1024)
@@ -46,14 +52,14 @@ def test_reserve_2m_on_every_node_reads_back_and_persists_as_sysctl(tmp_path):
     assert result["sysctl"] == {"vm.nr_hugepages": 2048} and result["cmdline_args"] == []
     assert (result["partial"], result["reboot_pending"], result["supported_sizes"]) == (False, False, ["2M", "1G"])
     sim.writes.clear()
-    again = hugepages.execute(params(pages_2m=1024), sim.fs(), False)
+    again = hugepages.execute(params(pages_2m=1024), on(sim.fs()), False)
     assert (again["changed"], again["actions"], sim.writes) == (False, [], [])
 
 
 def test_check_mode_writes_nothing_and_predicts(tmp_path):
     host = two_node_host(tmp_path)
     sim = SimKernel(host)
-    result = hugepages.execute(params(pages_2m=64, nodes=[1]), sim.fs(), True)
+    result = hugepages.execute(params(pages_2m=64, nodes=[1]), on(sim.fs()), True)
     assert sim.writes == [] and result["changed"] is True and nr(host, 1) == 0
     assert result["diff"] == {"before": "node 0 2M: 0\nnode 0 1G: 0\nnode 1 2M: 0\nnode 1 1G: 0\n",
                               "after": "node 0 2M: 0\nnode 0 1G: 0\nnode 1 2M: 64\nnode 1 1G: 0\n"}
@@ -64,7 +70,7 @@ def test_fewer_pages_than_asked_fails_and_puts_the_counts_back(tmp_path):
     host = two_node_host(tmp_path, pages={0: {M2: 10}, 1: {M2: 10}})
     sim = SimKernel(host, hugepage_cap={(1, M2): 700})
     with pytest.raises(HugepagesError) as err:
-        hugepages.execute(params(pages_2m=1024), sim.fs(), False)
+        hugepages.execute(params(pages_2m=1024), on(sim.fs()), False)
     msg = str(err.value)
     assert msg.startswith("The kernel gave fewer huge pages than asked: node 1: 2M pages 700 of 1024 (free memory is fragmented")
     assert "The counts were put back as they were." in msg and "allow_partial: true" in msg
@@ -75,7 +81,7 @@ def test_allow_partial_keeps_what_the_kernel_gave_and_says_so(tmp_path):
     host = two_node_host(tmp_path)
     sim = SimKernel(host, hugepage_cap={(1, M2): 700})
     warnings = []
-    result = hugepages.execute(params(pages_2m=1024, allow_partial=True), sim.fs(), False, warn=warnings.append)
+    result = hugepages.execute(params(pages_2m=1024, allow_partial=True), on(sim.fs(), warnings.append), False)
     assert result["partial"] is True and result["shortfall"] == ["node 1: 2M pages 700 of 1024 (free memory is fragmented or short)"]
     assert result["nodes"]["1"]["pages"]["2M"]["after"] == 700 and nr(host, 1) == 700
     assert warnings and "700 of 1024" in warnings[0]
@@ -86,22 +92,22 @@ def test_memory_guard_refuses_before_any_write(tmp_path):
     sim = SimKernel(host)
     with pytest.raises(HugepagesError, match=r"Refusing to reserve huge pages on NUMA node 1: 4000 x 2M is 7.8 GiB, 98% of the "
                                              r"node's 8.0 GiB, above max_memory_percent 80 .*Nothing was changed\."):
-        hugepages.execute(params(pages_2m=4000), sim.fs(), False)
+        hugepages.execute(params(pages_2m=4000), on(sim.fs()), False)
     assert sim.writes == []
-    assert hugepages.execute(params(pages_2m=4000, max_memory_percent=99), sim.fs(), True)["changed"] is True
+    assert hugepages.execute(params(pages_2m=4000, max_memory_percent=99), on(sim.fs()), True)["changed"] is True
 
 
 def test_1g_pages_wait_for_a_reboot_then_are_checked(tmp_path):
     host = two_node_host(tmp_path)
     sim = SimKernel(host)
-    before = hugepages.execute(params(pages_1g=4), sim.fs(), False)
+    before = hugepages.execute(params(pages_1g=4), on(sim.fs()), False)
     assert before["changed"] is False and sim.writes == []  # no runtime write for 1 GiB increases
     assert before["cmdline_args"] == ["hugepagesz=1G", "hugepages=8"] and before["reboot_pending"] is True
     # the reboot: the kernel booted with the arguments and gave every page
     host.write("/proc/cmdline", "BOOT_IMAGE=/vmlinuz root=/dev/sda1 ro hugepagesz=1G hugepages=8")
     for node in (0, 1):
         node_memory(host, node, 64 * GIB_KB, {G1: 4})
-    after = hugepages.execute(params(pages_1g=4), sim.fs(), False)
+    after = hugepages.execute(params(pages_1g=4), on(sim.fs()), False)
     assert (after["changed"], after["reboot_pending"], after["partial"]) == (False, False, False)
     assert after["nodes"]["0"]["pages"]["1G"] == {"before": 4, "wanted": 4, "after": 4, "free": 4}
 
@@ -112,24 +118,24 @@ def test_a_boot_that_gave_fewer_1g_pages_fails_unless_partial(tmp_path):
     node_memory(host, 1, 64 * GIB_KB, {G1: 1})
     sim = SimKernel(host)
     with pytest.raises(HugepagesError, match=r"booted with hugepagesz=1G hugepages=8 but gave fewer 1 GiB pages: node 1: 1G pages 1 of 4"):
-        hugepages.execute(params(pages_1g=4), sim.fs(), False)
-    result = hugepages.execute(params(pages_1g=4, allow_partial=True), sim.fs(), False)
+        hugepages.execute(params(pages_1g=4), on(sim.fs()), False)
+    result = hugepages.execute(params(pages_1g=4, allow_partial=True), on(sim.fs()), False)
     assert result["partial"] is True and result["reboot_pending"] is False
 
 
 def test_1g_decrease_and_runtime_method_write_sysfs(tmp_path):
     host = two_node_host(tmp_path, pages={0: {G1: 4}, 1: {G1: 4}})
     sim = SimKernel(host)
-    down = hugepages.execute(params(pages_1g=2), sim.fs(), False)
+    down = hugepages.execute(params(pages_1g=2), on(sim.fs()), False)
     assert down["actions"] == [set_pages(0, "1G", 4, 2), set_pages(1, "1G", 4, 2)] and nr(host, 0, G1) == 2
-    up = hugepages.execute(params(pages_1g=3, method_1g="runtime"), sim.fs(), False)
+    up = hugepages.execute(params(pages_1g=3, method_1g="runtime"), on(sim.fs()), False)
     assert up["actions"] == [set_pages(0, "1G", 2, 3), set_pages(1, "1G", 2, 3)] and up["reboot_pending"] is False
 
 
 def test_per_node_counts(tmp_path):
     host = two_node_host(tmp_path)
     sim = SimKernel(host)
-    result = hugepages.execute(params(per_node={"0": {"pages_2m": 100}, "1": {"pages_2m": 300}}), sim.fs(), False)
+    result = hugepages.execute(params(per_node={"0": {"pages_2m": 100}, "1": {"pages_2m": 300}}), on(sim.fs()), False)
     assert (nr(host, 0), nr(host, 1)) == (100, 300)
     assert result["cmdline_args"] == ["hugepagesz=2M", "hugepages=0:100,1:300"] and result["sysctl"] is None
 

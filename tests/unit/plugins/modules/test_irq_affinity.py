@@ -17,6 +17,7 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq import affinity as ia
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq.reapply import render_script
 from ansible_collections.gpufleet.inference.plugins.modules import irq_affinity
 from tests.unit.fakesysfs import DEBIAN_IRQBALANCE, SimKernel, irqbalance_installed
@@ -32,6 +33,11 @@ def params(**kw):
             "persist": False, "exclusive": False}
     base.update(kw)
     return base
+
+
+def on(fs) -> Host:
+    """The Host of a run without install_reapply: its files; no command runs, warnings are dropped."""
+    return Host(fs=fs, cmd=None, warn=lambda msg: None)
 
 
 def affinity(host, irq) -> str:
@@ -71,7 +77,7 @@ def test_pin_two_gpus_on_their_nodes_with_irqbalance_policy(tmp_path):
     host = numa_host(tmp_path, remote_irqs=True)
     irqbalance_installed(host)
     sim = SimKernel(host)
-    result = irq_affinity.execute(params(housekeeping_cpus="0,8"), sim.fs(), False)
+    result = irq_affinity.execute(params(housekeeping_cpus="0,8"), on(sim.fs()), False)
     assert result["changed"] is True
     assert [affinity(host, n) for n in range(100, 108)] == ["1", "2", "3", "4", "9", "10", "11", "12"]
     rec = {r["irq"]: r for r in result["irqs"]}
@@ -94,24 +100,24 @@ def test_second_run_and_check_mode_change_nothing(tmp_path):
     host = numa_host(tmp_path)
     irqbalance_installed(host)
     sim = SimKernel(host)
-    check = irq_affinity.execute(params(), sim.fs(), True)
+    check = irq_affinity.execute(params(), on(sim.fs()), True)
     assert sim.writes == [] and check["changed"] is True
     assert len([a for a in check["actions"] if a["action"] == "pin"]) == 8
     assert [r["status"] for r in check["irqs"]] == ["change"] * 8
-    first = irq_affinity.execute(params(), sim.fs(), False)
+    first = irq_affinity.execute(params(), on(sim.fs()), False)
     assert first["changed"] is True and len(first["actions"]) == len(check["actions"])
     sim.writes.clear()
-    again = irq_affinity.execute(params(), sim.fs(), False)
+    again = irq_affinity.execute(params(), on(sim.fs()), False)
     assert (again["changed"], again["actions"], sim.writes) == (False, [], [])
     assert again["irqbalance"]["restart_required"] is False
-    assert irq_affinity.execute(params(), sim.fs(), True)["changed"] is False
+    assert irq_affinity.execute(params(), on(sim.fs()), True)["changed"] is False
 
 
 def test_managed_vectors_are_reported_and_left_alone_then_known_to_check_mode(tmp_path):
     host = numa_host(tmp_path)
     admin, io_queues = with_nvme(host)
     sim = SimKernel(host, managed_irqs=io_queues)
-    result = irq_affinity.execute(params(devices=[NVME]), sim.fs(), False)
+    result = irq_affinity.execute(params(devices=[NVME]), on(sim.fs()), False)
     statuses = {r["irq"]: (r["status"], r["managed"]) for r in result["irqs"]}
     assert statuses[admin] == ("changed", False)
     assert all(statuses[n] == ("managed", True) for n in io_queues)
@@ -121,8 +127,8 @@ def test_managed_vectors_are_reported_and_left_alone_then_known_to_check_mode(tm
     assert not any(a.get("irq") == n for a in result["actions"] for n in io_queues)
     cache = json.loads(HostFS(str(host.root)).read_text(ia.MANAGED_CACHE))
     assert cache == {NVME: {"driver": "nvme", "irqs": io_queues}}
-    assert irq_affinity.execute(params(devices=[NVME]), sim.fs(), True)["changed"] is False
-    assert irq_affinity.execute(params(devices=[NVME]), sim.fs(), False)["changed"] is False
+    assert irq_affinity.execute(params(devices=[NVME]), on(sim.fs()), True)["changed"] is False
+    assert irq_affinity.execute(params(devices=[NVME]), on(sim.fs()), False)["changed"] is False
 
 
 def test_bad_input_changes_nothing(tmp_path):
@@ -140,7 +146,7 @@ def test_bad_input_changes_nothing(tmp_path):
     ]
     for p, message in cases:
         with pytest.raises(ia.IrqError, match=message.replace("(", r"\(").replace(")", r"\)")):
-            irq_affinity.execute(p, sim.fs(), False)
+            irq_affinity.execute(p, on(sim.fs()), False)
     assert sim.writes == []
     assert not host.real(ia.PINNED_FILE).exists()
 
@@ -150,14 +156,14 @@ def test_someone_elses_policy_script_stops_the_run_before_any_write(tmp_path):
     irqbalance_installed(host, 'IRQBALANCE_ARGS="--policyscript=/usr/local/bin/site-policy"\n')
     sim = SimKernel(host)
     with pytest.raises(ia.IrqError, match="already names the policy script /usr/local/bin/site-policy"):
-        irq_affinity.execute(params(), sim.fs(), False)
+        irq_affinity.execute(params(), on(sim.fs()), False)
     assert sim.writes == []
 
 
 def test_no_irqbalance_is_reported_and_its_config_left_alone(tmp_path):
     host = numa_host(tmp_path)
     sim = SimKernel(host)
-    result = irq_affinity.execute(params(), sim.fs(), False)
+    result = irq_affinity.execute(params(), on(sim.fs()), False)
     assert result["irqbalance"]["present"] is False and "irqbalance is not installed" in result["irqbalance"]["note"]
     assert result["irqbalance"]["restart_required"] is False
     assert not host.real("/etc/default/irqbalance").exists() and not host.real(ia.POLICY_SCRIPT).exists()
@@ -168,7 +174,7 @@ def test_banned_cpus_mode(tmp_path):
     host = numa_host(tmp_path)
     irqbalance_installed(host)
     sim = SimKernel(host)
-    irq_affinity.execute(params(irqbalance="banned_cpus", cpus="2-5,10-13"), sim.fs(), False)
+    irq_affinity.execute(params(irqbalance="banned_cpus", cpus="2-5,10-13"), on(sim.fs()), False)
     text = HostFS(str(host.root)).read_text("/etc/default/irqbalance")
     assert ia.get_var(text, "IRQBALANCE_BANNED_CPULIST") == "2-5,10-13" and ia.get_var(text, "IRQBALANCE_ARGS") is None
     assert not host.real(ia.POLICY_SCRIPT).exists()
@@ -179,18 +185,18 @@ def test_persist_exclusive_and_absent(tmp_path):
     irqbalance_installed(host)
     sim = SimKernel(host)
     fs = HostFS(str(host.root))
-    irq_affinity.execute(params(persist=True, housekeeping_cpus="0"), sim.fs(), False)
+    irq_affinity.execute(params(persist=True, housekeeping_cpus="0"), on(sim.fs()), False)
     config = json.loads(fs.read_text(ia.CONFIG_FILE))
     assert config == {"version": 1, "devices": {G0: dict(ia.DEFAULTS, housekeeping_cpus="0"),
                                                 G1: dict(ia.DEFAULTS, housekeeping_cpus="0")}}
-    only = irq_affinity.execute(params(devices=[G1], persist=True, exclusive=True, housekeeping_cpus="0"), sim.fs(), False)
+    only = irq_affinity.execute(params(devices=[G1], persist=True, exclusive=True, housekeeping_cpus="0"), on(sim.fs()), False)
     assert only["persisted"] == [G1] and list(ia.parse_pinned(fs.read_text(ia.PINNED_FILE))) == [G1]
     assert only["irqbalance"]["restart_required"] is True  # the ban list shrank
-    back = irq_affinity.execute(params(devices=[G1], state="absent", persist=True), sim.fs(), False)
+    back = irq_affinity.execute(params(devices=[G1], state="absent", persist=True), on(sim.fs()), False)
     assert [affinity(host, n) for n in range(104, 108)] == ["0-15"] * 4
     assert back["persisted"] == [] and not fs.exists(ia.CONFIG_FILE) and not fs.exists(ia.PINNED_FILE)
     assert ia.get_var(fs.read_text("/etc/default/irqbalance"), "IRQBALANCE_ARGS") is None
-    assert irq_affinity.execute(params(devices=[G1], state="absent", persist=True), sim.fs(), False)["changed"] is False
+    assert irq_affinity.execute(params(devices=[G1], state="absent", persist=True), on(sim.fs()), False)["changed"] is False
 
 
 # ---- main --------------------------------------------------------------------------------------------------------------
@@ -215,7 +221,7 @@ def test_script_re_pins_after_a_rebind_with_new_irq_numbers(tmp_path, script):
     host = numa_host(tmp_path)
     irqbalance_installed(host)
     sim = SimKernel(host)
-    first = irq_affinity.execute(params(persist=True, housekeeping_cpus="0,8"), sim.fs(), False)
+    first = irq_affinity.execute(params(persist=True, housekeeping_cpus="0,8"), on(sim.fs()), False)
     pinned_before = [r["after"] for r in first["irqs"] if r["bdf"] == G1]
     sim.rebind(G1)  # the driver re-requests its vectors: new numbers, default affinity
     new = irqs_of(host, G1)

@@ -60,32 +60,32 @@ def test_plan():
 def test_set_policy_writes_and_reads_back(tmp_path):
     FakeHost(tmp_path, aspm_policy="default")
     fs = KernelAttrFS(str(tmp_path))
-    result, warnings = pcie_aspm.set_policy(fs, "performance", check_mode=False)
+    result, warnings = pa.set_policy(fs, "performance", check_mode=False)
     assert (result["policy_before"], result["policy"], warnings) == ("default", "performance", [])
     assert (tmp_path / "sys/module/pcie_aspm/parameters/policy").read_text() == "default [performance] powersave powersupersave"
-    again, _w = pcie_aspm.set_policy(fs, "performance", check_mode=False)
+    again, _w = pa.set_policy(fs, "performance", check_mode=False)
     assert again["actions"] == []
 
 
 def test_set_policy_check_mode_writes_nothing(tmp_path):
     FakeHost(tmp_path, aspm_policy="default")
     before = (tmp_path / "sys/module/pcie_aspm/parameters/policy").read_text()
-    result, _w = pcie_aspm.set_policy(KernelAttrFS(str(tmp_path)), "performance", check_mode=True)
+    result, _w = pa.set_policy(KernelAttrFS(str(tmp_path)), "performance", check_mode=True)
     assert result["actions"] and result["policy"] == "performance"
     assert (tmp_path / "sys/module/pcie_aspm/parameters/policy").read_text() == before
 
 
 def test_kernel_refuses_with_eperm(tmp_path):
     FakeHost(tmp_path, aspm_policy="default")
-    result, warnings = pcie_aspm.set_policy(KernelAttrFS(str(tmp_path), refuse=errno.EPERM), "performance", False)
+    result, warnings = pa.set_policy(KernelAttrFS(str(tmp_path), refuse=errno.EPERM), "performance", False)
     assert (result["writable"], result["actions"], result["policy"]) == (False, [], "default")
     assert "firmware does not let the OS control ASPM" in warnings[0]
 
 
 def test_other_write_errors_fail(tmp_path):
     FakeHost(tmp_path, aspm_policy="default")
-    with pytest.raises(pcie_aspm.PolicyError, match="Run the module as root"):
-        pcie_aspm.set_policy(KernelAttrFS(str(tmp_path), refuse=errno.EACCES), "performance", False)
+    with pytest.raises(pa.PolicyError, match="Run the module as root"):
+        pa.set_policy(KernelAttrFS(str(tmp_path), refuse=errno.EACCES), "performance", False)
 
 
 def test_readback_mismatch_fails(tmp_path):
@@ -95,8 +95,8 @@ def test_readback_mismatch_fails(tmp_path):
         def write_text(self, host_path, data):
             pass  # something puts the old value back at once
 
-    with pytest.raises(pcie_aspm.PolicyError, match="reads back default: something else sets the ASPM policy"):
-        pcie_aspm.set_policy(Stubborn(str(tmp_path)), "performance", False)
+    with pytest.raises(pa.PolicyError, match="reads back default: something else sets the ASPM policy"):
+        pa.set_policy(Stubborn(str(tmp_path)), "performance", False)
 
 
 def test_main_on_a_fake_tree(tmp_path, capsys):

@@ -14,6 +14,7 @@ import stat
 import pytest
 from ansible.plugins.filter.core import to_nice_json
 
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import pcie_facts as pcie_audit
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_facts
 from tests.unit.fakesysfs import eight_gpus, two_gpus_one_switch
@@ -34,7 +35,7 @@ def test_the_json_is_what_the_role_wrote_with_to_nice_json(tmp_path, build):
     """The role wrote {host, kernel, pcie} of the registered result (the module's JSON as the controller
     parsed it) through to_nice_json(sort_keys=true) and a newline; the module writes the same bytes."""
     build(tmp_path / "host")
-    facts, _warnings = pcie_facts.gather(pcie_facts.HostFS(str(tmp_path / "host")), {"include_nvml": "never"})
+    facts, _warnings = pcie_facts.gather(HostFS(str(tmp_path / "host")), {"include_nvml": "never"})
     registered = json.loads(json.dumps(facts))  # what the controller holds after the module's JSON
     expected = to_nice_json({"host": "gpu1", "kernel": "6.1.0-28-amd64", "pcie": registered}, sort_keys=True) + "\n"
     assert pcie_audit.render_report("gpu1", "6.1.0-28-amd64", facts) == expected

@@ -37,7 +37,7 @@ def params(**kw):
 
 
 class Run:
-    """execute() on a SimKernel, collecting modprobe calls and warnings."""
+    """bind() (what execute() runs) on a SimKernel, collecting modprobe calls and warnings."""
 
     def __init__(self, host, **sim_kw):
         self.sim = SimKernel(host, **sim_kw)
@@ -51,8 +51,8 @@ class Run:
         self.sim.load(name)
 
     def __call__(self, check_mode=False, **kw):
-        return vfio_bind.execute(params(**kw), self.sim.fs(), check_mode, self.modprobe,
-                                 watcher=vfio.BindWatcher(self.sim.fs(), use_udev=False), warn=self.warnings.append)
+        return vfio_bind_utils.bind(params(**kw), self.sim.fs(), check_mode, self.modprobe,
+                                    watcher=vfio.BindWatcher(self.sim.fs(), use_udev=False), warn=self.warnings.append)
 
 
 # ---- bind and give back ---------------------------------------------------------------------------------
