@@ -47,7 +47,8 @@ NOT_SHIPPED = [
     "tests/static/*", "tests/benchmarks/*", "tests/containers/*", "tests/wheelhouse/*", "tests/output/*",
     "tests/tools/devbench/*", "tests/tools/*.sh", "tests/sanity/get_pip_shim.py", "docs/tools/*",
     "docs/development.md", "docs/lab_inference_server.md", "docs/examples/*.log", "docs/examples/*.txt",
-    "*.tar.gz", "*.pyc",
+    "*.tar.gz", "*.pyc", "tests/tools/inference_client.py", "tests/tools/vllm_flag_stages.py", "tests/tools/h200_*",
+    "tests/unit/plugins/module_utils/test_inference_client*",
 ]
 # What a user (and ansible-test from the installed collection) needs.
 SHIPPED = (["README.md", "LICENSE", "CHANGELOG.rst", "changelogs/changelog.yaml", "meta/runtime.yml",

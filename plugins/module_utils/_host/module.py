@@ -19,17 +19,8 @@ from ansible.module_utils.basic import AnsibleModule
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd, ToolMissing
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import finish
-
-
-@dataclass(frozen=True)
-class Host:
-    """What an executor touches on the host: its files under ``root`` (``fs``), its commands (``cmd``), and where its
-    warnings go (``warn``, the module's)."""
-
-    fs: HostFS
-    cmd: HostCmd
-    warn: Callable[[str], None]
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,14 @@ far, never fail_json-ed here.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 
-if TYPE_CHECKING:  # the executor's Host, for its annotation only (this module stays free of AnsibleModule)
-    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 
 def _store_action(p: dict, doc: dict, run_id: int | None = None) -> dict[str, Any]:

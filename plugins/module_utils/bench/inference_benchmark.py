@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import platform
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
@@ -25,8 +25,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.link_sampl
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.load_monitor import contaminated_runs, for_pool
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker, TopologyError, select_targets
 
-if TYPE_CHECKING:  # the executor's Host, for its annotation only (this module stays free of AnsibleModule)
-    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 
 def link_devices(params: dict[str, Any], fs: HostFS) -> list[str]:

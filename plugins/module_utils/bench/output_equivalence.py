@@ -18,7 +18,6 @@ import json
 import ssl
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import equivalence as oe
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
@@ -27,8 +26,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.prompts import PROMPT_SET_ID, digest, select
 
-if TYPE_CHECKING:  # the executor's Host, for its annotation only (this module stays free of AnsibleModule)
-    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 # Option bounds, defined once: (low, high) inclusive.
 BOUNDS = {"max_tokens": (1, 1024), "seed": (0, 2 ** 31 - 1), "timeout": (1.0, 3600.0), "tolerance_top1": (0.0, 1.0),

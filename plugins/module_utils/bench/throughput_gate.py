@@ -82,7 +82,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import (
@@ -95,8 +95,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats imp
     spent_alpha, t_quantile, t_sf, theil_sen_slope, trend, u_distribution, u_statistic,
 )
 
-if TYPE_CHECKING:  # the executor's Host, for its annotation only (this module stays free of AnsibleModule)
-    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 # The statistics (bench/stats.py) and the settings (bench/gate_settings.py) stay importable from here (callers and
 # tests used them from this module before the split).

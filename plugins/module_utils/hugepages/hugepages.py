@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import bounded
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import NODES, parse_cpulist, parse_meminfo
 

@@ -32,7 +32,7 @@ import re
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq import reapply as irq_reapply
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq.affinity import IrqError
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq.pinning import pin

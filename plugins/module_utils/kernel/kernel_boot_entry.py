@@ -16,7 +16,7 @@ from typing import Any
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import GRUB_CFG, GRUBENV, parse_grub_cfg, read_grubenv
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd, ToolMissing
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import (
     KernelUpgradeError, boot_plan, validate_version,

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import KernelUpgradeError, validate_version
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import COMMIT_TIMEOUT_S
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.journal import (

@@ -17,7 +17,7 @@ import os
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd, ToolMissing
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.cmdline import (
     DROPIN, DROPIN_DIR, GRUB_CFG, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, change_owner, check_length,

@@ -6,7 +6,7 @@ drop-in or the state file kernel_cmdline keeps) against /proc/cmdline, read thro
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.cmdline import gather
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.lease import host_lease as lease_utils
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import KernelUpgradeError, validate_version
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import (
     FlowError, finish, record_facts, step,

@@ -16,7 +16,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub imp
     resolve_saved,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import (
     SAVED_DROPIN, SAVED_DROPIN_TEXT, KernelUpgradeError, boot_space_needed, check_boot_space, check_driver, check_grub_default,

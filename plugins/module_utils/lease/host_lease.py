@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # the module's Host; not imported at run time (controller_run, a lookup, imports this file)
-    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 LEASE = "/var/lib/gpufleet/lease.json"
 FORMAT = "gpufleet.lease/1"

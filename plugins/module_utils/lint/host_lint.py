@@ -20,7 +20,7 @@ import shlex
 from typing import Any, NamedTuple
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 SEVERITIES = ("critical", "warning", "info")
 

@@ -16,7 +16,7 @@ import platform
 import posixpath
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files as mf
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 USER_CONF = "/root/.nccl.conf"
 

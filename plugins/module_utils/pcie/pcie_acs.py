@@ -9,7 +9,7 @@ here.
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import (
     PciWalker, TopologyError, build_model, normalize_bdfs, select_targets,
 )

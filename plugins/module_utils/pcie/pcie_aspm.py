@@ -12,7 +12,7 @@ import re
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 POLICY_FILE = "/sys/module/pcie_aspm/parameters/policy"
 POLICIES = ("default", "performance", "powersave", "powersupersave")

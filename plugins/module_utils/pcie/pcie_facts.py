@@ -19,7 +19,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.lint import hos
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci import users as pcie_users
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.nvml import (
     HAS_PYNVML, PYNVML_IMPORT_ERROR, NvmlUnavailable, collect as nvml_collect, merge as nvml_merge,

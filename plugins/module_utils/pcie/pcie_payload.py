@@ -9,7 +9,7 @@ fail_json-ed here.
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker, normalize_bdfs
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.payload import (
     PERSIST_CONFIG, RECORD_FILE, UNIT_WANTS, PayloadError, apply_writes, failure_message, gather, gather_recorded,

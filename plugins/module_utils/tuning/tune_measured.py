@@ -28,13 +28,12 @@ import copy
 import hashlib
 import json
 import math
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 
-if TYPE_CHECKING:  # the executor's Host, for its annotation only (this module stays free of AnsibleModule)
-    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import (

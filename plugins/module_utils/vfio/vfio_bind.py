@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PCI_DEVICES, PciWalker, normalize_bdf
 from ansible_collections.gpufleet.inference.plugins.module_utils.vfio.binding import (

@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed, bounded
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport import request_text
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.startlog import parse as parse_start_log

@@ -22,7 +22,7 @@ import re
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files as mf
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 
 UNIT_DIR = "/etc/systemd/system"

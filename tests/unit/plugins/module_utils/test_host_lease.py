@@ -15,7 +15,7 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.lease import host_lease as hl
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 NOW = 2_000_000_000.0
 HELD = {"run_id": "A", "operator": "alice", "play": "kernel_upgrade", "taken_at": NOW - 100, "expires_at": NOW + 600,

@@ -17,7 +17,7 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.lease import host_lease as hl
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 PAIRS = 200
 NOW = time.time()

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import kernel_rollout_step as rollout_step
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from tests.unit.plugins.modules.test_host_modules import BUILDERS
 
 LEASE = "/var/lib/gpufleet/lease.json"

@@ -153,6 +153,8 @@ def test_module_utils_never_use_ansible_module():
         _ours, ansible = imports_of(path)
         if "ansible.module_utils.basic" in ansible and name_of(path) != "_host.module":
             wrong.append(f"{name_of(path)} imports ansible.module_utils.basic (only _host/module.py's run_module may)")
+        if "_host.module" in _ours:  # executors take a Host (_host/host.py), filters and re-apply scripts import them
+            wrong.append(f"{name_of(path)} imports _host/module.py, which loads AnsibleModule: only modules call run_module()")
         text = path.read_text(encoding="utf-8")
         code = re.sub(r'(?s)""".*?"""', "", text)  # docstrings may name them
         if name_of(path) != "_host.result" and re.search(r"\.(fail_json|exit_json)\(", code):
@@ -290,3 +292,37 @@ def test_no_list_of_module_utils_is_kept_by_hand():
     # the irq_affinity role has the module install its script (install_reapply), from the module run's own module_utils
     irq_tasks = (REPO / "roles" / "irq_affinity" / "tasks" / "main.yml").read_text(encoding="utf-8")
     assert irq_tasks.count("gpufleet.inference.reapply_script") == 0 and irq_tasks.count("install_reapply: true") == 1
+
+
+def test_every_module_ends_through_run_module():
+    """The one shape: a module's main() is one call of run_module(ModuleSpec(...), execute) (docs/development.md,
+    "The module skeleton"), the executor imported from <topic>/<module>.py."""
+    wrong = []
+    for name in modules():
+        tree = ast.parse((REPO / "plugins" / "modules" / f"{name}.py").read_text(encoding="utf-8"))
+        main = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main")
+        body = [n for n in main.body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+        call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Expr) else None
+        if not (isinstance(call, ast.Call) and getattr(call.func, "id", "") == "run_module"):
+            wrong.append(f"{name}: main() is not one run_module() call")
+            continue
+        executor = [n for n in tree.body if isinstance(n, ast.ImportFrom) and n.module
+                    and n.module.endswith(f".{name}") and any(a.name == "execute" for a in n.names)]
+        if not executor:
+            wrong.append(f"{name}: execute is not imported from <topic>/{name}.py")
+    assert wrong == []
+
+
+def test_no_function_in_plugins_is_long_or_takes_many_parameters():
+    """Short functions with few parameters: at most 80 lines and 12 parameters (self and cls not counted)."""
+    wrong = []
+    for path in sorted((REPO / "plugins").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args
+                names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+                count = len([n for n in names if n not in ("self", "cls")]) + bool(args.vararg) + bool(args.kwarg)
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80 or count > 12:
+                    wrong.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: {lines} lines, {count} parameters")
+    assert wrong == []

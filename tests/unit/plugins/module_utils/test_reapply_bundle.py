@@ -208,7 +208,7 @@ class _Module:
 def _state(root: str):
     from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import HostCmd
     from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-    from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+    from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
     from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.state import PcieState
     fs = HostFS(root)
     host = Host(fs=fs, cmd=HostCmd(_Module(), fs), warn=lambda msg: None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.hugepages.hugepages import HugepagesError
 from ansible_collections.gpufleet.inference.plugins.modules import hugepages
 from tests.unit.fakesysfs import SimKernel, node_memory

@@ -11,7 +11,7 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.inference_benchmark import execute, run_monitor
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.modules import bench_history
 from ansible_collections.gpufleet.inference.plugins.modules.inference_benchmark import ARGUMENT_SPEC
 from tests.unit.fakesysfs import degraded_link

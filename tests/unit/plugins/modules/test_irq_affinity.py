@@ -17,7 +17,7 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq import affinity as ia
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq.reapply import render_script
 from ansible_collections.gpufleet.inference.plugins.modules import irq_affinity
 from tests.unit.fakesysfs import DEBIAN_IRQBALANCE, SimKernel, irqbalance_installed

@@ -18,7 +18,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._host import ma
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import module as host_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.nccl import nccl_env_files as nf
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.modules import nccl_env_files
 from tests.unit.plugins.modules.uthelper import run_module
 

@@ -17,7 +17,7 @@ import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm import vllm_service_files as vsf
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.modules import vllm_service_files
 from tests.unit.plugins.modules.test_vllm_unit_security import render
