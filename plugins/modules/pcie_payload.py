@@ -224,7 +224,8 @@ diff:
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import TopologyError
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.payload import PERSIST_CONFIG, PayloadError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.payload import PayloadError
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.boot import PERSIST_CONFIG
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.pcie_payload import execute
 
 ARGUMENT_SPEC = dict(

@@ -23,8 +23,8 @@ from typing import Any
 
 # The GRUB files and parsers come from grub.py (the one GRUB library); the names stay importable
 # from here for the module kernel_cmdline and its tests.
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import (  # noqa: F401 pylint: disable=unused-import
-    GRUB_CFG, GRUB_DEFAULTS, first_linux_line, parse_grubby_info, shell_value, split_cmdline,
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import (
+    GRUB_CFG, GRUB_DEFAULTS, first_linux_line, shell_value, split_cmdline,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import GRUB_DROPIN_DIR as DROPIN_DIR
 

@@ -33,9 +33,8 @@ from typing import Any, Iterable
 
 # The GRUB files and their parsers live in kernel/grub.py; kept importable from here for the callers that
 # know them by this module (kernel/journal.py, kernel/kernel_upgrade_preflight.py, kernel/kernel_boot_entry.py).
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import (  # noqa: F401 pylint: disable=unused-import
-    GRUB_CFG, GRUB_DEFAULTS, GRUB_DROPIN_DIR, GRUBENV, GRUBENV_HEADER, GRUBENV_SIZE, dropin_order, entry_for, grub_settings,
-    parse_grub_cfg, parse_grubenv, read_grubenv, resolve_saved, shell_value,
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import (
+    GRUB_CFG, GRUB_DROPIN_DIR, GRUBENV, entry_for, resolve_saved,
 )
 
 # Our drop-in when the role may set GRUB_DEFAULT=saved (an explicit opt-in). It sorts after the

@@ -28,11 +28,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._pci.config imp
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import (
     PCI_DEVICES, PciWalker, TopologyError, class_name, select_targets,
 )
-# The boot unit and its file are shared with pcie_acs; re-exported here for the module and tests.
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.boot import (  # noqa: F401 pylint: disable=unused-import
-    APPLY_SCRIPT, PERSIST_CONFIG, PERSIST_FORMAT, UNIT_NAME, UNIT_PATH, UNIT_WANTS, parse_persist, render_json,
-    render_persist, render_unit, setpci_base,
-)
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.boot import setpci_base
 
 # PCIe encodings of the Device Control register (PCI Express capability + 0x08): the payload
 # sizes 128 << code for codes 0..5; 6 and 7 are reserved and never written.

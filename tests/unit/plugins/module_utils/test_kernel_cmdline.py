@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import cmdline as kc
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import grub
 
 
 @pytest.mark.parametrize("arg", ["iommu=pt", "intel_iommu=on", "amd_iommu=on", "pcie_aspm=off", "pcie_aspm.policy=performance",
@@ -127,7 +128,7 @@ def test_parse_grubby_info():
     text = ('index=0\nkernel="/boot/vmlinuz-5.14"\nargs="ro quiet iommu=pt"\nroot="/dev/sda"\ntitle="Rocky (5.14)"\n'
             'index=1\nkernel="/boot/vmlinuz-0-rescue-abc"\nargs="ro"\ntitle="Rocky (0-rescue-abc)"\n'
             "non-entry line\n")
-    entries = kc.parse_grubby_info(text)
+    entries = grub.parse_grubby_info(text)
     got = [(e["index"], e["args"], e["rescue"]) for e in entries]
     assert got == [(0, ["ro", "quiet", "iommu=pt"], False), (1, ["ro"], True)]
 

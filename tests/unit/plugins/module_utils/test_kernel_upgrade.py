@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import upgrade as ku
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import grub
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import report as kr
 
 FIXTURES = Path(__file__).resolve().parents[3] / "fixtures" / "grub"
@@ -22,18 +23,18 @@ NEW_PATH = f"gnulinux-advanced-{UUID}>gnulinux-{NEW}-advanced-{UUID}"
 
 
 def grubenv(**env) -> bytes:
-    body = ku.GRUBENV_HEADER + "\n" + "".join(f"{k}={v}\n" for k, v in env.items())
-    return (body + "#" * (ku.GRUBENV_SIZE - len(body))).encode()
+    body = grub.GRUBENV_HEADER + "\n" + "".join(f"{k}={v}\n" for k, v in env.items())
+    return (body + "#" * (grub.GRUBENV_SIZE - len(body))).encode()
 
 
 @pytest.fixture(scope="module")
 def one_kernel():
-    return ku.parse_grub_cfg((FIXTURES / "debian12-lab-one-kernel.cfg").read_text())
+    return grub.parse_grub_cfg((FIXTURES / "debian12-lab-one-kernel.cfg").read_text())
 
 
 @pytest.fixture(scope="module")
 def two_kernels():
-    return ku.parse_grub_cfg((FIXTURES / "debian12-lab-two-kernels.cfg").read_text())
+    return grub.parse_grub_cfg((FIXTURES / "debian12-lab-two-kernels.cfg").read_text())
 
 
 # ---- /etc/default/grub + grub.d --------------------------------------------------------------------------
@@ -50,12 +51,12 @@ def two_kernels():
     ([("/etc/default/grub", None)], "0", None, False),
 ])
 def test_grub_settings_last_assignment_wins(files, default, source, savedefault):
-    got = ku.grub_settings(files)
+    got = grub.grub_settings(files)
     assert (got["default"], got["default_from"], got["savedefault"]) == (default, source, savedefault)
 
 
 def test_dropin_order_is_what_grub_mkconfig_sources():
-    assert ku.dropin_order(["99-gpufleet.cfg", "50-cloudimg-settings.cfg", "README", "98-gpufleet-kernel-upgrade.cfg",
+    assert grub.dropin_order(["99-gpufleet.cfg", "50-cloudimg-settings.cfg", "README", "98-gpufleet-kernel-upgrade.cfg",
                             "init-select.cfg.dpkg-old"]) == [
         "50-cloudimg-settings.cfg", "98-gpufleet-kernel-upgrade.cfg", "99-gpufleet.cfg"]
 
@@ -67,20 +68,20 @@ def test_grub_default_saved_passes():
 
 
 def test_grub_default_zero_fails_with_the_fix_in_words():
-    c = ku.check_grub_default(ku.grub_settings([("/etc/default/grub", "GRUB_DEFAULT=0\n")]), fix_allowed=False)
+    c = ku.check_grub_default(grub.grub_settings([("/etc/default/grub", "GRUB_DEFAULT=0\n")]), fix_allowed=False)
     assert not c["ok"] and not c["fixable"]
     assert "GRUB_DEFAULT=0 (set in /etc/default/grub)" in c["reason"] and "grub-reboot" in c["reason"]
     assert "kernel_upgrade_fix_grub_default: true" in c["fix"] and ku.SAVED_DROPIN in c["fix"]
-    assert ku.check_grub_default(ku.grub_settings([("/etc/default/grub", "")]), fix_allowed=True)["fixable"]
+    assert ku.check_grub_default(grub.grub_settings([("/etc/default/grub", "")]), fix_allowed=True)["fixable"]
 
 
 def test_savedefault_true_is_refused_because_a_failed_boot_would_stick():
-    c = ku.check_grub_default(ku.grub_settings([("/etc/default/grub", "GRUB_DEFAULT=saved\nGRUB_SAVEDEFAULT=true\n")]), False)
+    c = ku.check_grub_default(grub.grub_settings([("/etc/default/grub", "GRUB_DEFAULT=saved\nGRUB_SAVEDEFAULT=true\n")]), False)
     assert not c["ok"] and "GRUB_SAVEDEFAULT=true" in c["reason"] and "stick" in c["reason"]
 
 
 def test_our_dropin_overridden_by_a_later_file_is_named():
-    c = ku.check_grub_default(ku.grub_settings([("/etc/default/grub", ""), (ku.SAVED_DROPIN, ku.SAVED_DROPIN_TEXT),
+    c = ku.check_grub_default(grub.grub_settings([("/etc/default/grub", ""), (ku.SAVED_DROPIN, ku.SAVED_DROPIN_TEXT),
                                                 ("/etc/default/grub.d/99-z.cfg", "GRUB_DEFAULT=2\n")]),
                               fix_allowed=True, dropin_present=True)
     assert not c["ok"] and not c["fixable"] and "overrides it" in c["fix"]
@@ -88,7 +89,7 @@ def test_our_dropin_overridden_by_a_later_file_is_named():
 
 # ---- grubenv ------------------------------------------------------------------------------------------------
 def test_grubenv_parse_and_valid():
-    env = ku.parse_grubenv(grubenv(saved_entry=OLD_PATH, next_entry=NEW_PATH))
+    env = grub.parse_grubenv(grubenv(saved_entry=OLD_PATH, next_entry=NEW_PATH))
     assert env["valid"] and env["vars"] == {"saved_entry": OLD_PATH, "next_entry": NEW_PATH}
     assert ku.check_grubenv(env, True, {"device": "/dev/vda1", "point": "/", "fstype": "ext4"})["ok"]
 
@@ -103,7 +104,7 @@ def test_grubenv_parse_and_valid():
     (grubenv(), True, {"device": "/dev/nvme0n1p2", "point": "/", "fstype": "btrfs"}, "btrfs"),
 ])
 def test_grubenv_refusals_say_why(data, writable, mount, words):
-    c = ku.check_grubenv(ku.parse_grubenv(data), writable, mount)
+    c = ku.check_grubenv(grub.parse_grubenv(data), writable, mount)
     assert not c["ok"] and words in c["reason"] and c["fix"]
 
 
@@ -171,7 +172,7 @@ menuentry 'UEFI Firmware Settings' $menuentry_id_option 'uefi-firmware' {
 \tfwsetup
 }
 """
-    entries = ku.parse_grub_cfg(text)
+    entries = grub.parse_grub_cfg(text)
     assert [(e["path"], e["version"], e["recovery"], e["index"]) for e in entries] == [
         ("gnulinux-simple-abc", "6.8.0-45-generic", False, 0),
         ("gnulinux-advanced-abc>gnulinux-6.8.0-45-generic-advanced-abc", "6.8.0-45-generic", False, None),

@@ -14,6 +14,7 @@ import subprocess
 import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import payload as pp
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import boot
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.reapply import render_script
 from tests.unit.fakesysfs import load_capture, payload_switch, two_gpus_one_switch, two_numa_nodes
@@ -294,19 +295,19 @@ def test_persist_entries_replace_managed_hierarchies_and_keep_others():
     entries = pp.persist_entries(managed, existing, live, skip={"r"})
     assert [(e["bdf"], e.get("mps"), e.get("mrrs")) for e in entries] == [
         ("0000:00:01.0", 256, None), ("0000:97:00.0", None, 4096), ("0000:03:00.0", 256, 4096)]
-    text = pp.render_persist(entries)
-    assert pp.parse_persist(text)["0000:03:00.0"]["mrrs"] == 4096
-    assert pp.parse_persist("{") == {} and pp.parse_persist('{"format": "x"}') == {} and pp.parse_persist(None) == {}
+    text = boot.render_persist(entries)
+    assert boot.parse_persist(text)["0000:03:00.0"]["mrrs"] == 4096
+    assert boot.parse_persist("{") == {} and boot.parse_persist('{"format": "x"}') == {} and boot.parse_persist(None) == {}
 
 
 def test_render_unit():
-    unit = pp.render_unit()
+    unit = boot.render_unit()
     assert "Type=oneshot" in unit and "RemainAfterExit=yes" in unit and "DefaultDependencies=no" in unit
     # before udev coldplug loads the GPU drivers, so no DMA is in flight when a register changes
     assert "Before=systemd-udev-trigger.service sysinit.target shutdown.target nvidia-persistenced.service" in unit
     assert "After=systemd-remount-fs.service\n" in unit and "systemd-udev-trigger.service\nBefore" not in unit
-    assert f"ConditionPathExists={pp.PERSIST_CONFIG}" in unit
-    assert f"ExecStart={pp.APPLY_SCRIPT} {pp.PERSIST_CONFIG}" in unit
+    assert f"ConditionPathExists={boot.PERSIST_CONFIG}" in unit
+    assert f"ExecStart={boot.APPLY_SCRIPT} {boot.PERSIST_CONFIG}" in unit
     assert render_script("/usr/bin/python3").startswith("#!/usr/bin/python3\n# -*- coding: utf-8 -*-")
 
 
@@ -375,7 +376,7 @@ def test_apply_writes_readonly_warn_goes_on_with_other_hierarchies(tmp_path):
 def test_record_json_is_stable(switch):
     model = pp.gather(switch)
     rec = pp.merge_record(pp.empty_record(), pp.plan_present(model, "max_safe")["writes"], model["functions"])
-    assert pp.render_json(rec) == pp.render_json(json.loads(pp.render_json(rec)))
+    assert boot.render_json(rec) == boot.render_json(json.loads(boot.render_json(rec)))
 
 
 def test_payload_mismatches_against_pcie_facts(switch):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import GRUBENV_HEADER, GRUBENV_SIZE
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import GRUBENV_HEADER, GRUBENV_SIZE
 from ansible_collections.gpufleet.inference.plugins.modules import kernel_boot_entry, kernel_upgrade_preflight
 from tests.unit.plugins.modules.uthelper import UTHelper
 

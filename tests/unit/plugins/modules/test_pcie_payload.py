@@ -21,6 +21,7 @@ import pytest
 from ansible.module_utils.testing import patch_module_args
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import payload as pp
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import boot
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.reapply import render_script
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.modules import pcie_payload
@@ -56,15 +57,15 @@ def tuned_switch(root, persist: bool = True, **kw):
     outcome = pp.apply_writes(fs, plan["writes"], subprocess_run, SETPCI)
     assert not outcome["failures"], outcome
     record = pp.merge_record(pp.empty_record(), plan["writes"], model["functions"])
-    fs.write_atomic("/var/lib/gpufleet/pcie_payload/originals.json", pp.render_json(record))
+    fs.write_atomic("/var/lib/gpufleet/pcie_payload/originals.json", boot.render_json(record))
     if persist:
         live = {b: {"mps": d["mps_after"], "mrrs": d["mrrs_after"]} for b, d in plan["devices"].items()}
-        fs.write_atomic(pp.PERSIST_CONFIG, pp.render_persist(pp.persist_entries(plan["managed"], {}, live)))
-        fs.write_atomic(pp.APPLY_SCRIPT, render_script(sys.executable), 0o755)
-        fs.write_atomic(pp.UNIT_PATH, pp.render_unit())
-        wants = Path(fs.path(pp.UNIT_WANTS))
+        fs.write_atomic(boot.PERSIST_CONFIG, boot.render_persist(pp.persist_entries(plan["managed"], {}, live)))
+        fs.write_atomic(boot.APPLY_SCRIPT, render_script(sys.executable), 0o755)
+        fs.write_atomic(boot.UNIT_PATH, boot.render_unit())
+        wants = Path(fs.path(boot.UNIT_WANTS))
         wants.parent.mkdir(parents=True, exist_ok=True)
-        wants.symlink_to(pp.UNIT_PATH)
+        wants.symlink_to(boot.UNIT_PATH)
 
 
 def persisted_only(root):
@@ -74,12 +75,12 @@ def persisted_only(root):
     plan = pp.plan_present(model, "max_safe", 4096)
     assert plan["writes"] == []
     live = {b: {"mps": d["mps_after"], "mrrs": d["mrrs_after"]} for b, d in plan["devices"].items()}
-    fs.write_atomic(pp.PERSIST_CONFIG, pp.render_persist(pp.persist_entries(plan["managed"], {}, live)))
-    fs.write_atomic(pp.APPLY_SCRIPT, render_script(sys.executable), 0o755)
-    fs.write_atomic(pp.UNIT_PATH, pp.render_unit())
-    wants = Path(fs.path(pp.UNIT_WANTS))
+    fs.write_atomic(boot.PERSIST_CONFIG, boot.render_persist(pp.persist_entries(plan["managed"], {}, live)))
+    fs.write_atomic(boot.APPLY_SCRIPT, render_script(sys.executable), 0o755)
+    fs.write_atomic(boot.UNIT_PATH, boot.render_unit())
+    wants = Path(fs.path(boot.UNIT_WANTS))
     wants.parent.mkdir(parents=True, exist_ok=True)
-    wants.symlink_to(pp.UNIT_PATH)
+    wants.symlink_to(boot.UNIT_PATH)
 
 
 def short_peer(root):
@@ -140,11 +141,11 @@ def changed_bytes(before: dict, after: dict) -> dict[str, list[int]]:
 
 def unit_command(root) -> list[str]:
     """The ExecStart of the installed unit, run against the tree: the same script and config file."""
-    unit = (Path(root) / pp.UNIT_PATH.lstrip("/")).read_text()
+    unit = (Path(root) / boot.UNIT_PATH.lstrip("/")).read_text()
     exec_start = [ln.split("=", 1)[1] for ln in unit.splitlines() if ln.startswith("ExecStart=")]
     assert len(exec_start) == 1
     argv = shlex.split(exec_start[0])
-    assert argv == [pp.APPLY_SCRIPT, pp.PERSIST_CONFIG]
+    assert argv == [boot.APPLY_SCRIPT, boot.PERSIST_CONFIG]
     script = Path(root) / argv[0].lstrip("/")
     assert os.stat(script).st_mode & stat.S_IXUSR
     shebang = script.read_text().splitlines()[0]
@@ -176,12 +177,12 @@ def test_byte_level_cycle_on_a_switch_where_path_and_peer_limits_differ(tmp_path
         assert (now["mps"], now["mrrs"]) == (256, 4096)
         assert now["devctl"] & ~0x70E0 & 0xFFFF == pp.devctl_of(firmware[bdf], 0x60) & ~0x70E0 & 0xFFFF
     assert pp.read_payload(fs, "0000:06:00.0")["mps"] == 256  # other root port: untouched
-    assert (root / pp.UNIT_WANTS.lstrip("/")).is_symlink()
+    assert (root / boot.UNIT_WANTS.lstrip("/")).is_symlink()
 
     # The unit file is valid for systemd.
     analyze = shutil.which("systemd-analyze")
     if analyze:
-        proc = subprocess.run([analyze, f"--root={root}", "verify", pp.UNIT_NAME], stdout=subprocess.PIPE,
+        proc = subprocess.run([analyze, f"--root={root}", "verify", boot.UNIT_NAME], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, check=False)
         assert proc.returncode == 0 and proc.stderr == "", proc.stderr
 
@@ -205,7 +206,7 @@ def test_byte_level_cycle_on_a_switch_where_path_and_peer_limits_differ(tmp_path
     back = run_module({"root": str(root), "state": "default"}, capsys)
     assert back["changed"] is True, back
     assert snapshot(root) == firmware
-    for path in (pp.UNIT_PATH, pp.APPLY_SCRIPT, pp.PERSIST_CONFIG, pp.UNIT_WANTS, "/var/lib/gpufleet/pcie_payload/originals.json"):
+    for path in (boot.UNIT_PATH, boot.APPLY_SCRIPT, boot.PERSIST_CONFIG, boot.UNIT_WANTS, "/var/lib/gpufleet/pcie_payload/originals.json"):
         assert not os.path.lexists(root / path.lstrip("/")), path
     again = run_module({"root": str(root), "state": "default"}, capsys)
     assert (again["changed"], again["actions"]) == (False, [])
