@@ -453,8 +453,8 @@ def _bounds(s: GateSettings) -> _Bounds:
                    math.log(1.0 - s.pass_floor * margin))
 
 
-def _checked(baseline: Any, candidate: Any, s: GateSettings, facts: RunFacts) -> tuple[list[float], list[float],
-                                                                                      tuple[float, float], str]:
+def _checked(baseline: Any, candidate: Any, s: GateSettings,
+             facts: RunFacts) -> tuple[list[float], list[float], tuple[float, float], str]:
     """Both sides' runs, the settings checked, both failure rates and the workload warning; GateError for bad input."""
     base = check_runs("baseline", baseline)
     cand = check_runs("candidate", candidate)

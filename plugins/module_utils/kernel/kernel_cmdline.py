@@ -20,7 +20,10 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._host.files imp
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.cmdline import (
-    DROPIN, DROPIN_DIR, GRUB_CFG, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, change_owner, check_length, find_conflicts, foreign_texts, gather, grub_cfg_kernel, overriding_dropins, predicted_cmdline, foreign_conflicts, foreign_grub_args, grub_cfg_args, parse_dropin, parse_state, pending_after, plan_dropin, plan_grubby, render_state, split_cmdline, status, validate_args, validate_owner, wanted_args,
+    DROPIN, DROPIN_DIR, GRUB_CFG, GRUB_DEFAULTS, PROC_CMDLINE, STATE_FILE, CmdlineError, change_owner, check_length,
+    find_conflicts, foreign_texts, gather, grub_cfg_kernel, overriding_dropins, predicted_cmdline,
+    foreign_conflicts, foreign_grub_args, grub_cfg_args, parse_dropin, parse_state, pending_after, plan_dropin,
+    plan_grubby, render_state, split_cmdline, status, validate_args, validate_owner, wanted_args,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import parse_grubby_info
 

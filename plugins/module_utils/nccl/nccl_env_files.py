@@ -79,6 +79,6 @@ def execute(params: dict, host: Host, check_mode: bool, owner: tuple[int, int] =
         name = params.get("host_name") or platform.node()
         where = f" on {name}" if name else ""
         host.warn(f"{user_conf} exists{where}: NCCL reads it instead of {params['conf_path']} for processes of root. "
-             "Remove it or fold its keys into nccl_env_settings.")
+                  "Remove it or fold its keys into nccl_env_settings.")
     return {"changed": bool(actions), "actions": actions, "files": [params["conf_path"], params["env_file"]],
             "user_conf_exists": user_conf_exists, "read_back": not check_mode, "diff": diff}

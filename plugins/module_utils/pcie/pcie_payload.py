@@ -12,12 +12,12 @@ from __future__ import annotations
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker, normalize_bdfs
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.payload import (
-    RECORD_FILE, PayloadError, apply_writes, failure_message, gather, gather_recorded, merge_record, parse_mps, parse_record, parse_size, persist_entries, plan_present, plan_restore, read_payload, restore_scope, setpci_argv,
+    RECORD_FILE, PayloadError, apply_writes, failure_message, gather, gather_recorded, merge_record, parse_mps,
+    parse_record, parse_size, persist_entries, plan_present, plan_restore, read_payload, restore_scope, setpci_argv,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.boot import (
-    PERSIST_CONFIG, UNIT_WANTS, parse_persist,
+    PERSIST_CONFIG, UNIT_WANTS, parse_persist, persistence_plan,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.boot import persistence_plan
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.state import PcieState, StepFailed, shown_actions
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.users import refusal, users
 

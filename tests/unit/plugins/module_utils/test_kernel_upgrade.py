@@ -57,7 +57,7 @@ def test_grub_settings_last_assignment_wins(files, default, source, savedefault)
 
 def test_dropin_order_is_what_grub_mkconfig_sources():
     assert grub.dropin_order(["99-gpufleet.cfg", "50-cloudimg-settings.cfg", "README", "98-gpufleet-kernel-upgrade.cfg",
-                            "init-select.cfg.dpkg-old"]) == [
+                              "init-select.cfg.dpkg-old"]) == [
         "50-cloudimg-settings.cfg", "98-gpufleet-kernel-upgrade.cfg", "99-gpufleet.cfg"]
 
 
@@ -82,7 +82,7 @@ def test_savedefault_true_is_refused_because_a_failed_boot_would_stick():
 
 def test_our_dropin_overridden_by_a_later_file_is_named():
     c = ku.check_grub_default(grub.grub_settings([("/etc/default/grub", ""), (ku.SAVED_DROPIN, ku.SAVED_DROPIN_TEXT),
-                                                ("/etc/default/grub.d/99-z.cfg", "GRUB_DEFAULT=2\n")]),
+                                                  ("/etc/default/grub.d/99-z.cfg", "GRUB_DEFAULT=2\n")]),
                               fix_allowed=True, dropin_present=True)
     assert not c["ok"] and not c["fixable"] and "overrides it" in c["fix"]
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import flow as flow
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import flow
 from tests.unit.plugins.module_utils.flow_sim import NEW, OLD, SETTINGS, TASKS, Host, drive, role_steps
 from tests.unit.plugins.modules.test_kernel_upgrade_flow_role import REPORTS
 

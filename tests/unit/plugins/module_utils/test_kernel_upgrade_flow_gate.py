@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import flow as flow
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import flow
 from tests.unit.plugins.module_utils.flow_sim import NEW, OLD, SETTINGS, Host, drive
 
 REPO = Path(__file__).resolve().parents[4]

@@ -84,10 +84,10 @@ def test_the_script_serves_its_module_utils_and_shows_their_lines_in_tracebacks(
     sources = {
         "t.base": "import sys\n\nVALUE = 41\n\n\ndef fail():\n    raise RuntimeError('from the bundled base')\n",
         "t.entry": (f"import json\nfrom {PREFIX}.t import base\nfrom {PREFIX}.t.base import VALUE\n\n\n"
-                  "def main(argv):\n"
-                  "    if argv == ['fail']:\n        base.fail()\n"
-                  "    print(json.dumps({'name': __name__, 'file': __file__, 'value': VALUE + 1, 'argv': argv}))\n"
-                  "    return 3\n"),
+                    "def main(argv):\n"
+                    "    if argv == ['fail']:\n        base.fail()\n"
+                    "    print(json.dumps({'name': __name__, 'file': __file__, 'value': VALUE + 1, 'argv': argv}))\n"
+                    "    return 3\n"),
     }
     script = tmp_path / "bin" / "tool"
     script.parent.mkdir()

@@ -12,7 +12,7 @@ import re
 
 import yaml
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import flow as flow
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import flow
 from tests.helpers import REPO
 
 TASKS = os.path.join(REPO, "roles", "kernel_upgrade", "tasks")

@@ -27,10 +27,10 @@ ME = (os.getuid(), os.getgid())
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="the module gives its files to root (chown)")
 
 
-
 def on(fs, warn=None) -> Host:
     """The Host of the executor: files only; warnings to ``warn`` (dropped by default)."""
     return Host(fs=fs, cmd=None, warn=warn or (lambda msg: None))
+
 
 def _params(**over) -> dict:
     params = {"conf_path": "/etc/nccl.conf", "conf_content": RESOLVED["nccl_conf"], "env_file": "/etc/gpufleet/nccl.env",
