@@ -44,6 +44,8 @@ CHANGES: dict[str, tuple[str, ...]] = {
     "vllm_version": ("vllm_version", "server_argv"),
 }
 _IDENTITY = {"model_config": "config", "model_tokenizer": "tokenizer", "model_weights": "weights"}
+# compared as given (an argv's "256" stays a string; numbers elsewhere are normalised: "1024" == 1024 == 1024.0)
+_TEXT = ("model_config", "model_tokenizer", "model_weights", "vllm_version", "server_argv", "client")
 
 
 def _norm(value: Any) -> Any:
@@ -115,7 +117,7 @@ def workload(result: Any, concurrency: Any = None) -> dict[str, Any]:
         out = dict(result)
         if concurrency is not None:
             out["concurrency"] = concurrency
-    return {k: _norm(out[k]) for k in WORKLOAD_FIELDS if out.get(k) is not None}
+    return {k: out[k] if k in _TEXT else _norm(out[k]) for k in WORKLOAD_FIELDS if out.get(k) is not None}
 
 
 def workload_mismatch(baseline: dict[str, Any] | None, candidate: dict[str, Any] | None,
