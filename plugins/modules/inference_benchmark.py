@@ -205,7 +205,7 @@ options:
     default: {}
   server_argv:
     description:
-      - The vLLM server's command line as a list (the M(gpufleet.inference.vllm_service) role's rendered argv), stored as
+      - The vLLM server's command line as a list (the C(gpufleet.inference.vllm_service) role's rendered argv), stored as
         C(server.argv) and compared by the gate's workload fingerprint (C(server_argv)); two results of servers started
         with other flags are not compared unless the change under test is C(vllm_flags) or C(vllm_version).
       - Not given, the fingerprint carries no argv (the gate warns when one side has it and the other not).
