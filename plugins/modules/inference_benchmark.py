@@ -263,6 +263,8 @@ EXAMPLES = r"""
       mps: 256
       mrrs: 4096
       irq_pinning: true
+    # the server's flags, compared by the gate (the vllm_service role renders them as __vllm_service.argv)
+    server_argv: "{{ __vllm_service.argv }}"
   register: baseline
 
 - name: Benchmark a server that takes text prompts only and does not know vLLM's extensions

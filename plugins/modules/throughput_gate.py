@@ -260,10 +260,12 @@ EXAMPLES = r"""
     baseline_requests: "{{ baseline_bench.benchmark.requests }}"
     candidate_failed: "{{ candidate_bench.benchmark.errors + candidate_bench.benchmark.short_outputs }}"
     candidate_requests: "{{ candidate_bench.benchmark.requests }}"
-    # refused when the two were not the same workload (model, lengths, concurrency, requests per run)
+    # refused when the two were not the same workload (model and its files, vLLM version and argv, lengths,
+    # concurrency, requests per run): a kernel change lets nothing of it differ
     baseline_workload: "{{ baseline_bench.benchmark }}"
     candidate_workload: "{{ candidate_bench.benchmark }}"
     workload_concurrency: 32
+    change: kernel
   register: gate
 
 - name: Run more candidate runs (the gated level only, no warm-up) while the gate asks for them
