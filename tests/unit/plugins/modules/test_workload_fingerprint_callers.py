@@ -218,3 +218,22 @@ def test_a_bad_server_argv_is_refused_before_any_request(capsys):
         with pytest.raises(ValueError, match="server_argv must be"):
             check_argv(bad)
     assert check_argv(None) is None and check_argv(("a", "b")) == ["a", "b"]
+
+
+# ---- the vLLM flag stages' table (tests/tools/vllm_flag_stages.py, its own path to the gate): vllm_flags ------------
+def flag_stage_row(candidate_server):
+    from tests.tools import vllm_flag_stages as vfs
+
+    runs = [{"output_throughput": v} for v in BASE]
+    cand = [{"output_throughput": v} for v in SAME]
+    records = [{"stage": "baseline", "levels": {"32": runs}, "gate": None},
+               {"stage": "seqs", "changed": {"vllm_service_max_num_seqs": 64}, "levels": {"32": cand},
+                "gate": {"baseline_runs": runs, "candidate_runs": cand, "baseline_workload": document(),
+                         "candidate_workload": document(**candidate_server)}}]
+    return vfs.stage_table(records, 32)[1]
+
+
+def test_the_flag_stage_table_lets_the_argv_differ_and_nothing_else():
+    assert flag_stage_row(OTHER_ARGV)["verdict"] == "pass"
+    row = flag_stage_row(OTHER_VERSION)
+    assert row["verdict"] == "error" and "vllm_version: baseline '0.26.0', candidate '0.27.0'" in row["error"]
