@@ -59,9 +59,10 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
   outlier: a dead candidate run is a ``regression`` (decided by the failures), a dead baseline run a GateError
   (measure the baseline again). The outlier screen never sees either.
 * **Workloads.** Runs of different workloads are never compared: given both sides' workload (an
-  inference_benchmark result, or its fingerprint, see ``workload()``), any difference is a GateError naming
-  each field, "field: baseline X, candidate Y" (``workload_mismatch()``; the rule for older results that carry
-  no fingerprint is in its docstring and docs/benchmark.md).
+  inference_benchmark result, or its fingerprint, see bench/workload.py ``workload()``), any difference outside
+  what the change under test is about (RunFacts ``change``, ``CHANGES``) is a GateError naming each field,
+  "field: baseline X, candidate Y" (``workload_mismatch()``; the rule for older results that carry no
+  fingerprint is in its docstring and docs/benchmark.md).
 * **Latency.** decide() is decide_throughput() plus the latency part: given each run's TTFT and TPOT (p50 and p90,
   ``baseline_latency``/``candidate_latency``), each metric is judged by decide_throughput() on 1/latency at threshold
   1/(1 + its margin) (``latency_margins``, DEFAULT_LATENCY_MARGINS) and ``latency_alpha``, each part a sequential test

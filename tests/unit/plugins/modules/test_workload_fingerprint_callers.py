@@ -9,7 +9,6 @@ model's identity, the engine's version and the server's argv, run against the la
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 from ansible.module_utils import _internal
