@@ -18,7 +18,7 @@ def throughput_gate(baseline, candidate, threshold=GATE.threshold, alpha=GATE.al
                     min_runs=GATE.min_runs, max_runs=GATE.max_runs, bootstrap=GATE.bootstrap, seed=GATE.seed, unit=GATE.unit,
                     **options):
     """Judge candidate runs against baseline runs; see gpufleet.inference.throughput_gate (defaults: GateSettings)."""
-    known = set(FLOATS) | set(INTS) | {"spending", "order", "baseline_workload", "candidate_workload", "baseline_latency",
+    known = set(FLOATS) | set(INTS) | {"spending", "order", "change", "baseline_workload", "candidate_workload", "baseline_latency",
                                        "candidate_latency", "latency_margins", "latency_alpha"}
     unknown = sorted(set(options) - known)
     if unknown:

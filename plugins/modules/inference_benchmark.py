@@ -203,6 +203,21 @@ options:
     description: What the host's tuning was during the benchmark, stored with the results as given (for example the tuning roles' settings).
     type: dict
     default: {}
+  server_argv:
+    description:
+      - The vLLM server's command line as a list (the C(gpufleet.inference.vllm_service) role's rendered argv), stored as
+        C(server.argv) and compared by the gate's workload fingerprint (C(server_argv)); two results of servers started
+        with other flags are not compared unless the change under test is C(vllm_flags) or C(vllm_version).
+      - Not given, the fingerprint carries no argv (the gate warns when one side has it and the other not).
+    type: list
+    elements: str
+  root:
+    description:
+      - Directory that stands for C(/) when the module reads the model directory the server reports (for the model's
+        identity, C(server.model_identity)) and writes O(results_dir).
+      - Leave it at C(/) on real hosts. Tests point it at a synthetic tree.
+    type: path
+    default: /
 notes:
   - TTFT runs from writing the request to the first streamed chunk that carries a token. TPOT is (latency - TTFT) /
     (output tokens - 1) with the server's C(usage.completion_tokens), as C(vllm bench serve) computes it. ITL is the gap
@@ -248,6 +263,8 @@ EXAMPLES = r"""
       mps: 256
       mrrs: 4096
       irq_pinning: true
+    # the server's flags, compared by the gate (the vllm_service role renders them as __vllm_service.argv)
+    server_argv: "{{ __vllm_service.argv }}"
   register: baseline
 
 - name: Benchmark a server that takes text prompts only and does not know vLLM's extensions
@@ -292,11 +309,18 @@ plan:
   type: dict
   sample: {levels: [8, 32], requests_per_level: 1056, requests_total: 2113, output_tokens_total: 270336}
 server:
-  description: What the server said about itself, and the preflight request's result.
+  description:
+    - What the server said about itself (C(GET /v1/models); C(vllm_version) from C(GET /version), null when the server
+      does not serve it), the preflight request's result, C(argv) (O(server_argv), when given) and C(model_identity).
+    - C(model_identity) is read from the model directory C(root) on the host (docs/benchmark.md, "What the gate
+      compares"), C(config), C(tokenizer) (sha256 of those files), C(weights) (sha256 over each weight file's name, size
+      and its first and last MiB), C(files), C(bytes) and, for a Hugging Face cache snapshot, C(revision); or
+      C(unreadable) (why) when the directory cannot be read here (a hub name, a server on another host), with a warning.
   returned: always
   type: dict
   sample: {url: "http://127.0.0.1:8000", model: lab, models: [lab], max_model_len: 4096, root: /srv/models/lab,
-           owned_by: vllm, preflight: {ttft_ms: 3.1, output_tokens: 4, per_chunk_usage_seen: true}}
+           owned_by: vllm, vllm_version: 0.26.0, preflight: {ttft_ms: 3.1, output_tokens: 4, per_chunk_usage_seen: true},
+           model_identity: {config: 4f1c..., tokenizer: 9a0b..., weights: 77de..., files: 3, bytes: 16060522496}}
 results_file:
   description: Path of the results JSON on the host; null when O(results_dir) is not set or in check mode.
   returned: always
@@ -435,6 +459,8 @@ ARGUMENT_SPEC = dict(
     results_dir=dict(type="path"),
     label=dict(type="str", default="benchmark"),
     tuning=dict(type="dict", default={}),
+    server_argv=dict(type="list", elements="str"),
+    root=dict(type="path", default="/"),
 )
 
 

@@ -33,8 +33,9 @@ description:
     without requests counted, or more failures than requests, are refused.
   - A run at 0 tok/s (the server died in it, or failed every request) is a failure, never an outlier; a dead candidate run
     is a V(regression), a dead baseline run refused (measure the baseline again).
-  - Given both sides' workloads (O(baseline_workload), O(candidate_workload)), runs of different workloads (model, prompt
-    and output lengths, concurrency, requests per run, sampling settings) are refused, naming each field that differs.
+  - Given both sides' workloads (O(baseline_workload), O(candidate_workload)), runs of different workloads (model and its
+    identity, engine version and argv, client, prompt and output lengths, concurrency, requests per run, sampling
+    settings) are refused, naming each field that differs, except what O(change) is about.
   - The latency part, given each run's TTFT and TPOT (O(baseline_latency), O(candidate_latency)), each of TTFT p50, TTFT
     p90, TPOT p50 and TPOT p90 is judged across runs with the same sequential test, lower is better, against its margin
     (O(latency_margins)) and answers V(pass), V(regression) or V(inconclusive) with its ratio and interval
@@ -171,13 +172,25 @@ options:
   baseline_workload:
     description:
       - The baseline's workload, an M(gpufleet.inference.inference_benchmark) result (its C(benchmark) return value) or a fingerprint,
-        a dict of C(model), C(model_root), C(max_model_len), C(prompt_tokens), C(output_tokens), C(prompt_mode),
+        a dict of C(model), C(model_root), C(model_config), C(model_tokenizer), C(model_weights), C(max_model_len),
+        C(vllm_version), C(server_argv), C(client), C(prompt_tokens), C(output_tokens), C(prompt_mode),
         C(token_id_range), C(ignore_eos), C(temperature), C(max_tokens), C(per_chunk_usage), C(requests), C(concurrency),
         C(profile).
       - When both workloads are given they must be equal in every field both carry (C(model), C(prompt_tokens),
-        C(output_tokens), C(requests) and C(concurrency) on both sides); otherwise the task fails naming each difference.
-        When only one is given, a warning says the workloads could not be checked.
+        C(output_tokens), C(requests) and C(concurrency) on both sides), except the fields O(change) lets differ;
+        otherwise the task fails naming each difference with both values.
+        When only one is given, or the model identity, the vLLM version, the argv or the client on one side only, a
+        warning says what could not be checked.
     type: dict
+  change:
+    description:
+      - What the candidate changed, and so which workload fields may differ between the sides (every other must be equal).
+      - V(none), V(kernel), V(host) (sysfs, PCIe, IRQ, hugepages tuning) and V(driver) let nothing of the workload differ;
+        V(vllm_flags) lets C(server_argv) and C(max_model_len) differ; V(vllm_version) C(vllm_version) and C(server_argv).
+      - See docs/benchmark.md, "What the gate compares".
+    type: str
+    choices: [none, kernel, host, driver, vllm_flags, vllm_version]
+    default: none
   candidate_workload:
     description: The candidate's workload, as O(baseline_workload).
     type: dict
@@ -247,10 +260,12 @@ EXAMPLES = r"""
     baseline_requests: "{{ baseline_bench.benchmark.requests }}"
     candidate_failed: "{{ candidate_bench.benchmark.errors + candidate_bench.benchmark.short_outputs }}"
     candidate_requests: "{{ candidate_bench.benchmark.requests }}"
-    # refused when the two were not the same workload (model, lengths, concurrency, requests per run)
+    # refused when the two were not the same workload (model and its files, vLLM version and argv, lengths,
+    # concurrency, requests per run): a kernel change lets nothing of it differ
     baseline_workload: "{{ baseline_bench.benchmark }}"
     candidate_workload: "{{ candidate_bench.benchmark }}"
     workload_concurrency: 32
+    change: kernel
   register: gate
 
 - name: Run more candidate runs (the gated level only, no warm-up) while the gate asks for them
@@ -434,6 +449,7 @@ actions:
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE, ORDERS, SPENDING
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import GateError, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import CHANGES
 
 ARGUMENT_SPEC = dict(
     baseline=dict(type="list", elements="float", required=True),
@@ -463,6 +479,7 @@ ARGUMENT_SPEC = dict(
     baseline_workload=dict(type="dict"),
     candidate_workload=dict(type="dict"),
     workload_concurrency=dict(type="int"),
+    change=dict(type="str", choices=list(CHANGES), default="none"),
     baseline_latency=dict(type="dict"),
     candidate_latency=dict(type="dict"),
     latency_margins=dict(type="dict"),

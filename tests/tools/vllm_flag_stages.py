@@ -146,6 +146,7 @@ def stage_table(records: Sequence[dict], gate_level: int, threshold: float = 0.9
                               candidate_min_runs=st.get("candidate_min_runs", st.get("min_runs", 5)),
                               max_runs=st.get("max_runs", 15), bootstrap=0, order=st.get("order", "interleaved"),
                               baseline_workload=gate.get("baseline_workload"), candidate_workload=gate.get("candidate_workload"),
+                              change="vllm_flags",  # a flag stage: the server's argv is what changed
                               **(_latency_args(gate, b, c) if latency else {}))
             except tg.GateError as err:
                 row.update(verdict="error", kept=False, error=str(err))

@@ -138,6 +138,22 @@ class HostFS:
         except OSError as err:
             raise HostFSError("read", host_path, err) from None
 
+    def read_at(self, host_path: str, offset: int, size: int) -> bytes:
+        """``size`` bytes from ``offset`` (fewer at the end of the file); HostFSError when it cannot be read."""
+        try:
+            with open(self.path(host_path), "rb") as fh:
+                fh.seek(offset)
+                return fh.read(size)
+        except OSError as err:
+            raise HostFSError("read", host_path, err) from None
+
+    def size(self, host_path: str) -> int:
+        """The size in bytes of a file (symlinks followed, inside root); HostFSError when it cannot be stat'ed."""
+        try:
+            return os.stat(self.path(host_path)).st_size
+        except OSError as err:
+            raise HostFSError("stat", host_path, err) from None
+
     def listdir(self, host_path: str) -> list[str]:
         try:
             return sorted(os.listdir(self.path(host_path)))

@@ -159,7 +159,8 @@ class GateSettings:  # pylint: disable=too-many-instance-attributes  # the gate'
 @dataclass(frozen=True)
 class RunFacts:
     """What a comparison knows beside the runs: each side's failed and sent requests (a candidate that fails more
-    cannot pass) and its workload (a benchmark result or its fingerprint: different workloads are refused)."""
+    cannot pass), its workload (a benchmark result or its fingerprint: different workloads are refused) and the
+    change under test (bench/workload.py CHANGES: the fingerprint fields it lets differ; "none": nothing)."""
 
     baseline_failed: Any = 0
     baseline_requests: Any = 0
@@ -167,6 +168,7 @@ class RunFacts:
     candidate_requests: Any = 0
     baseline_workload: Any = None
     candidate_workload: Any = None
+    change: Any = "none"
 
 
 GATE = GateSettings()

@@ -21,6 +21,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.sweep imp
     BenchmarkError, benchmark, check_label, compact_summary, config_from_params, error_failure, plan, probe,
     result_warnings, results_document, results_filename, run,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.model_identity import model_identity
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.link_samples import LinkMonitor, WithLinks, flapping_runs, path_devices
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.load_monitor import contaminated_runs, for_pool
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker, TopologyError, select_targets
@@ -44,6 +45,7 @@ def check_params(params: dict[str, Any]):
     try:
         cfg = config_from_params(params)
         label = check_label(params["label"])
+        check_argv(params.get("server_argv"))
         if not 0.0 <= params["max_error_rate"] <= 1.0:
             raise ValueError(f"max_error_rate must be between 0 and 1, got {params['max_error_rate']}")
         if params["results_dir"] and not os.path.isabs(params["results_dir"]):
@@ -51,6 +53,30 @@ def check_params(params: dict[str, Any]):
     except ValueError as err:
         raise Failed(f"Invalid benchmark settings: {err}", changed=False) from None
     return cfg, label
+
+
+def check_argv(value: Any) -> list[str] | None:
+    """``server_argv`` as a list of strings (None when not given); ValueError for anything else."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or not value or not all(isinstance(a, str) for a in value):
+        raise ValueError(f"server_argv must be the vLLM server's command line as a non-empty list of strings (the "
+                         f"vllm_service role's rendered argv), got {value!r}")
+    return list(value)
+
+
+def identify(server: dict[str, Any], params: dict[str, Any], fs: HostFS, warn) -> dict[str, Any]:
+    """The server's description with the model's identity (read under ``root`` from the directory the server
+    reports) and the server's argv (``server_argv``, when given); a warning when the identity cannot be read."""
+    server = dict(server)
+    server["model_identity"] = model_identity(fs, server.get("root"))
+    if "unreadable" in server["model_identity"]:
+        warn(f"The model's identity (config, tokenizer and weight files) was not read: {server['model_identity']['unreadable']}. "
+             "The gate compares this result by the served name, the model path and the rest of its workload only.")
+    argv = check_argv(params.get("server_argv"))
+    if argv is not None:
+        server["argv"] = argv
+    return server
 
 
 def run_monitor(params: dict[str, Any], devices: list[str], fs: HostFS):
@@ -79,7 +105,7 @@ def execute(params: dict[str, Any], host: "Host", check_mode: bool) -> dict[str,
 
     if check_mode:
         try:
-            result["server"] = run(probe(cfg))
+            result["server"] = identify(run(probe(cfg)), params, fs, warn)
         except BenchmarkError as err:
             raise failed(str(err)) from None
         if results_dir:
@@ -93,6 +119,7 @@ def execute(params: dict[str, Any], host: "Host", check_mode: bool) -> dict[str,
         outcome = run(benchmark(cfg, monitor=run_monitor(params, devices, fs)))
     except BenchmarkError as err:
         raise failed(str(err)) from None
+    outcome["server"] = identify(outcome["server"], params, fs, warn)
     doc = results_document(outcome, label=label, host=platform.node(), kernel=kernel, tuning=params["tuning"])
     result.update(benchmarked=True, server=outcome["server"], samples=outcome["samples"], summary=compact_summary(outcome),
                   contaminated=contaminated_runs(outcome["levels"]), benchmark=doc)

@@ -249,6 +249,19 @@ async def discover(cfg: BenchmarkConfig, pool: ConnectionPool) -> dict[str, Any]
             "root": entry.get("root"), "owned_by": entry.get("owned_by")}
 
 
+async def engine_version(cfg: BenchmarkConfig, pool: ConnectionPool) -> str | None:
+    """GET /version: the engine's version as the server says it (vLLM answers {"version": "0.26.0"}); None for a
+    server without it (404, another body) or one that does not answer it in time (the workload fingerprint then
+    leaves the version out: not compared)."""
+    try:
+        status, body, _ = await asyncio.wait_for(http_json(pool, "GET", "/version", auth_headers(cfg)),
+                                                 timeout=min(cfg.timeout, 10.0))
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ProtocolError, ssl.SSLError):
+        return None
+    version = body.get("version") if status == 200 and isinstance(body, dict) else None
+    return version if isinstance(version, str) and version.strip() else None
+
+
 def _body(cfg: BenchmarkConfig, model: str, key: str, max_tokens: int | None = None, n_prompt: int | None = None) -> bytes:
     prompt = make_prompt(cfg.seed, key, n_prompt or cfg.prompt_tokens, cfg.prompt_mode, cfg.token_id_range)
     payload = completion_payload(model, prompt, max_tokens or cfg.output_tokens, cfg.ignore_eos, cfg.per_chunk_usage)
@@ -487,6 +500,7 @@ async def benchmark(cfg: BenchmarkConfig, progress=None, monitor=None) -> dict[s
 
     async def sweep() -> None:
         server.update(await discover(cfg, pool))
+        server["vllm_version"] = await engine_version(cfg, pool)
         where["stage"] = "preflight"
         server["preflight"] = await preflight(cfg, pool, server["model"])
         headers = auth_headers(cfg)
@@ -516,7 +530,9 @@ async def probe(cfg: BenchmarkConfig) -> dict[str, Any]:
     endpoint = check_config(cfg)
     pool = ConnectionPool(endpoint, make_ssl_context(cfg, endpoint))
     try:
-        return await discover(cfg, pool)
+        server = await discover(cfg, pool)
+        server["vllm_version"] = await engine_version(cfg, pool)
+        return server
     finally:
         pool.close()
 

@@ -59,9 +59,10 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
   outlier: a dead candidate run is a ``regression`` (decided by the failures), a dead baseline run a GateError
   (measure the baseline again). The outlier screen never sees either.
 * **Workloads.** Runs of different workloads are never compared: given both sides' workload (an
-  inference_benchmark result, or its fingerprint, see ``workload()``), any difference is a GateError naming
-  each field, "field: baseline X, candidate Y" (``workload_mismatch()``; the rule for older results that carry
-  no fingerprint is in its docstring and docs/benchmark.md).
+  inference_benchmark result, or its fingerprint, see bench/workload.py ``workload()``), any difference outside
+  what the change under test is about (RunFacts ``change``, ``CHANGES``) is a GateError naming each field,
+  "field: baseline X, candidate Y" (``workload_mismatch()``; the rule for older results that carry no
+  fingerprint is in its docstring and docs/benchmark.md).
 * **Latency.** decide() is decide_throughput() plus the latency part: given each run's TTFT and TPOT (p50 and p90,
   ``baseline_latency``/``candidate_latency``), each metric is judged by decide_throughput() on 1/latency at threshold
   1/(1 + its margin) (``latency_margins``, DEFAULT_LATENCY_MARGINS) and ``latency_alpha``, each part a sequential test
@@ -94,6 +95,10 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats imp
     inversion_distribution, median, median_ci, min_p_value, mwu_less, percentile, sample_stats, screen_one, slope_test,
     spent_alpha, t_quantile, t_sf, theil_sen_slope, trend, u_distribution, u_statistic,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import (
+    CHANGES, WORKLOAD_FIELDS, WORKLOAD_REQUIRED, check_change, check_workloads, one_sided, side_workload, workload,
+    workload_mismatch,
+)
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
@@ -106,22 +111,13 @@ __all__ = [
     "mwu_less", "percentile", "replay", "sample_stats", "schedule", "screen_one", "slope_test", "spent_alpha",
     "t_quantile", "t_sf", "theil_sen_slope", "trend", "u_distribution", "u_statistic",
     "MAX_BOOTSTRAP", "MAX_RUNS", "WORKLOAD_FIELDS", "WORKLOAD_REQUIRED", "check_all_settings", "check_count",
-    "workload", "workload_mismatch", "decide_throughput", "LATENCY_METRICS", "DEFAULT_LATENCY_MARGINS", "LATENCY_ALPHA",
+    "workload", "workload_mismatch", "CHANGES", "check_change", "check_workloads", "one_sided", "side_workload",
+    "decide_throughput", "LATENCY_METRICS", "DEFAULT_LATENCY_MARGINS", "LATENCY_ALPHA",
     "check_latency_margins", "latency_series", "run_latency", "LATENCY_LABELS", "latency_part",
     "GATE", "GateSettings", "RunFacts", "NO_FACTS", "gate_inputs", "LATENCY_MARGIN_RANGE",
 ]
 
 DECISIONS = ("pass", "regression", "inconclusive")
-
-# The workload fingerprint: what two benchmark results must share to be compared (docs/benchmark.md, "What the
-# gate compares"). The seed is left out on purpose: extra rounds draw new prompts of the same lengths; so are
-# warm-up, settle runs and measured_only, which differ between a first round and the extra rounds by design.
-WORKLOAD_FIELDS = ("model", "model_root", "max_model_len", "prompt_tokens", "output_tokens", "prompt_mode",
-                   "token_id_range", "ignore_eos", "temperature", "max_tokens", "per_chunk_usage", "requests",
-                   "concurrency", "profile")
-# Fields every fingerprint made by this release carries: one side without it is refused, not skipped.
-WORKLOAD_REQUIRED = ("model", "prompt_tokens", "output_tokens", "requests", "concurrency")
-
 
 # ---- input --------------------------------------------------------------------------------------
 def check_runs(name: str, values: Any) -> list[float]:
@@ -153,94 +149,6 @@ def check_count(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise GateError(f"{name} must be a whole number of requests, 0 or more, got {value!r}")
     return value
-
-
-def _norm(value: Any) -> Any:
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, (list, tuple)):
-        return [_norm(v) for v in value]
-    return value
-
-
-def workload(result: Any, concurrency: Any = None) -> dict[str, Any]:
-    """The workload fingerprint of a benchmark result, at one concurrency level: what must be equal for two results
-    to be compared (``WORKLOAD_FIELDS``; absent or None fields are left out).
-
-    ``result`` is an inference_benchmark result document (``server`` and ``config``, as stored and as returned in
-    the module's ``benchmark``), or a fingerprint already made (a dict of ``WORKLOAD_FIELDS``; other keys are
-    refused, so a typo cannot switch the check off). ``concurrency`` is the level compared (a document sweeps
-    several); without it a document's single configured level is taken. None or {} gives {} (not recorded).
-    """
-    if not result:
-        return {}
-    if not isinstance(result, dict):
-        raise GateError(f"a workload must be a benchmark result or its fingerprint (a dict), got {type(result).__name__}")
-    if "config" in result or "server" in result:
-        server, cfg = result.get("server") or {}, result.get("config") or {}
-        levels = cfg.get("concurrency")
-        if concurrency is None and isinstance(levels, list) and levels:
-            concurrency = levels[0] if len(levels) == 1 else sorted(levels)  # a sweep compared whole
-        out = {"model": server.get("model") or cfg.get("model"), "model_root": server.get("root"),
-               "max_model_len": server.get("max_model_len"), "concurrency": concurrency,
-               "profile": result.get("profile") or cfg.get("profile")}
-        for key in ("prompt_tokens", "output_tokens", "prompt_mode", "token_id_range", "ignore_eos", "temperature",
-                    "max_tokens", "per_chunk_usage", "requests"):
-            out[key] = cfg.get(key)
-    else:
-        unknown = sorted(set(result) - set(WORKLOAD_FIELDS))
-        if unknown:
-            raise GateError(f"workload fields {', '.join(map(str, unknown))} are unknown; known: {', '.join(WORKLOAD_FIELDS)}")
-        out = dict(result)
-        if concurrency is not None:
-            out["concurrency"] = concurrency
-    return {k: _norm(out[k]) for k in WORKLOAD_FIELDS if out.get(k) is not None}
-
-
-def workload_mismatch(baseline: dict[str, Any] | None, candidate: dict[str, Any] | None) -> list[str]:
-    """What differs between two fingerprints, one "field: baseline X, candidate Y" per field.
-
-    The rule for results that carry less: a side with no fingerprint at all (a result or journal stored before
-    fingerprints were recorded) compares nothing (the caller warns); between two fingerprints every field both
-    carry must be equal, and a field of ``WORKLOAD_REQUIRED`` carried by one side only is a difference (this
-    release records them all, so one side without it is not the same kind of result); other fields on one side
-    only (a server that does not say its max_model_len) are not compared.
-    """
-    if not baseline or not candidate:
-        return []
-    out = []
-    for key in WORKLOAD_FIELDS:
-        if key in baseline and key in candidate:
-            if baseline[key] != candidate[key]:
-                out.append(f"{key}: baseline {baseline[key]!r}, candidate {candidate[key]!r}")
-        elif key in WORKLOAD_REQUIRED and (key in baseline or key in candidate):
-            out.append(f"{key}: baseline {baseline.get(key, 'not recorded')!r}, candidate "
-                       f"{candidate.get(key, 'not recorded')!r}")
-    return out
-
-
-def check_workloads(baseline: Any, candidate: Any) -> str:
-    """GateError naming every difference when both workloads are given and differ; a warning (or '') otherwise."""
-    b, c = side_workload("baseline", baseline), side_workload("candidate", candidate)
-    diff = workload_mismatch(b, c)
-    if diff:
-        raise GateError("the runs are of different workloads and cannot be compared (" + "; ".join(diff) + "): measure "
-                        "the baseline and the candidate with the same model and benchmark settings")
-    if bool(b) != bool(c):
-        side = "baseline" if not b else "candidate"
-        return (f"the {side}'s workload was not recorded (a result stored before workload fingerprints): the gate could "
-                "not check that both sides ran the same model and benchmark")
-    return ""
-
-
-def side_workload(side: str, value: Any, concurrency: Any = None) -> dict[str, Any]:
-    """workload() of one side, its error naming the side's option (``baseline_workload``, ``candidate_workload``)."""
-    try:
-        return workload(value, concurrency)
-    except GateError as err:
-        raise GateError(f"{side}_workload: {err}") from err
 
 
 def check_all_settings(settings: GateSettings | None = None, **options: Any) -> None:
@@ -461,7 +369,7 @@ def _checked(baseline: Any, candidate: Any, s: GateSettings,
     s.check()
     fails = (_failure_rate("baseline", facts.baseline_failed, facts.baseline_requests),
              _failure_rate("candidate", facts.candidate_failed, facts.candidate_requests))
-    return base, cand, fails, check_workloads(facts.baseline_workload, facts.candidate_workload)
+    return base, cand, fails, check_workloads(facts.baseline_workload, facts.candidate_workload, facts.change)
 
 
 def _first_result(base: list[float], cand: list[float], s: GateSettings, unrecorded: str) -> dict[str, Any]:
@@ -994,7 +902,8 @@ def execute(params: dict, host: "Host", check_mode: bool) -> dict[str, Any]:
         workloads = {side: side_workload(side, p[f"{side}_workload"], level) for side in ("baseline", "candidate")}
         facts = RunFacts(baseline_failed=p["baseline_failed"], baseline_requests=p["baseline_requests"],
                          candidate_failed=p["candidate_failed"], candidate_requests=p["candidate_requests"],
-                         baseline_workload=workloads["baseline"], candidate_workload=workloads["candidate"])
+                         baseline_workload=workloads["baseline"], candidate_workload=workloads["candidate"],
+                         change=p.get("change") or "none")
         gate = decide(p["baseline"], p["candidate"], module_settings(p), facts,
                       baseline_latency=p["baseline_latency"], candidate_latency=p["candidate_latency"])
     except GateError as err:

@@ -203,12 +203,12 @@ def gated_level(data: dict[str, Any]) -> tuple[int | None, list[float], list[str
 
 def _bench_side(data: dict[str, Any]) -> dict[str, Any]:
     """One benchmark round as the journal keeps it: the gated level's runs, its failures and requests (checked
-    counts), and the workload fingerprint at that level (from the result's ``server`` and ``config``: the model and
-    the benchmark settings; {} when the role sent neither)."""
+    counts), and the workload fingerprint at that level (from the result's ``server``, ``config`` and ``client``: the
+    model and its identity, the engine, the benchmark settings; {} when the role sent none)."""
     level, samples, dirty = gated_level(data)
     try:
         failed, requests = check_count("failed", data.get("failed") or 0), check_count("requests", data.get("requests") or 0)
-        fingerprint = workload({k: data[k] for k in ("server", "config") if data.get(k)}, level)
+        fingerprint = workload({k: data[k] for k in ("server", "config", "client") if data.get(k)}, level)
     except GateError as err:
         raise FlowError(f"the benchmark result cannot be used: {err}") from None
     return {"samples": samples, "files": list(data.get("files") or []), "kernel": data.get("kernel"),
@@ -672,7 +672,7 @@ def judge(journal, obs):
         # ... and none of the per-run latency either: the latency part is then "not measured", never guessed
         gate = decide(journal["baseline"]["samples"], cand["samples"], **_failures(journal), **g,
                       baseline_workload=journal["baseline"].get("workload"), candidate_workload=cand.get("workload"),
-                      baseline_latency=journal["baseline"].get("latency"), candidate_latency=cand.get("latency"))
+                      change="kernel", baseline_latency=journal["baseline"].get("latency"), candidate_latency=cand.get("latency"))
     except GateError as err:
         return _verdict(journal, obs, "error", f"the gate could not judge: {err}")
     journal["gate"] = gate

@@ -394,7 +394,7 @@ def _measurement(doc: dict[str, Any], profile: str = "") -> dict[str, Any]:
     levels = {}
     for lv in doc.get("levels") or []:
         out = lv.get("output_throughput") or {}
-        fingerprint = workload({k: doc[k] for k in ("server", "config") if doc.get(k)}, int(lv["concurrency"]))
+        fingerprint = workload({k: doc[k] for k in ("server", "config", "client") if doc.get(k)}, int(lv["concurrency"]))
         if fingerprint:
             fingerprint["profile"] = profile
         levels[str(lv["concurrency"])] = {
@@ -509,6 +509,12 @@ def _auto_latency_margins(baseline: dict[str, Any], k: float) -> dict[str, float
     return out
 
 
+def stage_change(e: dict[str, Any]) -> str:
+    """The change a stage is about, for the gate's workload check: a vLLM flag stage ``vllm_flags`` (the server's
+    argv may differ from its reference's), any other (host stages, the reboot group) ``host`` (nothing may)."""
+    return "vllm_flags" if e.get("kind") == "vllm" else "host"
+
+
 def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
     """Gate every profile and level of ``e`` against its reference; set verdict, decision and status."""
     ref = reference_of(state, e)
@@ -537,6 +543,7 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
                            max_baseline_runs=_baseline_cap(g),
                            **_failures("baseline", ref_lv), **_failures("candidate", lv),
                            baseline_workload=ref_lv.get("workload"), candidate_workload=lv.get("workload"),
+                           change=stage_change(e),
                            **_latency_inputs(g, prof, ref_lv, lv))
             except GateError as err:
                 raise TuneError(f"the gate cannot judge {e['name']!r} {name} c={key}: {err}") from err

@@ -59,10 +59,14 @@ def chunked_stream(events: list[tuple[float, str]], done: bool = True) -> list:
 
 
 class Scripted:
-    """Answers each request with the next script: a list of (delay seconds, bytes) or CLOSE."""
+    """Answers each request with the next script: a list of (delay seconds, bytes) or CLOSE. GET /version is answered
+    apart (``version``: {"version": ...} when set, else 404 as a server without it) and kept in ``version_requests``,
+    so that the scripts and ``requests`` stay the benchmark's own."""
 
-    def __init__(self, scripts: list, ssl_context: ssl.SSLContext | None = None):
+    def __init__(self, scripts: list, ssl_context: ssl.SSLContext | None = None, version: str | None = None):
         self.scripts = list(scripts)
+        self.version = version
+        self.version_requests = 0
         self.ssl_context = ssl_context
         self.requests: list[tuple[str, bytes]] = []
         self.connections = 0
@@ -99,6 +103,13 @@ class Scripted:
                     if line.lower().startswith("content-length:"):
                         length = int(line.split(":", 1)[1])
                 body = await reader.readexactly(length) if length else b""
+                if text.startswith("GET /version "):
+                    self.version_requests += 1
+                    answer = (json_response(200, {"version": self.version}) if self.version else
+                              json_response(404, {"detail": "Not Found"}))
+                    writer.write(answer[0][1])
+                    await writer.drain()
+                    continue
                 self.requests.append((text, body))
                 script = self.scripts.pop(0) if len(self.scripts) > 1 else self.scripts[0]
                 self.active += 1
