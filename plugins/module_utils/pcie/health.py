@@ -233,3 +233,53 @@ def _host_findings(previous: dict[str, Any], current: dict[str, Any], previous_k
                                  "Compare the short benchmark with the history report; a drop after a kernel change "
                                  "is what playbooks/kernel_upgrade.yml's gate is for."))
     return findings
+
+
+# The findings that make a change unstable (issue 33, "stability in the verdict"): the path to a GPU got worse while
+# the change was in force. A faster link, a moved IRQ, a changed command line or kernel are not instability: the
+# first is good news, the others are what a change under test is expected to do.
+UNSTABLE_CODES = ("gpu_missing", "link_degraded", "link_cap_reduced", "aer_new", "xid")
+
+
+def stability(before: dict[str, Any] | None, after: dict[str, Any] | None, kernel_log: Sequence[str] | str = (),
+              requests: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The stability part of the serving verdict: ``stable``, ``unstable`` or ``not measured``.
+
+    ``before``/``after``: the audit's ``pcie`` documents taken before the change and with it in force; ``kernel_log``:
+    the kernel log lines since ``before``; ``requests``: each side's failed and sent requests
+    (``{"baseline": {"failed": F, "requests": N}, "candidate": {...}}``). Unstable when compare() finds one of
+    UNSTABLE_CODES, or when the candidate failed a larger share of its requests than the baseline. Without an audit
+    on either side the host part is ``not measured``; the request part still counts."""
+    reasons: list[str] = []
+    findings: list[dict[str, Any]] = []
+    measured = []
+    if before and after:
+        measured.append("host")
+        findings = [f for f in compare(before, after, kernel_log) if f["code"] in UNSTABLE_CODES]
+        reasons += [f["message"] for f in findings]
+    rates = _failure_rates(requests)
+    if rates:
+        measured.append("requests")
+        if rates[1] > rates[0]:
+            reasons.append(f"the candidate failed {rates[1]:.1%} of its requests, the baseline {rates[0]:.1%}")
+    if not measured:
+        return {"status": "not measured", "findings": [], "reason": "no audit before and after the change, no request counts"}
+    status = "unstable" if reasons else "stable"
+    reason = "; ".join(reasons) if reasons else f"nothing got worse ({' and '.join(measured)} checked)"
+    return {"status": status, "findings": findings, "measured": measured, "reason": reason}
+
+
+def _failure_rates(requests: dict[str, Any] | None) -> tuple[float, float] | None:
+    """(baseline, candidate) failed share of requests; None when either side's counts are missing. Counts must be
+    whole numbers with 0 <= failed <= requests: anything else is a ValueError naming the side."""
+    if not requests or not requests.get("baseline") or not requests.get("candidate"):
+        return None
+    out = []
+    for side in ("baseline", "candidate"):
+        failed, sent = requests[side].get("failed"), requests[side].get("requests")
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in (failed, sent)) and 0 <= failed <= sent
+        if not ok:
+            raise ValueError(f"{side} request counts must be whole numbers with 0 <= failed <= requests, got "
+                             f"failed={failed!r}, requests={sent!r}")
+        out.append(failed / sent if sent else 0.0)
+    return out[0], out[1]

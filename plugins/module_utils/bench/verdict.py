@@ -1,0 +1,111 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""The serving verdict: a change is kept only when the host serves as fast, as quickly, as correctly and as stably.
+
+Four parts, each answered by its own machinery and reported with its figures:
+
+* ``throughput`` and ``latency``: the gate's decide() (bench/throughput_gate.py): ``pass``, ``regression`` or
+  ``inconclusive`` (the latency part's own answer is in the gate result's ``latency``);
+* ``outputs``: output_equivalence's compare (bench/equivalence.py): ``equivalent``, ``drifted`` (beyond the A/A band,
+  within the user's tolerance: a yes, said) or ``diverged``;
+* ``stability``: pcie/health.py's stability(): ``stable`` or ``unstable`` (a GPU gone, a link trained down, new AER
+  errors, Xid events, more failed requests).
+
+A part that was not measured does not say no, and the verdict says it was not measured. The verdict is the first
+no in the order ``unstable``, ``diverged``, ``regression``, ``inconclusive`` (a host that lost a GPU is unstable
+whatever its tok/s), else ``pass``; ``keep`` is true for ``pass`` only. Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PARTS = ("throughput", "latency", "outputs", "stability")
+VERDICTS = ("pass", "unstable", "diverged", "regression", "inconclusive")
+OUTPUT_ANSWERS = {"equivalent": "yes", "drifted": "yes", "diverged": "no"}
+
+
+class VerdictError(ValueError):
+    """A part given in a shape no part has: the message names the part and what it should be."""
+
+
+def serving_verdict(gate: dict[str, Any], outputs: dict[str, Any] | None = None,
+                    stability: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``{verdict, keep, reason, parts}`` of a change from the gate's result and, where measured, the output
+    comparison's and the stability check's. ``parts`` holds each part's ``answer`` (its own word), ``says``
+    (``yes``, ``no``, ``wait`` or ``not measured``) and ``reason``."""
+    parts = {"throughput": _throughput_part(gate), "latency": _latency_part(gate),
+             "outputs": _outputs_part(outputs), "stability": _stability_part(stability)}
+    if parts["stability"]["says"] == "no":
+        verdict, why = "unstable", parts["stability"]["reason"]
+    elif parts["outputs"]["says"] == "no":
+        verdict, why = "diverged", parts["outputs"]["reason"]
+    else:
+        verdict, why = _gate_verdict(gate)
+    unmeasured = [name for name in PARTS if parts[name]["says"] == "not measured"]
+    reason = f"{verdict}: {why}" + (f" ({', '.join(unmeasured)} not measured)" if unmeasured else "")
+    return {"verdict": verdict, "keep": verdict == "pass", "reason": reason, "parts": parts}
+
+
+def _gate_verdict(gate: dict[str, Any]) -> tuple[str, str]:
+    decision = gate.get("decision")
+    if decision not in ("pass", "regression", "inconclusive"):
+        raise VerdictError(f"the gate's result has decision {decision!r}: give the result of throughput_gate "
+                           "(pass, regression or inconclusive)")
+    if decision == "pass" and not gate.get("final", True):
+        return "inconclusive", "the gate wants more runs before it can pass: " + str(gate.get("reason", ""))
+    return decision, str(gate.get("reason", ""))
+
+
+def _throughput_part(gate: dict[str, Any]) -> dict[str, Any]:
+    if not isinstance(gate, dict) or "decision" not in gate:
+        raise VerdictError("the gate's result is required (a throughput_gate result with its decision)")
+    own = gate.get("throughput") or gate
+    decision = own.get("decision")
+    return {"answer": decision, "says": _says(decision, own.get("final", True)), "ratio": own.get("ratio"),
+            "reason": str(own.get("reason", ""))}
+
+
+def _latency_part(gate: dict[str, Any]) -> dict[str, Any]:
+    part = gate.get("latency") or {}
+    metrics = part.get("metrics") or {}
+    if not metrics:
+        return {"answer": None, "says": "not measured", "reason": "no per-run latency was given to the gate"}
+    bad = [m for m in metrics.values() if m.get("decision") == "regression"]
+    open_ = [m for m in metrics.values() if m.get("decision") != "pass"]
+    decision = "regression" if bad else ("pass" if not open_ else "inconclusive")
+    final = bool(bad) or all(m.get("final", True) for m in metrics.values())
+    return {"answer": decision, "says": _says(decision, final),
+            "reason": "; ".join(str(m.get("reason", "")) for m in (bad or open_ or metrics.values()))}
+
+
+def _outputs_part(outputs: dict[str, Any] | None) -> dict[str, Any]:
+    if not outputs:
+        return {"answer": None, "says": "not measured", "reason": "the outputs were not compared with a reference"}
+    answer = outputs.get("verdict")
+    if answer not in OUTPUT_ANSWERS:
+        raise VerdictError(f"outputs has verdict {answer!r}: give output_equivalence's compare result "
+                           f"({', '.join(OUTPUT_ANSWERS)})")
+    return {"answer": answer, "says": OUTPUT_ANSWERS[answer], "reason": str(outputs.get("reason", "")),
+            "figures": outputs.get("figures")}
+
+
+def _stability_part(stability: dict[str, Any] | None) -> dict[str, Any]:
+    if not stability or stability.get("status") == "not measured":
+        return {"answer": None, "says": "not measured",
+                "reason": (stability or {}).get("reason") or "no audit before and after the change"}
+    answer = stability.get("status")
+    if answer not in ("stable", "unstable"):
+        raise VerdictError(f"stability has status {answer!r}: give pcie/health.py stability()'s result "
+                           "(stable, unstable or not measured)")
+    return {"answer": answer, "says": "yes" if answer == "stable" else "no", "reason": str(stability.get("reason", "")),
+            "findings": list(stability.get("findings") or [])}
+
+
+def _says(decision: Any, final: bool) -> str:
+    if decision == "pass":
+        return "yes" if final else "wait"
+    if decision == "regression":
+        return "no"
+    return "no" if final else "wait"
