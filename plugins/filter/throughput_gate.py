@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import GateError, decide, latency_series
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import decide, latency_series
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
 
 FLOATS = ("threshold", "alpha", "pass_alpha", "detect", "power", "screen_alpha", "drift_alpha", "trend_guard", "pass_floor")
 INTS = ("min_runs", "candidate_min_runs", "max_runs", "step", "max_baseline_runs", "baseline_step", "bootstrap", "seed",

@@ -230,8 +230,32 @@ options:
     description: Unit of the numbers, used in RV(reason).
     type: str
     default: tok/s
+  outputs:
+    description:
+      - The result of M(gpufleet.inference.output_equivalence) in V(compare) mode against the candidate, the outputs part
+        of the serving verdict (RV(verdict)). V(diverged) makes the verdict V(diverged) whatever the throughput.
+      - Not given, the outputs part is V(not measured) and RV(verdict.reason) says so.
+    type: dict
+  baseline_health:
+    description:
+      - The PCIe audit (the V(pcie) document of M(gpufleet.inference.pcie_facts)) taken before the change. With
+        O(candidate_health) it gives the stability part of the serving verdict.
+    type: dict
+  candidate_health:
+    description:
+      - The PCIe audit taken with the change in force. A GPU gone from the bus, a link trained lower or whose capability
+        fell, AER errors that grew and NVRM Xid events in O(kernel_log) make the verdict V(unstable); so does a candidate
+        that failed a larger share of its requests than the baseline (O(baseline_failed) and the other counts).
+    type: dict
+  kernel_log:
+    description: The kernel log lines since O(baseline_health) was taken, read for NVRM Xid events.
+    type: list
+    elements: str
+    default: []
   fail_on_regression:
-    description: Fail the task when the answer is V(regression), with RV(reason) as the message and the full result.
+    description:
+      - Fail the task when the serving verdict says no for good (V(regression), V(diverged) or V(unstable)), with
+        RV(verdict.reason) as the message and the full result.
     type: bool
     default: false
 notes:
@@ -286,8 +310,18 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
+verdict:
+  description:
+    - The serving verdict (docs/benchmark.md, "The serving verdict"), the gate's answer with the outputs and the
+      stability parts. V(verdict) is the first no of V(unstable), V(diverged), V(regression), V(inconclusive), else
+      V(pass); V(keep) is true for V(pass) only; V(parts) holds the throughput, latency, outputs and stability parts,
+      each with its own V(answer), what it V(says) (V(yes), V(no), V(wait) or V(not measured)) and its V(reason).
+  returned: always
+  type: dict
+  sample: {verdict: unstable, keep: false, reason: "unstable: GPU 0000:97:00.0 (H200) was in the previous audit but is
+           not on the PCI bus now (outputs not measured)", parts: {stability: {answer: unstable, says: "no"}}}
 decision:
-  description: V(pass), V(regression) or V(inconclusive).
+  description: The gate's own answer (throughput and latency), V(pass), V(regression) or V(inconclusive).
   returned: always
   type: str
   sample: regression
@@ -448,7 +482,8 @@ actions:
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE, ORDERS, SPENDING
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import GateError, execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import execute
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import CHANGES
 
 ARGUMENT_SPEC = dict(
@@ -480,6 +515,10 @@ ARGUMENT_SPEC = dict(
     candidate_workload=dict(type="dict"),
     workload_concurrency=dict(type="int"),
     change=dict(type="str", choices=list(CHANGES), default="none"),
+    outputs=dict(type="dict"),
+    baseline_health=dict(type="dict"),
+    candidate_health=dict(type="dict"),
+    kernel_log=dict(type="list", elements="str", default=[]),
     baseline_latency=dict(type="dict"),
     candidate_latency=dict(type="dict"),
     latency_margins=dict(type="dict"),

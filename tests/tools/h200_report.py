@@ -31,6 +31,7 @@ for _path in (os.path.join(REPO, ".collections"), REPO, os.path.join(REPO, "test
         sys.path.insert(0, _path)
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import stats as gate_stats
 from tests.tools import vllm_flag_stages as vfs  # noqa: E402
 
 DIR = os.path.join(REPO, "docs", "examples", "h200-vllm")
@@ -64,7 +65,7 @@ def noise_rows(noise: dict, trials: int = 2000, seed: int = 1, min_drop: bool = 
     rows = []
     for cell in noise["cells"]:
         values = [r["output_throughput"] for r in cell["runs"]]
-        stats = tg.sample_stats(values)
+        stats = gate_stats.sample_stats(values)
         cv = stats["cv"]
         name = f"c{cell['concurrency']}/r{cell['requests']}"
         fr = simulate((name + "/none", cv, 0.0, 0.0, False, trials, seed, GATE))
@@ -104,7 +105,7 @@ def gate_rows(gate: dict) -> list[dict]:
 
 def _med(values):
     values = [v for v in values if v is not None]
-    return tg.median(values) if values else None
+    return gate_stats.median(values) if values else None
 
 
 def compare_rows(compare: dict) -> list[dict]:

@@ -29,11 +29,12 @@ for _path in (os.path.join(REPO, ".collections"), REPO):
         sys.path.insert(0, _path)
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import gate_settings
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import betainc, t_quantile  # noqa: E402
 
 # the kernel upgrade's gate settings at the role's defaults (kernel_upgrade_flow._gate_settings)
 UPGRADE_GATE = {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.005, "min_runs": 5, "max_runs": 15,
-                "candidate_min_runs": tg.CANDIDATE_MIN_RUNS}
+                "candidate_min_runs": gate_settings.CANDIDATE_MIN_RUNS}
 KEEP = ("decision", "decided_by", "ratio", "p_value", "p_value_pass", "interval", "ci", "cv", "smallest_detectable_drop",
         "reason", "final", "too_noisy", "warnings")
 

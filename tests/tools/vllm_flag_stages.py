@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import stats as gate_stats
 
 
 def _tput(runs: Sequence[dict]) -> list[float]:
@@ -34,14 +35,14 @@ def _gate_runs(runs: Sequence[dict]) -> list[float]:
 def compare_summary(ours: Sequence[dict], theirs: Sequence[dict], target: float = 0.03) -> dict[str, Any]:
     """Our client against ``vllm bench serve`` on one level: medians, their ratio, and the CPU per request."""
     a, b = _tput(ours), _tput(theirs)
-    out: dict[str, Any] = {"ours_median": tg.median(a) if a else None, "vllm_median": tg.median(b) if b else None,
+    out: dict[str, Any] = {"ours_median": gate_stats.median(a) if a else None, "vllm_median": gate_stats.median(b) if b else None,
                            "ratio": None, "within_target": None, "ours_lower": None}
     if a and b:
         ratio = out["ours_median"] / out["vllm_median"]
         out.update(ratio=round(ratio, 4), within_target=abs(ratio - 1.0) <= target, ours_lower=ratio < 1.0)
         # the ratio's uncertainty (seeded bootstrap of the medians): whether "within 3%" or "ours lower" is
         # resolved at all by these runs, or only what their medians happened to be
-        ci = tg.bootstrap_ratio_ci(b, a)
+        ci = gate_stats.bootstrap_ratio_ci(b, a)
         if ci:
             out.update(ratio_ci=[round(ci[0], 4), round(ci[1], 4)],
                        within_target_resolved=1.0 - target <= ci[0] and ci[1] <= 1.0 + target,
@@ -50,9 +51,9 @@ def compare_summary(ours: Sequence[dict], theirs: Sequence[dict], target: float 
     if paired:
         out["paired"] = paired
     cpu = [r["client_cpu_s_per_request"] for r in ours if r.get("client_cpu_s_per_request") is not None]
-    out["ours_cpu_s_per_request_median"] = tg.median(cpu) if cpu else None
+    out["ours_cpu_s_per_request_median"] = gate_stats.median(cpu) if cpu else None
     pcpu = [r["process_cpu_s_per_request"] for r in theirs if r.get("process_cpu_s_per_request") is not None]
-    out["vllm_process_cpu_s_per_request_median"] = tg.median(pcpu) if pcpu else None
+    out["vllm_process_cpu_s_per_request_median"] = gate_stats.median(pcpu) if pcpu else None
     return out
 
 
@@ -64,10 +65,10 @@ def paired_ratio(ours: Sequence[dict], theirs: Sequence[dict], target: float = 0
                 if r.get("round") is not None and r.get("output_throughput")}
     ratios = [float(r["output_throughput"]) / by_round[r["round"]] for r in ours
               if r.get("round") in by_round and r.get("output_throughput")]
-    ci = tg.median_ci(ratios)
+    ci = gate_stats.median_ci(ratios)
     if not ci:
         return None
-    return {"pairs": len(ratios), "ratio": round(tg.median(ratios), 4), "ratio_ci": [round(ci[0], 4), round(ci[1], 4)],
+    return {"pairs": len(ratios), "ratio": round(gate_stats.median(ratios), 4), "ratio_ci": [round(ci[0], 4), round(ci[1], 4)],
             "within_target_resolved": 1.0 - target <= ci[0] and ci[1] <= 1.0 + target,
             "ours_lower_resolved": ci[1] < 1.0, "ours_higher_resolved": ci[0] > 1.0,
             "ours_higher_share": round(sum(1 for x in ratios if x > 1.0) / len(ratios), 4)}
@@ -79,14 +80,14 @@ def noise_cell(values: Sequence[float], durations: Sequence[float]) -> dict[str,
     Whether the gate can decide at that CV (pass no change, catch an 8% drop) is the simulation's answer (tests/benchmarks/
     bench_throughput_gate.py simulate(), as tests/tools/h200_report.py tabulates it), not a rule of thumb.
     """
-    stats = tg.sample_stats(list(values)) if values else {"n": 0, "cv": None, "median": None}
+    stats = gate_stats.sample_stats(list(values)) if values else {"n": 0, "cv": None, "median": None}
     return {"n": stats["n"], "median": stats.get("median"), "cv": stats.get("cv"),
             "mean_duration_s": round(sum(durations) / len(durations), 3) if durations else None}
 
 
 def _pct(runs: Sequence[dict], key: str, q: str) -> float | None:
     vals = [r[key][q] for r in runs if isinstance(r.get(key), dict) and r[key].get(q) is not None]
-    return tg.median(vals) if vals else None
+    return gate_stats.median(vals) if vals else None
 
 
 def _latency_args(gate: dict[str, Any], b: list[float], c: list[float]) -> dict[str, Any]:
@@ -119,12 +120,12 @@ def stage_table(records: Sequence[dict], gate_level: int, threshold: float = 0.9
     base_runs = list(records[0]["levels"].get(str(gate_level), []))
     if len(records) > 1 and records[1].get("gate"):
         base_runs += records[1]["gate"].get("baseline_runs", [])
-    base_med = tg.median(_tput(base_runs)) if _tput(base_runs) else None
+    base_med = gate_stats.median(_tput(base_runs)) if _tput(base_runs) else None
     for rec in records:
         by_level = dict(rec["levels"])
         if rec is records[0]:
             by_level[str(gate_level)] = base_runs
-        levels = {c: (tg.median(_tput(runs)) if _tput(runs) else None)
+        levels = {c: (gate_stats.median(_tput(runs)) if _tput(runs) else None)
                   for c, runs in sorted(by_level.items(), key=lambda kv: int(kv[0]))}
         gate_runs = by_level.get(str(gate_level), [])
         row: dict[str, Any] = {
@@ -148,11 +149,11 @@ def stage_table(records: Sequence[dict], gate_level: int, threshold: float = 0.9
                               baseline_workload=gate.get("baseline_workload"), candidate_workload=gate.get("candidate_workload"),
                               change="vllm_flags",  # a flag stage: the server's argv is what changed
                               **(_latency_args(gate, b, c) if latency else {}))
-            except tg.GateError as err:
+            except gate_stats.GateError as err:
                 row.update(verdict="error", kept=False, error=str(err))
                 rows.append(row)
                 continue
-            cmed = tg.median(c)
+            cmed = gate_stats.median(c)
             row.update(verdict=d["decision"], final=d["final"], runs_needed=d["runs_needed"], p_value=d["p_value"],
                        candidate_runs=d["candidate_runs_used"], kept=d["decision"] == "pass",
                        ratio_to_previous=round(d["ratio"], 4) if d["ratio"] else None,

@@ -97,7 +97,7 @@ def report(p: dict, fs: HostFS, check_mode: bool, result: dict) -> None:
             fs.write_atomic(path, text, mode=0o644)
 
 
-def execute(p: dict, host: "Host", check_mode: bool) -> dict[str, Any]:
+def execute(p: dict, host: Host, check_mode: bool) -> dict[str, Any]:
     """One run of the module: ``append``, ``report`` or ``query`` (report files through ``host.fs``, warnings through
     ``host.warn``). Raises Failed (with the result so far) when a document or the history is bad, or the report cannot
     be written."""

@@ -29,7 +29,8 @@ import random
 from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import GateError, decide
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import decide
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
 
 CP_ALPHA = 0.05  # the E-divisive permutation test's level (bench_history's cp_alpha)
 CHANGE_KEYS = ("kernel", "gpu_driver", "vllm_version", "tuning_key")

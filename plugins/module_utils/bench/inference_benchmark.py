@@ -91,7 +91,7 @@ def run_monitor(params: dict[str, Any], devices: list[str], fs: HostFS):
     return both
 
 
-def execute(params: dict[str, Any], host: "Host", check_mode: bool) -> dict[str, Any]:
+def execute(params: dict[str, Any], host: Host, check_mode: bool) -> dict[str, Any]:
     """The module's result (``diff`` empty: a benchmark changes no setting). Raises Failed with the result so far."""
     fs, warn = host.fs, host.warn
     cfg, label = check_params(params)

@@ -267,7 +267,7 @@ def settings(params: dict) -> Settings:
                                "p99_logprob": params["tolerance_p99_logprob"]})
 
 
-def execute(params: dict, host: "Host", check_mode: bool) -> dict:
+def execute(params: dict, host: Host, check_mode: bool) -> dict:
     """What gpufleet.inference.output_equivalence executes: run() over the module's options, the reference file under
     the host's root, warnings as the task's."""
     return run(settings(params), host.fs, check_mode, host.warn)

@@ -85,36 +85,26 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any, Sequence
 
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import (
-    CANDIDATE_MIN_RUNS, DEFAULT_LATENCY_MARGINS, GATE, LATENCY_ALPHA, LATENCY_LABELS, LATENCY_MARGIN_RANGE, LATENCY_METRICS,
-    MAX_BOOTSTRAP, MAX_RUNS, NO_FACTS, ORDERS, SPENDING, GateSettings, RunFacts, check_latency_margins, gate_inputs,
+    CANDIDATE_MIN_RUNS, GATE, LATENCY_LABELS, LATENCY_METRICS, NO_FACTS, GateSettings, RunFacts, gate_inputs,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import (
-    EXACT_MAX_PER_SIDE, EXACT_TIES_MAX_TOTAL, EXACT_TREND_MAX, GateError, betainc, bootstrap_ratio_ci, drift_warning,
-    inversion_distribution, median, median_ci, min_p_value, mwu_less, percentile, sample_stats, screen_one, slope_test,
-    spent_alpha, t_quantile, t_sf, theil_sen_slope, trend, u_distribution, u_statistic,
+    GateError, bootstrap_ratio_ci, median, mwu_less, sample_stats, screen_one, slope_test, spent_alpha, t_quantile,
+    t_sf, trend,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import (
-    CHANGES, WORKLOAD_FIELDS, WORKLOAD_REQUIRED, check_change, check_workloads, one_sided, side_workload, workload,
-    workload_mismatch,
-)
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import VerdictError, serving_verdict
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import check_workloads, side_workload
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.health import stability
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 # The statistics (bench/stats.py) and the settings (bench/gate_settings.py) stay importable from here (callers and
 # tests used them from this module before the split).
 __all__ = [
-    "CANDIDATE_MIN_RUNS", "DECISIONS", "ORDERS", "SPENDING", "EXACT_MAX_PER_SIDE", "EXACT_TIES_MAX_TOTAL", "EXACT_TREND_MAX",
-    "GateError", "betainc", "bootstrap_ratio_ci", "check_runs", "common_trend", "decide",
-    "detectable_drop", "drift_check", "drift_warning", "inversion_distribution", "look_level", "median", "median_ci", "min_p_value",
-    "mwu_less", "percentile", "replay", "sample_stats", "schedule", "screen_one", "slope_test", "spent_alpha",
-    "t_quantile", "t_sf", "theil_sen_slope", "trend", "u_distribution", "u_statistic",
-    "MAX_BOOTSTRAP", "MAX_RUNS", "WORKLOAD_FIELDS", "WORKLOAD_REQUIRED", "check_all_settings", "check_count",
-    "workload", "workload_mismatch", "CHANGES", "check_change", "check_workloads", "one_sided", "side_workload",
-    "decide_throughput", "LATENCY_METRICS", "DEFAULT_LATENCY_MARGINS", "LATENCY_ALPHA",
-    "check_latency_margins", "latency_series", "run_latency", "LATENCY_LABELS", "latency_part",
-    "GATE", "GateSettings", "RunFacts", "NO_FACTS", "gate_inputs", "LATENCY_MARGIN_RANGE",
+    "DECISIONS", "check_runs", "common_trend", "decide", "detectable_drop", "drift_check", "look_level", "replay",
+    "schedule", "check_all_settings", "check_count", "decide_throughput", "latency_series", "run_latency",
+    "latency_part",
 ]
 
 DECISIONS = ("pass", "regression", "inconclusive")
@@ -891,7 +881,7 @@ def module_settings(params: dict) -> GateSettings:
     return replace(GATE, **{name: params[_OPTION_OF.get(name, name)] for name in MODULE_SETTINGS})
 
 
-def execute(params: dict, host: "Host", check_mode: bool) -> dict[str, Any]:
+def execute(params: dict, host: Host, check_mode: bool) -> dict[str, Any]:
     """What gpufleet.inference.throughput_gate executes: the gate's verdict over the given runs, its warnings as task
     warnings. Changes nothing (check mode gives the same answer). Raises Failed for runs or settings the gate cannot
     judge ("Cannot judge the runs: ...") and, with ``fail_on_regression``, for a regression (with the result)."""
@@ -910,10 +900,26 @@ def execute(params: dict, host: "Host", check_mode: bool) -> dict[str, Any]:
         raise Failed(f"Cannot judge the runs: {err}") from None
     for warning in gate["warnings"]:
         host.warn(warning)
-    result = dict(changed=False, actions=[], decision=gate["decision"], ratio=gate["ratio"], p_value=gate["p_value"],
-                  runs_needed=gate["runs_needed"], reason=gate["reason"], latency=gate["latency"], gate=gate)
+    verdict = module_verdict(p, gate)
+    result = dict(changed=False, actions=[], verdict=verdict, decision=gate["decision"], ratio=gate["ratio"],
+                  p_value=gate["p_value"], runs_needed=gate["runs_needed"], reason=gate["reason"], latency=gate["latency"],
+                  gate=gate)
     if "throughput" in gate:
         result["throughput"] = gate["throughput"]
-    if p["fail_on_regression"] and gate["decision"] == "regression":
-        raise Failed(gate["reason"], **result)
+    if p["fail_on_regression"] and verdict["verdict"] in ("regression", "diverged", "unstable"):
+        raise Failed(verdict["reason"], **result)
     return result
+
+
+def module_verdict(p: dict, gate: dict[str, Any]) -> dict[str, Any]:
+    """The serving verdict of the module's options: the gate's answer, the outputs compared (``outputs``) and the
+    stability of the host between ``baseline_health`` and ``candidate_health`` (with ``kernel_log`` and each side's
+    failed and sent requests). Failed for parts in a shape no part has."""
+    sides = {side: {"failed": p[f"{side}_failed"], "requests": p[f"{side}_requests"]} for side in ("baseline", "candidate")}
+    counted = all(sides[side]["requests"] for side in sides)
+    try:
+        steady = stability(p.get("baseline_health"), p.get("candidate_health"), p.get("kernel_log") or [],
+                           requests=sides if counted else None)
+        return serving_verdict(gate, p.get("outputs"), steady)
+    except (VerdictError, ValueError) as err:
+        raise Failed(f"Cannot give the serving verdict: {err}", changed=False) from None

@@ -44,7 +44,8 @@ def serving_verdict(gate: dict[str, Any], outputs: dict[str, Any] | None = None,
     else:
         verdict, why = _gate_verdict(gate)
     unmeasured = [name for name in PARTS if parts[name]["says"] == "not measured"]
-    reason = f"{verdict}: {why}" + (f" ({', '.join(unmeasured)} not measured)" if unmeasured else "")
+    head = why if why.startswith(f"{verdict}") else f"{verdict}: {why}"  # the gate's reasons start with their answer
+    reason = head + (f" ({', '.join(unmeasured)} not measured)" if unmeasured else "")
     return {"verdict": verdict, "keep": verdict == "pass", "reason": reason, "parts": parts}
 
 

@@ -46,8 +46,11 @@ from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import (
-    LATENCY_METRICS, GateError, check_all_settings, check_count, decide, workload, workload_mismatch,
+    check_all_settings, check_count, decide,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import LATENCY_METRICS
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import workload, workload_mismatch
 
 JOURNAL_FORMAT = "gpufleet.kernel_upgrade_journal/1"
 STAGES = ("baseline", "pinned", "installed", "boot_once", "booted", "candidate", "verdict",

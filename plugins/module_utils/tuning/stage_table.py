@@ -16,7 +16,7 @@ import html
 from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.svg_chart import line_chart
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import LATENCY_LABELS
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import LATENCY_LABELS
 from ansible_collections.gpufleet.inference.plugins.module_utils.tuning.tune_measured import changed_text
 
 CSS = """

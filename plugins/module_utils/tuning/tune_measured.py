@@ -37,9 +37,13 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._host.host impo
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import (
-    DEFAULT_LATENCY_MARGINS, GateError, check_all_settings, check_latency_margins, decide, latency_series, workload,
-    workload_mismatch,
+    check_all_settings, decide, latency_series,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import (
+    DEFAULT_LATENCY_MARGINS, check_latency_margins,
+)
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import workload, workload_mismatch
 
 FORMAT = "gpufleet.tune_measured/1"
 DECISIONS = ("keep", "revert")
@@ -730,7 +734,7 @@ def _start(p: dict, state: dict | None, path: str) -> dict:
     return state or fresh
 
 
-def execute(p: dict, host: "Host", check_mode: bool) -> dict:
+def execute(p: dict, host: Host, check_mode: bool) -> dict:
     """One call of the tune_measured module (``op`` start, next, complete or reset) over the state file (under the
     host's root, ``host.fs``): the result with ``next``, ``stages``, ``state`` and ``actions``. Raises Failed with the
     result so far."""

@@ -16,6 +16,8 @@ from ansible.errors import AnsibleFilterError
 
 from ansible_collections.gpufleet.inference.plugins.filter.throughput_gate import latency_samples, throughput_gate
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import gate_settings
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import stats as gate_stats
 from tests.tools import vllm_flag_stages as vfs
 from tests.helpers import REPO
 
@@ -58,7 +60,7 @@ def test_all_parts_quiet_and_equal_pass():
 
 def test_no_latency_is_the_throughput_verdict_marked_not_measured():
     for cand in ([], QUIET_CAND, [900.0, 905.0, 910.0, 902.0]):
-        plain = tg.decide_throughput(QUIET_BASE, cand, tg.GateSettings(bootstrap=200))
+        plain = tg.decide_throughput(QUIET_BASE, cand, gate_settings.GateSettings(bootstrap=200))
         gate = tg.decide(QUIET_BASE, cand, bootstrap=200)
         assert gate["latency"]["status"] == "not measured" and "throughput's alone" in gate["latency"]["reason"]
         assert {k: v for k, v in gate.items() if k != "latency"} == plain
@@ -90,7 +92,7 @@ def test_a_noisy_baseline_latency_asks_for_baseline_runs_then_stops_before_any_c
     assert last["final"] and last["too_noisy"] and last["decision"] == "inconclusive"
     assert "too noisy for a +" in last["reason"] and last["reason"].endswith("Nothing was changed.")
     # the same baseline with that metric left out (null) is ready
-    off = {k: None for k in tg.LATENCY_METRICS}
+    off = {k: None for k in gate_settings.LATENCY_METRICS}
     assert tg.decide(QUIET_BASE, [], baseline_latency=latency(5, wiggle=w), latency_margins=off)["decided_by"] == "baseline-ready"
 
 
@@ -100,7 +102,7 @@ def test_a_margin_set_per_metric_is_respected():
     wide = {"ttft_p50": 0.6, "ttft_p90": 0.6}
     gate = tg.decide(QUIET_BASE, QUIET_CAND, baseline_latency=lat[0], candidate_latency=lat[1], latency_margins=wide)
     assert gate["decision"] == "pass" and gate["latency"]["margins"]["ttft_p50"] == 0.6
-    assert gate["latency"]["margins"]["tpot_p50"] == tg.DEFAULT_LATENCY_MARGINS["tpot_p50"]
+    assert gate["latency"]["margins"]["tpot_p50"] == gate_settings.DEFAULT_LATENCY_MARGINS["tpot_p50"]
     gone = tg.decide(QUIET_BASE, QUIET_CAND, baseline_latency=lat[0], candidate_latency=lat[1],
                      latency_margins={"ttft_p50": None, "ttft_p90": 0})
     assert gone["decision"] == "pass" and set(gone["latency"]["metrics"]) == {"tpot_p50", "tpot_p90"}
@@ -133,11 +135,11 @@ def test_a_part_that_passed_at_an_earlier_look_stays_passed():
     ({"baseline_latency": {"e2el_p50": [1.0] * 5}}, "unknown metric 'e2el_p50'"),
 ])
 def test_bad_latency_input_is_refused_naming_it(kwargs, message):
-    with pytest.raises(tg.GateError) as err:
+    with pytest.raises(gate_stats.GateError) as err:
         tg.decide(QUIET_BASE, [], **kwargs)
     assert message in str(err.value)
     if "latency_margins" in kwargs or "latency_alpha" in kwargs:  # checked with the settings, before any run
-        with pytest.raises(tg.GateError):
+        with pytest.raises(gate_stats.GateError):
             tg.check_all_settings(**kwargs)
 
 

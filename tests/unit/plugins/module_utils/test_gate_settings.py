@@ -14,6 +14,8 @@ import yaml
 
 from ansible_collections.gpufleet.inference.plugins.filter import throughput_gate as gate_filter
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import gate_settings
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import stats as gate_stats
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import (
     GATE, NO_FACTS, GateSettings, RunFacts, gate_inputs,
 )
@@ -30,7 +32,7 @@ ROLE_SETTINGS = ("threshold", "alpha", "pass_alpha", "min_runs", "max_runs", "ma
 
 def test_the_defaults_are_sound():
     GATE.check()
-    assert GATE.latency_in_force() == tg.DEFAULT_LATENCY_MARGINS
+    assert GATE.latency_in_force() == gate_settings.DEFAULT_LATENCY_MARGINS
     assert (GATE.threshold, GATE.alpha, GATE.pass_alpha, GATE.min_runs, GATE.max_runs) == (0.95, 0.01, 0.005, 5, 15)
 
 
@@ -91,9 +93,9 @@ def test_options_go_to_settings_or_facts_and_an_unknown_one_is_a_type_error():
 ])
 def test_settings_are_checked_in_one_place(change, message):
     settings = GateSettings(**change)
-    with pytest.raises(tg.GateError) as err:
+    with pytest.raises(gate_stats.GateError) as err:
         settings.check()
         settings.latency_in_force()
     assert message in str(err.value)
-    with pytest.raises(tg.GateError):
+    with pytest.raises(gate_stats.GateError):
         tg.check_all_settings(settings)

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import gate_settings
 from tests.tools import vllm_flag_stages as vfs
 from tests.helpers import REPO
 
@@ -512,7 +513,7 @@ def test_7b_every_restart_aa_passes_and_the_seqs48_regression_is_caught_at_the_f
             runs = {st["index"]: [r["output_throughput"] for r in st["levels"][level]] for st in data["starts"]}
             direct = tg.decide(runs[g["baseline_start"]][:5], runs[g["candidate_start"]][:g["candidate_runs_used"]],
                                threshold=0.95, alpha=0.01, pass_alpha=0.005, min_runs=5, max_runs=15,
-                               candidate_min_runs=tg.CANDIDATE_MIN_RUNS)
+                               candidate_min_runs=gate_settings.CANDIDATE_MIN_RUNS)
             assert direct["decision"] == g["decision"] and direct["ratio"] == g["gate"]["ratio"]
             assert hr.UPGRADE_GATE == {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.005, "min_runs": 5,
                                        "max_runs": 15, "candidate_min_runs": 4}

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import stats as gate_stats
 
 
 def brute_force_p(x, y) -> float:
@@ -45,34 +46,34 @@ def test_u_distribution_matches_enumeration(m, n):
     for combo in itertools.combinations(range(m + n), m):
         x = list(combo)
         y = [i for i in range(m + n) if i not in combo]
-        counts[int(tg.u_statistic(x, y))] += 1
-    assert list(tg.u_distribution(m, n)) == counts
+        counts[int(gate_stats.u_statistic(x, y))] += 1
+    assert list(gate_stats.u_distribution(m, n)) == counts
     assert sum(counts) == math.comb(m + n, m)
 
 
 def test_u_distribution_known_values():
     # 5 vs 5: the one-sided 5% critical value is U <= 4 (12 of 252 orderings), 1% is U <= 1
-    counts = tg.u_distribution(5, 5)
+    counts = gate_stats.u_distribution(5, 5)
     assert counts[:5] == (1, 1, 2, 3, 5)
     assert sum(counts[:5]) / 252 == pytest.approx(0.0476, abs=1e-4)
     assert counts == counts[::-1]  # symmetric
-    assert tg.min_p_value(5, 5) == pytest.approx(0.003968, abs=1e-6)
-    assert tg.min_p_value(3, 3) == 0.05
+    assert gate_stats.min_p_value(5, 5) == pytest.approx(0.003968, abs=1e-6)
+    assert gate_stats.min_p_value(3, 3) == 0.05
 
 
 def test_u_statistic_with_ties():
-    assert tg.u_statistic([1, 2, 3], [4, 5]) == 0
-    assert tg.u_statistic([4, 5], [1, 2, 3]) == 6
-    assert tg.u_statistic([2, 3], [2, 1]) == 3.5  # 2 vs 2 tie counts 0.5
+    assert gate_stats.u_statistic([1, 2, 3], [4, 5]) == 0
+    assert gate_stats.u_statistic([4, 5], [1, 2, 3]) == 6
+    assert gate_stats.u_statistic([2, 3], [2, 1]) == 3.5  # 2 vs 2 tie counts 0.5
 
 
 # ---- p-values -------------------------------------------------------------------------------------
 def test_mwu_exact_values():
-    p, method = tg.mwu_less([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
+    p, method = gate_stats.mwu_less([1, 2, 3, 4, 5], [6, 7, 8, 9, 10])
     assert method == "exact" and p == pytest.approx(1 / 252)
-    p, _m = tg.mwu_less([1, 2, 3, 4, 6], [5, 7, 8, 9, 10])
+    p, _m = gate_stats.mwu_less([1, 2, 3, 4, 6], [5, 7, 8, 9, 10])
     assert p == pytest.approx(2 / 252)
-    p, _m = tg.mwu_less([6, 7, 8, 9, 10], [1, 2, 3, 4, 5])
+    p, _m = gate_stats.mwu_less([6, 7, 8, 9, 10], [1, 2, 3, 4, 5])
     assert p == 1.0
 
 
@@ -83,23 +84,23 @@ def test_mwu_exact_values():
     ([1.5, 2.5, 2.5], [2.5, 2.5, 0.5, 4.0]),
 ])
 def test_mwu_exact_with_ties_matches_enumeration(x, y):
-    p, method = tg.mwu_less(x, y)
+    p, method = gate_stats.mwu_less(x, y)
     assert method == "exact-ties"
     assert p == pytest.approx(brute_force_p(x, y), abs=1e-12)
 
 
 def test_mwu_all_tied_is_no_evidence():
-    assert tg.mwu_less([5.0] * 5, [5.0] * 5)[0] == 1.0
+    assert gate_stats.mwu_less([5.0] * 5, [5.0] * 5)[0] == 1.0
 
 
 def test_normal_approximation_is_close_to_exact_for_large_samples():
     rng = random.Random(3)
     x = [rng.gauss(0.97, 0.02) for _i in range(70)]
     y = [rng.gauss(1.00, 0.02) for _i in range(70)]
-    p, method = tg.mwu_less(x, y)
+    p, method = gate_stats.mwu_less(x, y)
     assert method == "normal"
-    counts = tg.u_distribution(70, 70)
-    exact = sum(counts[:int(tg.u_statistic(x, y)) + 1]) / math.comb(140, 70)
+    counts = gate_stats.u_distribution(70, 70)
+    exact = sum(counts[:int(gate_stats.u_statistic(x, y)) + 1]) / math.comb(140, 70)
     assert p == pytest.approx(exact, rel=0.05)
     assert p < 0.001
 
@@ -107,44 +108,44 @@ def test_normal_approximation_is_close_to_exact_for_large_samples():
 def test_normal_approximation_with_many_ties():
     x = [1, 2, 2, 3] * 12
     y = [2, 3, 3, 4] * 12
-    p, method = tg.mwu_less(x, y)
+    p, method = gate_stats.mwu_less(x, y)
     assert method == "normal" and 0 < p < 0.01
 
 
 # ---- descriptive statistics -------------------------------------------------------------------------
 def test_median_percentile_and_stats():
-    assert tg.median([3, 1, 2]) == 2.0 and tg.median([4, 1, 2, 3]) == 2.5
-    assert tg.percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)
-    assert tg.percentile([5.0], 2.5) == 5.0
-    stats = tg.sample_stats([98.0, 100.0, 102.0])
+    assert gate_stats.median([3, 1, 2]) == 2.0 and gate_stats.median([4, 1, 2, 3]) == 2.5
+    assert gate_stats.percentile([1.0, 2.0, 3.0, 4.0], 90) == pytest.approx(3.7)
+    assert gate_stats.percentile([5.0], 2.5) == 5.0
+    stats = gate_stats.sample_stats([98.0, 100.0, 102.0])
     assert stats == {"n": 3, "median": 100.0, "mean": 100.0, "min": 98.0, "max": 102.0, "cv": pytest.approx(0.02)}
-    with pytest.raises(tg.GateError):
-        tg.median([])
-    with pytest.raises(tg.GateError):
-        tg.percentile([1.0], 101)
+    with pytest.raises(gate_stats.GateError):
+        gate_stats.median([])
+    with pytest.raises(gate_stats.GateError):
+        gate_stats.percentile([1.0], 101)
 
 
 def test_bootstrap_is_seeded_and_brackets_the_ratio():
     base = [1000, 1010, 990, 1005, 995]
     cand = [900, 905, 895, 910, 890]
-    a = tg.bootstrap_ratio_ci(base, cand, seed=4)
-    assert a == tg.bootstrap_ratio_ci(base, cand, seed=4)
+    a = gate_stats.bootstrap_ratio_ci(base, cand, seed=4)
+    assert a == gate_stats.bootstrap_ratio_ci(base, cand, seed=4)
     assert a[0] < 0.9 < a[1] and a[1] < 0.95
-    assert tg.bootstrap_ratio_ci(base, cand, resamples=0) is None
+    assert gate_stats.bootstrap_ratio_ci(base, cand, resamples=0) is None
 
 
 def test_median_ci_is_the_sign_test_interval():
     """n=10 at 95%: P(Binomial(10, 1/2) <= 1) = 11/1024 <= 2.5% < 56/1024, so x(2)..x(9) (coverage 97.9%);
     the interval's true coverage, simulated, is at least its level; under 6 values there is none at 95%."""
-    assert tg.median_ci([float(v) for v in range(10, 0, -1)]) == [2.0, 9.0]
-    assert tg.median_ci([1.0, 2.0, 3.0, 4.0, 5.0]) is None
-    assert tg.median_ci([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == [1.0, 6.0]
-    assert tg.median_ci([1.0, 2.0, 3.0, 4.0, 5.0], level=0.9) == [1.0, 5.0]
+    assert gate_stats.median_ci([float(v) for v in range(10, 0, -1)]) == [2.0, 9.0]
+    assert gate_stats.median_ci([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    assert gate_stats.median_ci([1.0, 2.0, 3.0, 4.0, 5.0, 6.0]) == [1.0, 6.0]
+    assert gate_stats.median_ci([1.0, 2.0, 3.0, 4.0, 5.0], level=0.9) == [1.0, 5.0]
     rng = random.Random(7)
     for n in (6, 10, 31, 100):
         hits = 0
         for _trial in range(2000):
-            lo, hi = tg.median_ci([rng.lognormvariate(0.0, 0.3) for _i in range(n)])
+            lo, hi = gate_stats.median_ci([rng.lognormvariate(0.0, 0.3) for _i in range(n)])
             hits += lo <= 1.0 <= hi  # the lognormal's median is exp(0) = 1
         assert hits / 2000 >= 0.93, (n, hits)
 
@@ -169,25 +170,25 @@ def test_decide_cases(case):
 def test_t_distribution_against_tables():
     # upper quantiles from any table of Student's t
     for p, df, t in ((0.025, 8, 2.306), (0.005, 4, 4.604), (0.0005, 3, 12.924), (0.05, 18, 1.734), (0.01, 30, 2.457)):
-        assert tg.t_quantile(p, df) == pytest.approx(t, abs=1e-3)
-        assert tg.t_sf(tg.t_quantile(p, df), df) == pytest.approx(p, rel=1e-6)
-    assert tg.t_sf(0.0, 5) == pytest.approx(0.5) and tg.t_sf(-2.0, 10) == pytest.approx(1 - tg.t_sf(2.0, 10))
-    assert tg.t_quantile(0.9, 7) == pytest.approx(-tg.t_quantile(0.1, 7))
+        assert gate_stats.t_quantile(p, df) == pytest.approx(t, abs=1e-3)
+        assert gate_stats.t_sf(gate_stats.t_quantile(p, df), df) == pytest.approx(p, rel=1e-6)
+    assert gate_stats.t_sf(0.0, 5) == pytest.approx(0.5) and gate_stats.t_sf(-2.0, 10) == pytest.approx(1 - gate_stats.t_sf(2.0, 10))
+    assert gate_stats.t_quantile(0.9, 7) == pytest.approx(-gate_stats.t_quantile(0.1, 7))
     # I_x(1, 1) = x; I_x(a, b) = 1 - I_(1-x)(b, a)
-    assert tg.betainc(1.0, 1.0, 0.3) == pytest.approx(0.3)
-    assert tg.betainc(2.5, 0.5, 0.7) == pytest.approx(1 - tg.betainc(0.5, 2.5, 0.3))
+    assert gate_stats.betainc(1.0, 1.0, 0.3) == pytest.approx(0.3)
+    assert gate_stats.betainc(2.5, 0.5, 0.7) == pytest.approx(1 - gate_stats.betainc(0.5, 2.5, 0.3))
 
 
 def test_spending_functions():
     for kind in ("obf", "pocock"):
-        assert tg.spent_alpha(0.01, 0.0, kind) == 0.0 and tg.spent_alpha(0.01, 1.0, kind) == pytest.approx(0.01)
-        spent = [tg.spent_alpha(0.01, t / 10, kind) for t in range(11)]
+        assert gate_stats.spent_alpha(0.01, 0.0, kind) == 0.0 and gate_stats.spent_alpha(0.01, 1.0, kind) == pytest.approx(0.01)
+        spent = [gate_stats.spent_alpha(0.01, t / 10, kind) for t in range(11)]
         assert spent == sorted(spent)
     # O'Brien-Fleming type at tau = 2/3: 2 - 2 Phi(z_0.995 / sqrt(2/3))
-    assert tg.spent_alpha(0.01, 2 / 3) == pytest.approx(2 - 2 * NormalDist().cdf(NormalDist().inv_cdf(0.995) / (2 / 3) ** 0.5))
-    assert tg.spent_alpha(0.01, 0.5, "pocock") == pytest.approx(0.01 * math.log(1 + (math.e - 1) * 0.5))
-    with pytest.raises(tg.GateError, match="spending must be obf or pocock"):
-        tg.spent_alpha(0.01, 0.5, "linear")
+    assert gate_stats.spent_alpha(0.01, 2 / 3) == pytest.approx(2 - 2 * NormalDist().cdf(NormalDist().inv_cdf(0.995) / (2 / 3) ** 0.5))
+    assert gate_stats.spent_alpha(0.01, 0.5, "pocock") == pytest.approx(0.01 * math.log(1 + (math.e - 1) * 0.5))
+    with pytest.raises(gate_stats.GateError, match="spending must be obf or pocock"):
+        gate_stats.spent_alpha(0.01, 0.5, "linear")
 
 
 @pytest.mark.parametrize("n_b, first, step, cap", [(5, 5, 2, 15), (5, 5, 5, 15), (8, 4, 3, 12), (15, 5, 2, 15)])
@@ -274,7 +275,7 @@ def test_the_last_look_spends_the_reserve(reserve):
     looks = tg.schedule(4, 2, 15)
     levels = [tg.look_level(5, n, 4, 2, 15, 0.01, "pocock", reserve) for n in looks]
     assert sum(level for level, _s, _t in levels) == pytest.approx(0.01)
-    before_last = (1 - reserve) * tg.spent_alpha(0.01, levels[-2][2], "pocock")
+    before_last = (1 - reserve) * gate_stats.spent_alpha(0.01, levels[-2][2], "pocock")
     assert levels[-2][1] == pytest.approx(before_last) and levels[-1][0] == pytest.approx(0.01 - before_last)
     assert all(level > 0 for level, _s, _t in levels)
 
@@ -364,7 +365,7 @@ def test_replay_of_interleaved_runs_sees_only_the_baseline_taken_by_each_look():
 
 
 def test_order_is_checked():
-    with pytest.raises(tg.GateError, match="order must be one of sequential, interleaved"):
+    with pytest.raises(gate_stats.GateError, match="order must be one of sequential, interleaved"):
         tg.decide(BASE, RISING, order="paired")
 
 
@@ -387,14 +388,14 @@ def test_replay_judges_stored_runs_look_by_look():
 
 
 def test_screen_one():
-    assert tg.screen_one([1.0, 1.01, 0.99, 1.02]) is None  # too few runs
-    hit = tg.screen_one([0.0, 0.01, -0.02, 0.015, -0.69])
+    assert gate_stats.screen_one([1.0, 1.01, 0.99, 1.02]) is None  # too few runs
+    hit = gate_stats.screen_one([0.0, 0.01, -0.02, 0.015, -0.69])
     assert hit["index"] == 4 and hit["p"] < 0.001
-    assert tg.screen_one([0.0, 0.01, -0.02, 0.015, -0.03]) is None
+    assert gate_stats.screen_one([0.0, 0.01, -0.02, 0.015, -0.03]) is None
 
 
 def test_slope_test_by_hand():
-    st = tg.slope_test([0.0, 1.0, 2.0, 3.0, 4.5])
+    st = gate_stats.slope_test([0.0, 1.0, 2.0, 3.0, 4.5])
     assert st["slope"] == pytest.approx(1.1) and st["change"] == pytest.approx(4.4)
     assert st["p_rising"] < 0.001 < st["p_falling"]
 
@@ -407,14 +408,14 @@ def test_slope_test_by_hand():
     ([0.0] * 5, BASE, "baseline run(s) 1, 2, 3, 4, 5 of 5 produced no tokens (0 tok/s)"),
 ])
 def test_bad_runs(baseline, candidate, fragment):
-    with pytest.raises(tg.GateError) as err:
+    with pytest.raises(gate_stats.GateError) as err:
         tg.decide(baseline, candidate)
     assert fragment in str(err.value)
 
 
 def test_numbers_as_strings_and_bools():
     assert tg.check_runs("baseline", ["1000", 999, 1001.5]) == [1000.0, 999.0, 1001.5]
-    with pytest.raises(tg.GateError, match=r"baseline\[0\] is True, not a number"):
+    with pytest.raises(gate_stats.GateError, match=r"baseline\[0\] is True, not a number"):
         tg.check_runs("baseline", [True])
 
 
@@ -436,7 +437,7 @@ def test_numbers_as_strings_and_bools():
     ({"guard_from": 0}, "guard_from must be at least 1"),
 ])
 def test_bad_settings(kwargs, fragment):
-    with pytest.raises(tg.GateError) as err:
+    with pytest.raises(gate_stats.GateError) as err:
         tg.decide(BASE, BASE, **kwargs)
     assert fragment in str(err.value)
 
@@ -465,7 +466,7 @@ def test_inversion_distribution_matches_enumeration(n):
     counts = [0] * (n * (n - 1) // 2 + 1)
     for perm in itertools.permutations(range(n)):
         counts[inversions(perm)] += 1
-    assert list(tg.inversion_distribution(n)) == counts
+    assert list(gate_stats.inversion_distribution(n)) == counts
     assert sum(counts) == math.factorial(n)
 
 
@@ -475,54 +476,54 @@ def test_inversion_distribution_matches_enumeration(n):
 ])
 def test_trend_p_values_match_enumeration(runs):
     """p_rising = P(S >= observed), p_falling = P(S <= observed) over every order of the same runs."""
-    observed = tg.trend(runs)
-    every = [tg.trend(list(p))["s"] for p in itertools.permutations(runs)]
+    observed = gate_stats.trend(runs)
+    every = [gate_stats.trend(list(p))["s"] for p in itertools.permutations(runs)]
     assert observed["method"] == "exact"
     assert observed["p_rising"] == pytest.approx(sum(s >= observed["s"] for s in every) / len(every))
     assert observed["p_falling"] == pytest.approx(sum(s <= observed["s"] for s in every) / len(every))
 
 
 def test_trend_of_five_runs_hand_computed():
-    rising = tg.trend([662.0, 760.0, 845.0, 930.0, 990.0])  # the vLLM baseline that was still warming up
+    rising = gate_stats.trend([662.0, 760.0, 845.0, 930.0, 990.0])  # the vLLM baseline that was still warming up
     assert (rising["s"], rising["tau"]) == (10, 1.0)
     assert rising["p_rising"] == pytest.approx(1 / 120) and rising["p_falling"] == 1.0
     # Theil-Sen slope: median of the ten pairwise slopes is 85 tok/s per run; 4 steps over a median of 845
-    assert tg.theil_sen_slope([662.0, 760.0, 845.0, 930.0, 990.0]) == 85.0
+    assert gate_stats.theil_sen_slope([662.0, 760.0, 845.0, 930.0, 990.0]) == 85.0
     assert rising["change"] == pytest.approx(4 * 85.0 / 845.0)
-    one_swap = tg.trend([100.0, 102.0, 101.0, 103.0, 104.0])  # one inversion of ten pairs: S = 8, 5 orders of 120
+    one_swap = gate_stats.trend([100.0, 102.0, 101.0, 103.0, 104.0])  # one inversion of ten pairs: S = 8, 5 orders of 120
     assert one_swap["s"] == 8 and one_swap["p_rising"] == pytest.approx(5 / 120)
-    assert tg.trend([5.0, 6.0]) == {"n": 2, "s": 1, "tau": 1.0, "p_rising": 1.0, "p_falling": 1.0,
+    assert gate_stats.trend([5.0, 6.0]) == {"n": 2, "s": 1, "tau": 1.0, "p_rising": 1.0, "p_falling": 1.0,
                                     "change": pytest.approx(1 / 5.5), "method": None}
 
 
 def test_trend_normal_approximation_for_ties_and_long_series():
-    tied = tg.trend([100.0, 100.0, 101.0, 101.0, 102.0, 102.0])
+    tied = gate_stats.trend([100.0, 100.0, 101.0, 101.0, 102.0, 102.0])
     assert tied["method"] == "normal" and tied["p_rising"] < 0.05 and tied["p_falling"] > 0.95
-    flat = tg.trend([100.0] * 6)
+    flat = gate_stats.trend([100.0] * 6)
     assert flat["s"] == 0 and flat["p_rising"] == 1.0 and flat["change"] == 0.0
     rng = random.Random(3)
     climbing = [1000.0 + rng.gauss(0, 10) + i for i in range(60)]
-    long = tg.trend(climbing)
+    long = gate_stats.trend(climbing)
     assert long["method"] == "normal" and long["p_rising"] < 1e-6 and long["p_falling"] > 0.999
-    assert tg.trend(climbing[::-1])["p_falling"] == pytest.approx(long["p_rising"])
+    assert gate_stats.trend(climbing[::-1])["p_falling"] == pytest.approx(long["p_rising"])
     # the approximation against the exact answer at n = 12 (both available there)
     runs = [1000.0 + rng.gauss(0, 10) + 3 * i for i in range(12)]
-    exact = tg.trend(runs)["p_rising"]
-    saved = tg.EXACT_TREND_MAX
+    exact = gate_stats.trend(runs)["p_rising"]
+    saved = gate_stats.EXACT_TREND_MAX
     try:
-        tg.EXACT_TREND_MAX = 0
-        assert tg.trend(runs)["p_rising"] == pytest.approx(exact, abs=0.01)
+        gate_stats.EXACT_TREND_MAX = 0
+        assert gate_stats.trend(runs)["p_rising"] == pytest.approx(exact, abs=0.01)
     finally:
-        tg.EXACT_TREND_MAX = saved
+        gate_stats.EXACT_TREND_MAX = saved
 
 
 def test_drift_warnings():
-    up = tg.trend([662.0, 760.0, 845.0, 930.0, 990.0])
-    assert "rose steadily" in tg.drift_warning("baseline", up, 0.025) and "settle_runs" in tg.drift_warning("baseline", up, 0.025)
-    assert tg.drift_warning("baseline", up, 0.5) is None  # a rise smaller than asked for
-    down = tg.trend([990.0, 930.0, 845.0, 760.0, 662.0])
-    assert "fell steadily" in tg.drift_warning("candidate", down, 0.025)
-    assert tg.drift_warning("candidate", tg.trend(BASE), 0.025) is None
+    up = gate_stats.trend([662.0, 760.0, 845.0, 930.0, 990.0])
+    assert "rose steadily" in gate_stats.drift_warning("baseline", up, 0.025) and "settle_runs" in gate_stats.drift_warning("baseline", up, 0.025)
+    assert gate_stats.drift_warning("baseline", up, 0.5) is None  # a rise smaller than asked for
+    down = gate_stats.trend([990.0, 930.0, 845.0, 760.0, 662.0])
+    assert "fell steadily" in gate_stats.drift_warning("candidate", down, 0.025)
+    assert gate_stats.drift_warning("candidate", gate_stats.trend(BASE), 0.025) is None
 
 
 def test_decide_reports_trends_and_drift():

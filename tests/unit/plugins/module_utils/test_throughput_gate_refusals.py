@@ -11,6 +11,8 @@ import copy
 import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import stats as gate_stats
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import workload as workload_fp
 
 BASE = [1012.5, 1003.1, 998.7, 1020.0, 1009.9]
 SAME = [1005.0, 1011.2, 1000.4, 1016.8, 1008.0]
@@ -30,13 +32,13 @@ def result_doc(model="Qwen/Qwen2.5-7B-Instruct", prompt=1024, output=128, levels
 
 # ---- workloads ------------------------------------------------------------------------------------
 def test_a_candidate_at_another_concurrency_is_refused():
-    with pytest.raises(tg.GateError) as err:
+    with pytest.raises(gate_stats.GateError) as err:
         tg.decide(BASE, SAME, baseline_workload=result_doc(levels=(4,)), candidate_workload=result_doc(levels=(32,)))
     assert "concurrency: baseline 4, candidate 32" in str(err.value)
 
 
 def test_another_model_and_prompt_length_are_named_each():
-    with pytest.raises(tg.GateError) as err:
+    with pytest.raises(gate_stats.GateError) as err:
         tg.decide(BASE, SAME, baseline_workload=result_doc(prompt=1024),
                   candidate_workload=result_doc(model="meta-llama/Llama-3.1-8B", prompt=16))
     msg = str(err.value)
@@ -48,13 +50,13 @@ def test_same_workload_other_seed_and_rounds_compare():
     # extra rounds draw other prompts (seed), skip the warm-up and measure the gated level only: still comparable
     more = result_doc(levels=(4,))
     more["config"].update(seed=3, warmup=0, settle_runs=0, repetitions=2, measured_only=True)
-    assert tg.workload_mismatch(tg.workload(result_doc()), tg.workload(more)) == []
+    assert workload_fp.workload_mismatch(workload_fp.workload(result_doc()), workload_fp.workload(more)) == []
     assert tg.decide(BASE, SAME, baseline_workload=result_doc(), candidate_workload=more)["decision"] == "pass"
 
 
 def test_a_sweep_is_compared_at_the_level_given():
-    base, cand = tg.workload(result_doc(levels=(8, 32)), 32), tg.workload(result_doc(levels=(32,)))
-    assert base["concurrency"] == cand["concurrency"] == 32 and tg.workload_mismatch(base, cand) == []
+    base, cand = workload_fp.workload(result_doc(levels=(8, 32)), 32), workload_fp.workload(result_doc(levels=(32,)))
+    assert base["concurrency"] == cand["concurrency"] == 32 and workload_fp.workload_mismatch(base, cand) == []
 
 
 def test_a_side_without_fingerprint_is_judged_with_a_warning():
@@ -64,28 +66,28 @@ def test_a_side_without_fingerprint_is_judged_with_a_warning():
 
 
 def test_a_required_field_on_one_side_only_is_a_difference():
-    fp = tg.workload(result_doc())
+    fp = workload_fp.workload(result_doc())
     partial = {k: v for k, v in fp.items() if k != "output_tokens"}
-    assert tg.workload_mismatch(fp, partial) == ["output_tokens: baseline 128, candidate 'not recorded'"]
+    assert workload_fp.workload_mismatch(fp, partial) == ["output_tokens: baseline 128, candidate 'not recorded'"]
     # a field a server may not report (max_model_len) on one side only is not compared
-    assert tg.workload_mismatch(fp, {k: v for k, v in fp.items() if k != "max_model_len"}) == []
+    assert workload_fp.workload_mismatch(fp, {k: v for k, v in fp.items() if k != "max_model_len"}) == []
 
 
 def test_a_fingerprint_with_unknown_fields_is_refused():
-    with pytest.raises(tg.GateError, match="workload fields modle are unknown"):
-        tg.workload({"modle": "x", "concurrency": 4})
+    with pytest.raises(gate_stats.GateError, match="workload fields modle are unknown"):
+        workload_fp.workload({"modle": "x", "concurrency": 4})
 
 
 def test_fingerprints_from_templated_values_compare_equal():
     doc = copy.deepcopy(result_doc())
     doc["config"].update(prompt_tokens="1024", requests="128")
-    assert tg.workload_mismatch(tg.workload(result_doc()), tg.workload(doc)) == []
+    assert workload_fp.workload_mismatch(workload_fp.workload(result_doc()), workload_fp.workload(doc)) == []
 
 
 # ---- failures -------------------------------------------------------------------------------------
 def test_baseline_failures_without_requests_are_refused_not_a_rate():
     # before: the baseline "rate" was its count (1.0), so a candidate failing 50 of 100 passed
-    with pytest.raises(tg.GateError, match=r"baseline_failed \(1\) is more than baseline_requests \(0\)"):
+    with pytest.raises(gate_stats.GateError, match=r"baseline_failed \(1\) is more than baseline_requests \(0\)"):
         tg.decide(BASE, SAME, baseline_failed=1, baseline_requests=0, candidate_failed=50, candidate_requests=100)
 
 
@@ -97,7 +99,7 @@ def test_baseline_failures_without_requests_are_refused_not_a_rate():
     ({"candidate_failed": 700, "candidate_requests": 640}, "candidate_failed (700) is more than candidate_requests (640)"),
 ])
 def test_bad_failure_counts_are_refused(kwargs, fragment):
-    with pytest.raises(tg.GateError) as err:
+    with pytest.raises(gate_stats.GateError) as err:
         tg.decide(BASE, SAME, **kwargs)
     assert fragment in str(err.value)
 
@@ -119,7 +121,7 @@ def test_a_dead_candidate_run_is_a_failure_not_an_outlier():
 
 
 def test_a_dead_baseline_run_is_refused():
-    with pytest.raises(tg.GateError, match=r"baseline run\(s\) 3 of 6 produced no tokens"):
+    with pytest.raises(gate_stats.GateError, match=r"baseline run\(s\) 3 of 6 produced no tokens"):
         tg.decide(BASE[:2] + [0.0] + BASE[2:], [])
 
 
@@ -135,7 +137,7 @@ def test_a_dead_baseline_run_is_refused():
     ({"step": 1.5}, "step must be a whole number of runs"),
 ])
 def test_settings_are_checked_before_any_run(settings, fragment):
-    with pytest.raises(tg.GateError) as err:
+    with pytest.raises(gate_stats.GateError) as err:
         tg.check_all_settings(**settings)
     assert fragment in str(err.value)
 

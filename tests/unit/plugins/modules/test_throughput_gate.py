@@ -162,3 +162,37 @@ def test_the_filter_refuses_runs_of_different_workloads():
     with pytest.raises(AnsibleFilterError, match="model: baseline 'a', candidate 'b'"):
         gate(BASE, SAME, baseline_workload={"model": "a", "concurrency": 32}, candidate_workload={"model": "b", "concurrency": 32})
     assert gate(BASE, SAME, baseline_workload=_bench(), candidate_workload=_bench())["decision"] == "pass"
+
+
+# ---- the serving verdict (issue 33): outputs and stability beside the gate's answer ------------------------------
+def _audits(tmp_path):
+    from tests.unit.plugins.module_utils.test_health_compare import audit
+    from tests.unit.plugins.module_utils.test_serving_verdict import degraded
+    from tests.unit.fakesysfs import two_numa_nodes
+    two_numa_nodes(tmp_path / "before", remote_irqs=False)
+    two_numa_nodes(tmp_path / "same", remote_irqs=False)
+    return audit(tmp_path / "before"), audit(tmp_path / "same"), degraded(tmp_path)
+
+
+def test_the_verdict_keeps_a_change_only_when_every_measured_part_says_yes(capsys, tmp_path):
+    before, same, lost = _audits(tmp_path)
+    kept = run_main({"baseline": BASE, "candidate": SAME, "baseline_health": before, "candidate_health": same,
+                     "outputs": {"verdict": "equivalent", "reason": "within the A/A band"}}, capsys)
+    assert (kept["verdict"]["verdict"], kept["verdict"]["keep"], kept["decision"]) == ("pass", True, "pass")
+    assert kept["verdict"]["reason"].endswith("(latency not measured)")
+    unstable = run_main({"baseline": BASE, "candidate": SAME, "baseline_health": before, "candidate_health": lost}, capsys)
+    assert (unstable["verdict"]["verdict"], unstable["decision"]) == ("unstable", "pass")
+    assert "was in the previous audit but is not on the PCI bus now" in unstable["verdict"]["reason"]
+    diverged = run_main({"baseline": BASE, "candidate": SAME, "outputs": {"verdict": "diverged", "reason": "top-1 0.4"},
+                         "fail_on_regression": True}, capsys)
+    assert diverged["failed"] and diverged["msg"].startswith("diverged: top-1 0.4")
+    assert diverged["verdict"]["parts"]["stability"]["says"] == "not measured"
+
+
+def test_more_failed_requests_are_unstable_and_a_bad_part_is_refused(capsys):
+    result = run_main({"baseline": BASE, "candidate": SAME, "baseline_failed": 0, "baseline_requests": 320,
+                       "candidate_failed": 3, "candidate_requests": 320}, capsys)
+    assert result["verdict"]["verdict"] == "unstable" and "failed 0.9% of its requests" in result["verdict"]["reason"]
+    bad = run_main({"baseline": BASE, "candidate": SAME, "outputs": {"verdict": "same"}}, capsys)
+    assert bad["failed"] and bad["changed"] is False
+    assert bad["msg"].startswith("Cannot give the serving verdict: outputs has verdict 'same'")
