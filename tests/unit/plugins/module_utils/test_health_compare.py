@@ -23,6 +23,18 @@ def audit(root) -> dict:
     return facts
 
 
+def degraded_host(root, irq_cpus: str, cmdline: str = CMDLINE) -> None:
+    """two_numa_nodes after a bad day: the node-1 GPU gone, the node-0 GPU trained at Gen4 x8 with new correctable AER
+    errors, its IRQs on ``irq_cpus``."""
+    host = FakeHost(root, nodes={0: "0-7", 1: "8-15"}, cmdline=cmdline)
+    hb0 = host.host_bridge(0, 0x16, numa_node=0)
+    host.host_bridge(0, 0x96, numa_node=1)
+    host.add("0000:16:01.0", hb0, kind="root_port", acs_cap=("SV", "RR", "CR", "UF"),
+             acs_ctrl=("SV", "RR", "CR", "UF"), link_sta=(16.0, 8))
+    host.gpu("0000:17:00.0", "0000:16:01.0", irq_cpus=irq_cpus, link_sta=(16.0, 8))
+    host.write(f"{host.dirs['0000:17:00.0']}/aer_dev_correctable", "RxErr 0\nBadTLP 5\nBadDLLP 2\nTOTAL_ERR_COR 7")
+
+
 def test_same_host_twice_has_no_findings(tmp_path):
     two_numa_nodes(tmp_path / "a", remote_irqs=False)
     two_numa_nodes(tmp_path / "b", remote_irqs=False)
@@ -38,13 +50,7 @@ def test_changed_host_is_flagged_with_fixes(tmp_path):
     two_numa_nodes(tmp_path / "before", remote_irqs=False)
     # after: the node-1 GPU is gone, the node-0 GPU trained at Gen4 x8, its IRQs moved to CPU 8 (node 1),
     # its AER counters grew, and someone put pcie_aspm=off on the command line
-    host = FakeHost(tmp_path / "after", nodes={0: "0-7", 1: "8-15"}, cmdline=CMDLINE + " pcie_aspm=off")
-    hb0 = host.host_bridge(0, 0x16, numa_node=0)
-    host.host_bridge(0, 0x96, numa_node=1)
-    host.add("0000:16:01.0", hb0, kind="root_port", acs_cap=("SV", "RR", "CR", "UF"),
-             acs_ctrl=("SV", "RR", "CR", "UF"), link_sta=(16.0, 8))
-    host.gpu("0000:17:00.0", "0000:16:01.0", irq_cpus="8", link_sta=(16.0, 8))
-    host.write(f"{host.dirs['0000:17:00.0']}/aer_dev_correctable", "RxErr 0\nBadTLP 5\nBadDLLP 2\nTOTAL_ERR_COR 7")
+    degraded_host(tmp_path / "after", irq_cpus="8", cmdline=CMDLINE + " pcie_aspm=off")
     findings = hc.compare(audit(tmp_path / "before"), audit(tmp_path / "after"), XID_LOG,
                           previous_kernel="6.1.0-50-cloud-amd64", current_kernel="6.1.0-56-cloud-amd64")
     got = {(f["code"], f["severity"], f["device"]) for f in findings}

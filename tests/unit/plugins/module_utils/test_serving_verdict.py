@@ -10,8 +10,8 @@ import pytest
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import VerdictError, serving_verdict
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import health as hc
-from tests.unit.fakesysfs import FakeHost, two_numa_nodes
-from tests.unit.plugins.module_utils.test_health_compare import CMDLINE, XID_LOG, audit
+from tests.unit.fakesysfs import two_numa_nodes
+from tests.unit.plugins.module_utils.test_health_compare import XID_LOG, audit, degraded_host
 
 BASE = [1000.0, 1004.0, 996.0, 1002.0, 998.0, 1001.0, 999.0, 1003.0]
 SAME = [1001.0, 997.0, 1003.0, 999.0, 1002.0, 998.0, 1000.0, 1004.0]
@@ -26,14 +26,8 @@ def healthy(tmp_path):
 
 
 def degraded(tmp_path) -> dict:
-    """The node-1 GPU gone, the node-0 GPU at Gen4 x8 with new correctable AER errors."""
-    host = FakeHost(tmp_path / "degraded", nodes={0: "0-7", 1: "8-15"}, cmdline=CMDLINE)
-    hb0 = host.host_bridge(0, 0x16, numa_node=0)
-    host.host_bridge(0, 0x96, numa_node=1)
-    host.add("0000:16:01.0", hb0, kind="root_port", acs_cap=("SV", "RR", "CR", "UF"),
-             acs_ctrl=("SV", "RR", "CR", "UF"), link_sta=(16.0, 8))
-    host.gpu("0000:17:00.0", "0000:16:01.0", irq_cpus="0", link_sta=(16.0, 8))
-    host.write(f"{host.dirs['0000:17:00.0']}/aer_dev_correctable", "RxErr 0\nBadTLP 5\nBadDLLP 2\nTOTAL_ERR_COR 7")
+    """The node-1 GPU gone, the node-0 GPU at Gen4 x8 with new correctable AER errors (IRQs still on its node)."""
+    degraded_host(tmp_path / "degraded", irq_cpus="0")
     return audit(tmp_path / "degraded")
 
 
