@@ -234,7 +234,7 @@ options:
     description:
       - The result of M(gpufleet.inference.output_equivalence) in V(compare) mode against the candidate, the outputs part
         of the serving verdict (RV(verdict)). V(diverged) makes the verdict V(diverged) whatever the throughput.
-      - Not given, the outputs part is V(not measured) and RV(verdict.reason) says so.
+      - Not given, the outputs part is V(not measured) and the verdict's reason says so.
     type: dict
   baseline_health:
     description:
@@ -255,7 +255,7 @@ options:
   fail_on_regression:
     description:
       - Fail the task when the serving verdict says no for good (V(regression), V(diverged) or V(unstable)), with
-        RV(verdict.reason) as the message and the full result.
+        the verdict's reason as the message and the full result.
     type: bool
     default: false
 notes:

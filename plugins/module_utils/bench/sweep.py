@@ -254,8 +254,8 @@ async def engine_version(cfg: BenchmarkConfig, pool: ConnectionPool) -> str | No
     server without it (404, another body) or one that does not answer it in time (the workload fingerprint then
     leaves the version out: not compared)."""
     try:
-        status, body, _ = await asyncio.wait_for(http_json(pool, "GET", "/version", auth_headers(cfg)),
-                                                 timeout=min(cfg.timeout, 10.0))
+        status, body, _headers = await asyncio.wait_for(http_json(pool, "GET", "/version", auth_headers(cfg)),
+                                                        timeout=min(cfg.timeout, 10.0))
     except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ProtocolError, ssl.SSLError):
         return None
     version = body.get("version") if status == 200 and isinstance(body, dict) else None

@@ -109,6 +109,7 @@ __all__ = [
 
 DECISIONS = ("pass", "regression", "inconclusive")
 
+
 # ---- input --------------------------------------------------------------------------------------
 def check_runs(name: str, values: Any) -> list[float]:
     """The runs of one side as floats; GateError naming the side and the bad value otherwise."""

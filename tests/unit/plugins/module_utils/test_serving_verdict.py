@@ -70,8 +70,8 @@ def test_without_audits_or_counts_stability_is_not_measured():
 
 
 # ---- the verdict -------------------------------------------------------------------------------------------------
-def gate(candidate, baseline=BASE) -> dict:
-    return tg.decide(baseline, candidate)
+def gate(candidate, baseline=None) -> dict:
+    return tg.decide(BASE if baseline is None else baseline, candidate)
 
 
 def test_every_part_yes_is_a_pass_and_keep(healthy):

@@ -493,7 +493,7 @@ def test_trend_of_five_runs_hand_computed():
     one_swap = gate_stats.trend([100.0, 102.0, 101.0, 103.0, 104.0])  # one inversion of ten pairs: S = 8, 5 orders of 120
     assert one_swap["s"] == 8 and one_swap["p_rising"] == pytest.approx(5 / 120)
     assert gate_stats.trend([5.0, 6.0]) == {"n": 2, "s": 1, "tau": 1.0, "p_rising": 1.0, "p_falling": 1.0,
-                                    "change": pytest.approx(1 / 5.5), "method": None}
+                                            "change": pytest.approx(1 / 5.5), "method": None}
 
 
 def test_trend_normal_approximation_for_ties_and_long_series():

@@ -34,8 +34,9 @@ def module_side():
     _internal.is_controller = saved
 
 
-def document(values=SAME, **server):
-    """An inference_benchmark result document with identity, version, argv and client."""
+def document(values=None, **server):
+    """An inference_benchmark result document with identity, version, argv and client (``values``: SAME)."""
+    values = SAME if values is None else values
     s = sorted(values)
     return {"format": "gpufleet.inference_benchmark/1", "finished_at": "2026-12-04T04:00:00Z", "kernel": "k",
             "client": {"name": "gpufleet.inference_client", "version": "1"},
