@@ -8,12 +8,12 @@ The settings that live in a device and are lost at every reset (PCIe MaxPayload/
 Control, IRQ affinity) are applied again at boot, and for IRQs at every driver bind, by scripts that
 must compute exactly what the modules compute. Each such script is one file, written by one task:
 
-- ``import_closure()`` takes the entry module_utils (``pcie_boot_apply``, ``irq_reapply``) and finds
+- ``import_closure()`` takes the entry module_utils (``pcie.reapply``, ``irq.reapply``) and finds
   every module_utils it imports, from the ``ast`` of the sources (nothing is imported), in dependency
   order; there is no list kept by hand;
 - ``render_script()`` writes the interpreter line, those sources as string literals, a small importer
   that serves them under their usual names (``ansible_collections.gpufleet.inference.plugins.
-  module_utils.X``) and the few lines that call the entry's ``main(argv)``.
+  module_utils.TOPIC.FILE``) and the few lines that call the entry's ``main(argv)``.
 
 One text file rather than a directory of packages or a zip: one file is one write (the modules' own
 atomic write, or one ``copy`` task of a role, where the copy of a module_utils tree cost one task per

@@ -101,14 +101,11 @@ class HostCmd:
             return list(argv)
         return [self.module.get_bin_path("chroot", required=True), self.fs.root] + list(argv)
 
-    def run(self, argv: list[str]) -> tuple[int, str, str]:
-        """Run ``argv`` as given (already wrapped where needed), in the C locale: (rc, stdout, stderr)."""
-        return self.module.run_command(argv, environ_update=dict(C_LOCALE))
+    def run(self, argv: list[str], environ: dict | None = None) -> tuple[int, str, str]:
+        """Run ``argv`` as given (already wrapped where needed), in the C locale with ``environ`` added (a probe's
+        CUDA_DEVICE_ORDER, ...): (rc, stdout, stderr)."""
+        return self.module.run_command(argv, environ_update=dict(C_LOCALE, **(environ or {})))
 
     def run_in_root(self, argv: list[str]) -> tuple[int, str, str]:
         """Run a command of the tree under root (``argv`` wrapped by argv())."""
         return self.run(self.argv(argv))
-
-    def run_env(self, argv: list[str], environ: dict) -> tuple[int, str, str]:
-        """Run ``argv`` as given, in the C locale with ``environ`` added (a probe's CUDA_DEVICE_ORDER, ...)."""
-        return self.module.run_command(argv, environ_update=dict(C_LOCALE, **environ))

@@ -131,18 +131,13 @@ class HostFS:
         except OSError as err:
             raise HostFSError("read", host_path, err) from None
 
-    def read_bytes(self, host_path: str, size: int = -1) -> bytes:
+    def read_bytes(self, host_path: str, size: int = -1, offset: int = 0) -> bytes:
+        """``size`` bytes (all with -1) from ``offset`` (fewer at the end of the file); HostFSError when it cannot be
+        read."""
         try:
             with open(self.path(host_path), "rb") as fh:
-                return fh.read(size)
-        except OSError as err:
-            raise HostFSError("read", host_path, err) from None
-
-    def read_at(self, host_path: str, offset: int, size: int) -> bytes:
-        """``size`` bytes from ``offset`` (fewer at the end of the file); HostFSError when it cannot be read."""
-        try:
-            with open(self.path(host_path), "rb") as fh:
-                fh.seek(offset)
+                if offset:
+                    fh.seek(offset)
                 return fh.read(size)
         except OSError as err:
             raise HostFSError("read", host_path, err) from None

@@ -12,7 +12,7 @@ Executors never see the AnsibleModule object.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from ansible.module_utils.basic import AnsibleModule
@@ -33,12 +33,12 @@ class ModuleSpec:
     argument_spec: Mapping
     does: str
     errors: tuple = ()
-    checks: Mapping = None  # type: ignore[assignment]
+    checks: Mapping = field(default_factory=dict)
 
 
 def run_module(spec: ModuleSpec, execute: Callable[[dict, Host, bool], dict]) -> None:
     """Run one module: parse, build the Host, call ``execute(params, host, check_mode)``, finish."""
-    module = AnsibleModule(argument_spec=dict(spec.argument_spec), supports_check_mode=True, **dict(spec.checks or {}))
+    module = AnsibleModule(argument_spec=dict(spec.argument_spec), supports_check_mode=True, **spec.checks)
     fs = HostFS(module.params.get("root", "/"))
     host = Host(fs=fs, cmd=HostCmd(module, fs), warn=module.warn)
     finish(module, spec.name, spec.does, lambda: execute(module.params, host, module.check_mode),

@@ -49,8 +49,8 @@ def weight_line(fs: HostFS, path: str, name: str) -> tuple[str, int]:
     """One weight file's line of the weights hash ("name size sha256(first EDGE) sha256(last EDGE)") and its size."""
     size = fs.size(path)
     if size <= 2 * EDGE:
-        return f"{name} {size} {_sha(fs.read_at(path, 0, size))}", size
-    return f"{name} {size} {_sha(fs.read_at(path, 0, EDGE))} {_sha(fs.read_at(path, size - EDGE, EDGE))}", size
+        return f"{name} {size} {_sha(fs.read_bytes(path))}", size
+    return f"{name} {size} {_sha(fs.read_bytes(path, EDGE))} {_sha(fs.read_bytes(path, EDGE, size - EDGE))}", size
 
 
 def weights_identity(fs: HostFS, directory: str, names: list[str]) -> dict[str, Any]:

@@ -89,9 +89,9 @@ def _from_document(result: dict[str, Any], concurrency: Any) -> dict[str, Any]:
            "client": _client(result.get("client"))}
     for field, key in _IDENTITY.items():  # an unreadable identity ({"unreadable": why}) has none: not compared
         out[field] = identity.get(key)
-    for key in ("prompt_tokens", "output_tokens", "prompt_mode", "token_id_range", "ignore_eos", "temperature",
-                "max_tokens", "per_chunk_usage", "requests"):
-        out[key] = cfg.get(key)
+    for key in PROFILE_FIELDS:
+        if key not in out:  # concurrency (the level compared) and profile are set above
+            out[key] = cfg.get(key)
     return out
 
 

@@ -4,7 +4,7 @@
 """The PCIe audit of gpufleet.inference.pcie_facts: targets, the topology model, NVML, the optional
 copy-bandwidth probe and the findings, gathered through a HostFS (``gather``). The probe runs in
 another interpreter (one that may hold PyTorch or CuPy) through a ``run(argv, environ_update)``, in a module run
-the Host's HostCmd.run_env (``execute``); nothing here imports AnsibleModule.
+the Host's HostCmd.run (``execute``); nothing here imports AnsibleModule.
 """
 
 from __future__ import annotations
@@ -385,7 +385,7 @@ def execute(params: dict, host: Host, check_mode: bool) -> dict:
     if not 1 <= params.get("probe_size_mb", 256) <= 65536:
         raise ValueError(f"probe_size_mb must be from 1 to 65536 (MiB), got {params['probe_size_mb']}")
     audit_params = {k: v for k, v in params.items() if k not in ("root", "dest", "dest_host", "dest_kernel")}
-    facts, warnings = gather(host.fs, audit_params, run=host.cmd.run_env)
+    facts, warnings = gather(host.fs, audit_params, run=host.cmd.run)
     actions, diff = [], []
     if params.get("dest"):
         actions, diff = keep_report(host.fs, params["dest"], render_report(params.get("dest_host") or "",
