@@ -856,27 +856,19 @@ def cmd_restarts(args) -> int:
             dump(args.out, out)
             print("restarts: start", i, profile, "c", level, len(runs), runs[-1]["output_throughput"], runs[-1]["errors"],
                   flush=True)
-        for extra, cargs in (cells if entry["cells"] else []):
-            key = f"{extra}x{cargs.prompt_tokens}/{cargs.output_tokens}"
+        # the cells (LEVELxPROMPT/OUTPUT) and the extra levels (at the gate level's lengths), each to --extra-runs
+        work = [(f"{lv}x{ca.prompt_tokens}/{ca.output_tokens}", lv, ca, 70) for lv, ca in (cells if entry["cells"] else [])]
+        work += [(str(lv), lv, args, 50) for lv in args.extra_levels]
+        for key, extra, cargs, offset in work:
             runs = st["levels"].setdefault(key, [])
             while len(runs) < args.extra_runs:
                 need_s = (runs[-1]["duration_s"] * 1.2 + 3) if runs else 30
                 if left() < need_s + args.reserve_s:
                     break
-                runs.append(run_once(st["url"], extra, args.requests_per_slot * extra, seed + 70 + len(runs), cargs,
+                runs.append(run_once(st["url"], extra, args.requests_per_slot * extra, seed + offset + len(runs), cargs,
                                      warmup=extra if not runs else 0)["runs"][0])
                 dump(args.out, out)
                 print("restarts: start", i, profile, "cell", key, len(runs), runs[-1]["output_throughput"], flush=True)
-        for extra in args.extra_levels:
-            runs = st["levels"].setdefault(str(extra), [])
-            while len(runs) < args.extra_runs:
-                need_s = (runs[-1]["duration_s"] * 1.2 + 3) if runs else 20
-                if left() < need_s + args.reserve_s:
-                    break
-                runs.append(run_once(st["url"], extra, args.requests_per_slot * extra, seed + 50 + len(runs), args,
-                                     warmup=extra if not runs else 0)["runs"][0])
-                dump(args.out, out)
-                print("restarts: start", i, profile, "c", extra, len(runs), runs[-1]["output_throughput"], flush=True)
         st["done"] = True
         if i < len(args.plan) - 1:
             stop(st["pid"])

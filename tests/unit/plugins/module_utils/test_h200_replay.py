@@ -631,8 +631,7 @@ with open(os.path.join(BDS, "expected.yml"), encoding="utf-8") as _fh:
 
 
 def _load_ds(name):
-    with open(os.path.join(BDS, name), encoding="utf-8") as fh:
-        return json.load(fh)
+    return h200_report.load(name, BDS)
 
 
 def test_deepseek_starts_cells_and_noise_recomputed():
