@@ -61,7 +61,7 @@ options:
         C(?sslmode=disable|require|verify-ca|verify-full), C(sslrootcert=FILE) and C(connect_timeout=SECONDS)
         (default 10).
       - The tables are created (and migrated) in the database's default schema on first use.
-      - Kept out of Ansible's output and logs (C(no_log)); actions and messages name the user, host, port and database
+      - Kept out of Ansible's output and logs (C(no_log)); actions and messages name the database, host, port and user
         only.
     type: str
   password:

@@ -31,17 +31,21 @@ def location(p: dict) -> tuple[str, str | None]:
 
 
 def where(p: dict) -> str:
-    """The history named for actions and messages: the file, or the URL without its password."""
+    """The history named for messages: the file, or the database, host, port and user (no password)."""
     if p.get("url"):
         try:
-            return parse_url(p["url"]).where
+            return f"in the {parse_url(p['url']).where}"
         except DatabaseError:
-            return "the PostgreSQL history (its URL is not valid)"
+            return "(PostgreSQL)"
     return p["path"]
 
 
 def _store_action(p: dict, doc: dict, run_id: int | None = None) -> dict[str, Any]:
-    target = {"database": where(p)} if p.get("url") else {"path": p["path"]}
+    if p.get("url"):
+        loc = parse_url(p["url"])
+        target = {"database": loc.database, "server": f"{loc.host}:{loc.port}"}
+    else:
+        target = {"path": p["path"]}
     action = {"action": "store", **target, "host": p["host"] or doc.get("host"), "source": p["source"],
               "finished_at": doc.get("finished_at")}
     if run_id is not None:
@@ -138,7 +142,7 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict[str, Any]:
         else:
             report(p, fs, check_mode, result)
     except bh.HistoryError as err:
-        raise Failed(f"Throughput history {where(p)}: {err}", **result) from None
+        raise Failed(f"Throughput history{'' if p.get('url') else ' ' + p['path']}: {err}", **result) from None
     except HostFSError as err:
         raise Failed(f"Cannot write the history report under {p['dest']}: {err}. Check the directory's permissions.",
                      **result) from None

@@ -230,14 +230,15 @@ def connect(location: str, create: bool = True, password: str | None = None) -> 
         raise HistoryError(str(err)) from None
     try:
         if not create and not db.has_table("schema_version"):
-            raise HistoryError(f"no throughput history in {db.where}: run a benchmark with the history enabled first")
+            raise HistoryError(f"no throughput history in the {db.where}: run a benchmark with the history enabled first")
         migrate(db)
     except db_errors() as err:
         db.close()
         hint = ("Is it an SQLite file written by gpufleet.inference? Move it away to start a new history." if sqlite else
                 "Does the user own the database, or hold CREATE on its schema? Give the history a database of its own.")
         text = str(err) if sqlite else db.loc.scrub(pg_error_text(err))
-        raise HistoryError(f"cannot use {db.where} as the throughput history: {text}. {hint}") from None
+        named = db.where if sqlite else f"the {db.where}"
+        raise HistoryError(f"cannot use {named} as the throughput history: {text}. {hint}") from None
     except BaseException:
         db.close()
         raise

@@ -11,8 +11,8 @@ PostgreSQL's transaction-level advisory lock) and a new row's id is returned by 
 give the same rows in the same order, so the same reports.
 
 PostgreSQL is spoken through pg8000 (pure Python: no libpq on the controller or in the execution environment), imported
-only when a URL is given. A URL's password never leaves this file: ``PgLocation.where`` names user, host, port and
-database only, and every error message is built from it (and scrubbed of the password besides).
+only when a URL is given. A URL's password never leaves this file: ``PgLocation.where`` names the database, host, port
+and user only, and every error message is built from it (and scrubbed of the password besides).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import ssl
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 try:
     import pg8000.native as pg_native
@@ -66,8 +66,14 @@ class PgLocation:
 
     @property
     def where(self) -> str:
-        """The URL without its password, fit for messages, actions and logs."""
-        return f"postgresql://{self.user}@{self.host}:{self.port}/{self.database}"
+        """The database in words, fit for messages: no password, and not URL-shaped (Ansible masks every copy of a
+        no_log value, and a URL without a password would be masked whole)."""
+        return f"PostgreSQL database {self.database!r} on {self.host}:{self.port} (user {self.user!r})"
+
+    @property
+    def redacted(self) -> str:
+        """The URL without its password."""
+        return f"postgresql://{quote(self.user, safe='')}@{self.host}:{self.port}/{quote(self.database, safe='')}"
 
     def scrub(self, text: str) -> str:
         return text.replace(self.password, "********") if self.password else text
@@ -271,7 +277,7 @@ def pg_error_text(err: BaseException) -> str:
     first = err.args[0] if err.args else err
     if isinstance(first, dict):
         return f"{first.get('M', 'error')} (SQLSTATE {first.get('C', '?')})"
-    return str(first) or type(err).__name__
+    return str(first).rstrip(".") or type(err).__name__
 
 
 def open_database(location: str, password: str | None = None) -> Database:
@@ -285,14 +291,13 @@ def open_database(location: str, password: str | None = None) -> Database:
                                 "by gpufleet.inference? Move it away to start a new history.") from None
     loc = parse_url(location, password)
     if not HAS_PG8000:
-        raise DatabaseError(f"the history at {loc.where} needs the Python library pg8000 on the controller (or in the "
+        raise DatabaseError(f"the history in the {loc.where} needs the Python library pg8000 on the controller (or in the "
                             "execution environment): pip install pg8000")
     try:
         return PgDatabase(loc)
     except (pg_native.Error, OSError, ssl.SSLError) as err:
-        raise DatabaseError(f"cannot connect to the PostgreSQL history: database {loc.database!r} on "
-                            f"{loc.host}:{loc.port} as user {loc.user!r}: {loc.scrub(pg_error_text(err))}. Check the URL, "
-                            "that the server accepts this controller (pg_hba.conf) and the user's password") from None
+        raise DatabaseError(f"cannot connect to the {loc.where}: {loc.scrub(pg_error_text(err))}. Check the URL, that "
+                            "the server accepts this controller (pg_hba.conf) and the user's password") from None
 
 
 def db_errors() -> tuple[type[BaseException], ...]:

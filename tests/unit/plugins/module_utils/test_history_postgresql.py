@@ -55,6 +55,9 @@ def _fill_and_report(capsys, target: dict, dest) -> tuple[dict, str, str]:
         stored = run_module(bench_history_module, {**target, "documents": docs[i:i + 6], "source": "site",
                                                    "vllm_version": "0.11.0", "gpu_driver": "570.195.03"}, capsys)
         assert stored["changed"] is True and len(stored["added"]) == 6, stored
+        where = {k: stored["actions"][0].get(k) for k in ("path", "database", "server")}
+        assert where == ({"path": target["path"], "database": None, "server": None} if "path" in target else
+                         {"path": None, "database": "same_reports", "server": parse_url(target["url"]).redacted.split("/")[2].split("@")[1]})
     report = run_module(bench_history_module, {**target, "state": "report", "dest": str(dest)}, capsys)
     query = run_module(bench_history_module, {**target, "state": "query"}, capsys)
     return query, (dest / "history.md").read_text(), (dest / "history.html").read_text()
@@ -63,7 +66,7 @@ def _fill_and_report(capsys, target: dict, dest) -> tuple[dict, str, str]:
 def test_the_same_history_gives_the_same_reports_from_sqlite_and_postgresql(pg_server, tmp_path, capsys):  # noqa: F811
     url = pg_server.create_database("same_reports")
     lite_query, lite_md, lite_html = _fill_and_report(capsys, {"path": str(tmp_path / "h.sqlite")}, tmp_path / "lite")
-    pg_query, pg_md, pg_html = _fill_and_report(capsys, {"url": parse_url(url).where, "password": PASSWORD},
+    pg_query, pg_md, pg_html = _fill_and_report(capsys, {"url": parse_url(url).redacted, "password": PASSWORD},
                                                 tmp_path / "pg")
     assert pg_md == lite_md
     assert pg_html == lite_html
@@ -128,7 +131,8 @@ def test_a_wrong_password_names_the_host_and_database_never_the_password(pg_serv
     with pytest.raises(bh.HistoryError) as err:
         bh.connect(url, password=wrong)
     text = str(err.value)
-    assert "'postgres' on localhost:" in text and "as user 'gpufleet_test'" in text and "password authentication failed" in text
+    assert "PostgreSQL database 'postgres' on localhost:" in text and "(user 'gpufleet_test')" in text
+    assert "password authentication failed" in text
     assert wrong not in text and PASSWORD not in text and "Pa55" not in text
     result = run_module(bench_history_module, {"url": url, "password": wrong, "state": "query"}, capsys)
     assert result["failed"] and "localhost" in result["msg"] and "Pa55" not in json.dumps(result)
@@ -166,7 +170,8 @@ def test_a_url_names_its_database_without_the_password():
     loc = parse_url("postgres://fleet:p%40ss%2Fw@db.example.com:6543/gpu%20history?sslmode=verify-full&connect_timeout=3")
     assert (loc.user, loc.password, loc.host, loc.port, loc.database, loc.sslmode, loc.connect_timeout) == (
         "fleet", "p@ss/w", "db.example.com", 6543, "gpu history", "verify-full", 3.0)
-    assert loc.where == "postgresql://fleet@db.example.com:6543/gpu history" and "p@ss" not in repr(loc)
+    assert loc.redacted == "postgresql://fleet@db.example.com:6543/gpu%20history" and "p@ss" not in repr(loc)
+    assert loc.where == "PostgreSQL database 'gpu history' on db.example.com:6543 (user 'fleet')"
     assert parse_url("postgresql://fleet:inurl@h/db", password="option").password == "option"
     assert render("SELECT a FROM t WHERE b = ? AND c = ? ORDER BY a {bin}", "postgresql") == (
         'SELECT a FROM t WHERE b = :p0 AND c = :p1 ORDER BY a COLLATE "C"')
