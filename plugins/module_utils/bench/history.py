@@ -230,7 +230,9 @@ def connect(location: str, create: bool = True, password: str | None = None) -> 
         raise HistoryError(str(err)) from None
     try:
         if not create and not db.has_table("schema_version"):
-            raise HistoryError(f"no throughput history in the {db.where}: run a benchmark with the history enabled first")
+            raise HistoryError(f"no throughput history in {db.where if sqlite else 'the ' + db.where}: run a benchmark "
+                               "with the history enabled first")
+        db.ready()
         migrate(db)
     except db_errors() as err:
         db.close()

@@ -155,6 +155,10 @@ class Database:
     def has_table(self, name: str) -> bool:
         raise NotImplementedError
 
+    def ready(self) -> None:
+        """Make the database ready for writers (SQLite: WAL mode, a write to the file); after reading that it is a
+        history, before migrating it."""
+
     @contextlib.contextmanager
     def write(self) -> Iterator[None]:
         self._begin_write()
@@ -181,6 +185,8 @@ class SqliteDatabase(Database):
         self.where = path
         self.conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
         self.conn.execute("PRAGMA foreign_keys = ON")
+
+    def ready(self) -> None:
         wal_mode(self.conn)
 
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
