@@ -18,7 +18,7 @@ description:
     O(verdict) (an M(gpufleet.inference.throughput_gate) result), O(tuning) (M(gpufleet.inference.tune_measured)'s
     RV(gpufleet.inference.tune_measured#module:state)) or O(changes) (the tuning roles' changes of a run).
   - The names, types and labels are fixed (every series has C(host) first; then, as the metric has them, C(gpu) and
-    C(link) PCI addresses, C(stage), C(kind) of change, C(profile), C(concurrency), C(code) and C(severity)); docs/fleet_operations.md
+    C(link) PCI addresses, C(stage), the C(change) a verdict judged and the C(kind) of a tuning change, C(profile), C(concurrency), C(code) and C(severity)); docs/fleet_operations.md
     lists them all, and the collection's Grafana dashboard (C(extras/grafana/gpufleet-fleet.json)) shows them.
   - The file is replaced atomically (a temp file in the same directory, fsync, rename) and only when its text changes; a
     value the result does not hold is left out, never written as 0.
@@ -55,6 +55,13 @@ options:
     description: The C(stage) label of a O(verdict) (the tuning stage, C(kernel_upgrade), C(site)).
     type: str
     default: default
+  change:
+    description:
+      - The C(change) label of a O(verdict), what the candidate changed (M(gpufleet.inference.throughput_gate)'s
+        O(gpufleet.inference.throughput_gate#module:change)).
+    type: str
+    choices: [none, kernel, host, driver, vllm_flags, vllm_version]
+    default: none
   profile:
     description: The C(profile) label of a O(benchmark); default the result's C(label), else C(default).
     type: str
@@ -97,6 +104,7 @@ EXAMPLES = r"""
   gpufleet.inference.metrics_textfile:
     verdict: "{{ gate }}"
     stage: kernel_upgrade
+    change: kernel
     name: gpufleet_verdict_kernel_upgrade
     host: "{{ inventory_hostname }}"
 """
@@ -136,6 +144,7 @@ diff:
 """
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import CHANGES
 from ansible_collections.gpufleet.inference.plugins.module_utils.metrics.metrics_textfile import (
     DEFAULT_DIR, MetricsError, execute)
 from ansible_collections.gpufleet.inference.plugins.module_utils.metrics.textfile import SOURCES
@@ -149,6 +158,7 @@ ARGUMENT_SPEC = dict(
     changes=dict(type="list", elements="dict"),
     host=dict(type="str"),
     stage=dict(type="str", default="default"),
+    change=dict(type="str", choices=list(CHANGES), default="none"),
     profile=dict(type="str"),
     timestamp=dict(type="float"),
     directory=dict(type="path", default=DEFAULT_DIR),

@@ -51,7 +51,7 @@ def build(source: str, data: Any, params: dict) -> list[Sample | None]:
         doc = data.get("benchmark") if isinstance(data.get("benchmark"), dict) else data
         return ms.benchmark_samples(doc, host, params.get("profile") or doc.get("label") or "default")
     if source == "verdict":
-        return ms.verdict_samples(data, host, params.get("stage") or "default")
+        return ms.verdict_samples(data, host, params.get("stage") or "default", params.get("change") or "none")
     if source == "tuning":
         return ms.tuning_samples(data.get("state") if isinstance(data.get("state"), dict) else data, host)
     return ms.change_samples(data, host)

@@ -24,6 +24,7 @@ from typing import Any, Iterator, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history import link_findings
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import VERDICTS
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import CHANGES
 from ansible_collections.gpufleet.inference.plugins.module_utils.metrics.textfile import Sample, sample
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.audit_report import _link, link_degraded
 
@@ -126,14 +127,17 @@ def benchmark_samples(doc: dict[str, Any], host: str, profile: str) -> list[Samp
     return out
 
 
-def verdict_samples(result: dict[str, Any], host: str, stage: str) -> list[Sample | None]:
+def verdict_samples(result: dict[str, Any], host: str, stage: str, change: str) -> list[Sample | None]:
     """throughput_gate's result: its serving verdict (``verdict.verdict``; the gate's own ``decision`` when the
-    result holds no serving verdict), the ratio, the p-value and the runs it still needs."""
+    result holds no serving verdict), the ratio, the p-value and the runs it still needs; ``change`` is what the
+    candidate changed (the gate's ``change`` option, bench/workload.py CHANGES)."""
+    if change not in CHANGES:
+        raise ValueError(f"change {change!r} is not one of {', '.join(CHANGES)}")
     given = (result.get("verdict") or {}).get("verdict") if isinstance(result.get("verdict"), dict) else result.get("verdict")
     given = given or result.get("decision")
     if given not in VERDICTS:
         raise ValueError(f"the verdict {given!r} is not one of {', '.join(VERDICTS)}: give throughput_gate's result")
-    labels = {"host": host, "stage": stage}
+    labels = {"host": host, "stage": stage, "change": change}
     out = [sample("gpufleet_verdict", int(v == given), verdict=v, **labels) for v in VERDICTS]
     out.append(sample("gpufleet_verdict_throughput_ratio", _number(result.get("ratio")), **labels))
     out.append(sample("gpufleet_verdict_p_value", _number(result.get("p_value")), **labels))

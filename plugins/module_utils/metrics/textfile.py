@@ -74,14 +74,16 @@ CATALOGUE: tuple[Metric, ...] = (
     _m("gpufleet_benchmark_timestamp_seconds", "gauge", "profile", "benchmark",
        "When the last benchmark of the profile finished, in seconds since the epoch."),
     # verdict: throughput_gate's result (the serving verdict)
-    _m("gpufleet_verdict", "gauge", "stage verdict", "verdict",
-       "The serving verdict of a change (stage): 1 for the verdict given (pass, unstable, diverged, regression, "
-       "inconclusive), 0 for the others."),
-    _m("gpufleet_verdict_throughput_ratio", "gauge", "stage", "verdict",
+    _m("gpufleet_verdict", "gauge", "stage change verdict", "verdict",
+       "The serving verdict of a change (stage; change: what the candidate changed, none, kernel, host, driver, "
+       "vllm_flags, vllm_version): 1 for the verdict given (pass, unstable, diverged, regression, inconclusive), 0 for "
+       "the others."),
+    _m("gpufleet_verdict_throughput_ratio", "gauge", "stage change", "verdict",
        "Candidate over baseline output tokens per second (geometric means of the runs) of the verdict."),
-    _m("gpufleet_verdict_p_value", "gauge", "stage", "verdict",
+    _m("gpufleet_verdict_p_value", "gauge", "stage change", "verdict",
        "One-sided p-value that the candidate is slower than the baseline."),
-    _m("gpufleet_verdict_runs_needed", "gauge", "stage", "verdict", "More candidate runs the gate asks for (0 once final)."),
+    _m("gpufleet_verdict_runs_needed", "gauge", "stage change", "verdict",
+       "More candidate runs the gate asks for (0 once final)."),
     # tuning: tune_measured's state, and the changes the tuning roles made (the audit report's tuning_changes)
     _m("gpufleet_tuning_stage_info", "gauge", "stage kind status verdict decision", "tuning",
        "A measured-tuning stage (kind: baseline, host, vllm, reboot) with its status, gate verdict and decision; value 1."),

@@ -144,17 +144,18 @@ def test_a_benchmark_with_a_flapping_link(tmp_path, capsys):
 
 @pytest.mark.parametrize("given", VERDICTS)
 def test_a_verdict_is_one_series_set_to_1(tmp_path, capsys, given):
-    _r, got, _t = write(tmp_path, capsys, verdict=gate_result(given), stage="kernel_upgrade")
+    _r, got, _t = write(tmp_path, capsys, verdict=gate_result(given), stage="kernel_upgrade", change="kernel")
     assert {dict(k)["verdict"]: v for k, v in got["gpufleet_verdict"]["samples"].items()} == {
         v: float(v == given) for v in VERDICTS}
-    assert got["gpufleet_verdict_throughput_ratio"]["samples"] == {(("host", "gpu-01"), ("stage", "kernel_upgrade")): 0.913}
-    assert got["gpufleet_verdict_p_value"]["samples"][(("host", "gpu-01"), ("stage", "kernel_upgrade"))] == 1.2e-06
+    key = (("change", "kernel"), ("host", "gpu-01"), ("stage", "kernel_upgrade"))
+    assert got["gpufleet_verdict_throughput_ratio"]["samples"] == {key: 0.913}
+    assert got["gpufleet_verdict_p_value"]["samples"][key] == 1.2e-06
 
 
 def test_a_gate_before_its_first_look_leaves_the_ratio_out(tmp_path, capsys):
     _r, got, _t = write(tmp_path, capsys, verdict=gate_result("inconclusive", ratio=None, p_value=None, runs_needed=5))
     assert "gpufleet_verdict_throughput_ratio" not in got and "gpufleet_verdict_p_value" not in got
-    assert got["gpufleet_verdict_runs_needed"]["samples"] == {(("host", "gpu-01"), ("stage", "default")): 5}
+    assert got["gpufleet_verdict_runs_needed"]["samples"] == {(("change", "none"), ("host", "gpu-01"), ("stage", "default")): 5}
 
 
 def test_the_tuning_state_and_the_changes(tmp_path, capsys):
@@ -230,6 +231,7 @@ def test_written_atomically_once_and_nothing_in_check_mode(tmp_path, capsys):
     ({"verdict": gate_result(ratio=float("nan"))}, "gpufleet_verdict_throughput_ratio: nan is not a finite number"),
     ({"audit": {}, "verdict": gate_result()}, "mutually exclusive"),
     ({"host": "x"}, "one of the following is required"),
+    ({"verdict": gate_result(), "change": "firmware"}, "value of change must be one of"),
 ])
 def test_bad_input_is_refused_and_nothing_written(tmp_path, capsys, params, match):
     result = run_module(metrics_textfile, {"directory": str(tmp_path / "textfile"), **params}, capsys)
