@@ -181,14 +181,17 @@ def all_outputs(tmp_path, capsys) -> dict[str, dict]:
     got = {}
     for name, params in {
         "audit": {"audit": h200_audit(tmp_path), "timestamp": 1},
-        "degraded": {"audit": degraded_audit(tmp_path)},
+        "degraded": {"audit": degraded_audit(tmp_path), "host": "gpu-02"},
         "health": {"health": [{"code": "xid", "severity": "critical"}], "timestamp": 2},
         "benchmark": {"benchmark": monitored("2026-12-01T00:00:00Z", [STABLE, FLAPPED])},
         "verdict": {"verdict": gate_result()},
         "tuning": {"tuning": state},
         "changes": {"changes": [{"role": "hugepages", "what": "huge pages", "actions": []}]},
     }.items():
-        got.update(write(tmp_path, capsys, name=f"all_{name}", **params)[1])
+        for metric, entry in write(tmp_path, capsys, name=f"all_{name}", **params)[1].items():
+            merged = got.setdefault(metric, dict(entry, samples={}))
+            assert not set(merged["samples"]) & set(entry["samples"]), f"{metric}: a series in two files"
+            merged["samples"].update(entry["samples"])
     return got
 
 
