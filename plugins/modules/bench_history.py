@@ -58,8 +58,8 @@ options:
   url:
     description:
       - The PostgreSQL history instead of a file, C(postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE), optionally with
-        C(?sslmode=disable|require|verify-ca|verify-full), C(sslrootcert=FILE) and C(connect_timeout=SECONDS)
-        (default 10).
+        C(?sslmode=disable|prefer|require|verify-ca|verify-full) (libpq's meanings, default V(prefer)),
+        C(sslrootcert=FILE) and C(connect_timeout=SECONDS) (default 10).
       - The tables are created (and migrated) in the database's default schema on first use.
       - Kept out of Ansible's output and logs (C(no_log)); actions and messages name the database, host, port and user
         only.

@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history_db import DatabaseError, is_url, parse_url
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history_db import (
+    DatabaseError, db_errors, is_url, parse_url, pg_error_text)
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 
@@ -143,6 +144,12 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict[str, Any]:
             report(p, fs, check_mode, result)
     except bh.HistoryError as err:
         raise Failed(f"Throughput history{'' if p.get('url') else ' ' + p['path']}: {err}", **result) from None
+    except db_errors() as err:  # a statement after the history was opened: a lost connection, a revoked right
+        text = pg_error_text(err)
+        if p.get("url"):
+            text = parse_url(p["url"], p.get("password")).scrub(text)
+        raise Failed(f"Throughput history {where(p)}: {text}. What was stored before it is kept (each result is stored "
+                     "in one transaction); run the task again.", **result) from None
     except HostFSError as err:
         raise Failed(f"Cannot write the history report under {p['dest']}: {err}. Check the directory's permissions.",
                      **result) from None

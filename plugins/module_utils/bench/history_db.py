@@ -35,7 +35,7 @@ except ImportError:  # pragma: no cover - the URL path says what to install
 BUSY_TIMEOUT_S = 30.0
 # pg_advisory_xact_lock's key for the history's writers (any constant; "gpufleet" in ASCII, as a signed 64-bit number).
 PG_LOCK_KEY = 0x67707566_6C656574
-SSL_MODES = ("disable", "require", "verify-ca", "verify-full")
+SSL_MODES = ("disable", "prefer", "require", "verify-ca", "verify-full")
 URL_OPTIONS = ("sslmode", "sslrootcert", "connect_timeout")
 DIALECT_WORDS = {
     "sqlite": {"{id}": "id INTEGER PRIMARY KEY", "{real}": "REAL", "{bin}": "COLLATE BINARY"},
@@ -60,7 +60,7 @@ class PgLocation:
     port: int
     database: str
     password: str | None = field(default=None, repr=False)
-    sslmode: str = "disable"
+    sslmode: str = "prefer"
     sslrootcert: str | None = None
     connect_timeout: float = 10.0
 
@@ -103,7 +103,7 @@ def parse_url(url: str, password: str | None = None) -> PgLocation:
     if unknown:
         raise DatabaseError(f"the history URL for database {database!r} on {parts.hostname} has unknown option(s) "
                             f"{', '.join(unknown)}; known: {', '.join(URL_OPTIONS)}")
-    sslmode = options.get("sslmode", "disable")
+    sslmode = options.get("sslmode", "prefer")
     if sslmode not in SSL_MODES:
         raise DatabaseError(f"sslmode {sslmode!r} in the history URL is not one of {', '.join(SSL_MODES)}")
     try:
@@ -240,7 +240,11 @@ class PgDatabase(Database):
         self.conn = pg_native.Connection(
             user=loc.user, host=loc.host, port=loc.port, database=loc.database, password=loc.password,
             ssl_context=ssl_context(loc), timeout=loc.connect_timeout, application_name="gpufleet.bench_history")
-        self.conn.timeout = None  # the connect timeout only: a migration or an advisory lock may wait longer
+        # pg8000 leaves the connect timeout on the socket: statements could then fail after it, while a migration runs
+        # or another controller holds the writers' lock. It is for the connect only.
+        sock = getattr(self.conn, "_usock", None)
+        if sock is not None:
+            sock.settimeout(None)
 
     def query(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
         rows = self.conn.run(render(sql, self.dialect), **{f"p{i}": v for i, v in enumerate(args)})
@@ -264,10 +268,14 @@ class PgDatabase(Database):
             self.conn.close()
 
 
-def ssl_context(loc: PgLocation) -> ssl.SSLContext | None:
-    """The TLS context of ``sslmode``: none (disable), encrypted without checking the server (require), the
-    server's certificate checked against ``sslrootcert`` or the system's CAs (verify-ca), and its name too (verify-full)."""
+def ssl_context(loc: PgLocation) -> ssl.SSLContext | bool | None:
+    """pg8000's ``ssl_context`` for ``sslmode`` (libpq's meanings): False, plain TCP (disable); None, pg8000's own
+    TLS when the server offers it, unchecked, else plain (prefer, libpq's default too); encrypted without checking the
+    server (require); the server's certificate checked against ``sslrootcert`` or the system's CAs (verify-ca), and its
+    name too (verify-full)."""
     if loc.sslmode == "disable":
+        return False
+    if loc.sslmode == "prefer":
         return None
     ctx = ssl.create_default_context(cafile=loc.sslrootcert) if loc.sslmode != "require" else ssl.create_default_context()
     if loc.sslmode == "require":
@@ -307,5 +315,6 @@ def open_database(location: str, password: str | None = None) -> Database:
 
 
 def db_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions a statement may raise on either back end (what history.py turns into its own error)."""
-    return (sqlite3.DatabaseError,) + ((pg_native.Error,) if HAS_PG8000 else ())
+    """The exceptions a statement may raise on either back end (what history.py and the executor turn into their own
+    error): the database's, and a connection that broke or timed out."""
+    return (sqlite3.DatabaseError, OSError) + ((pg_native.Error,) if HAS_PG8000 else ())

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import sqlite3
+import threading
+import time
 
 import pytest
 
@@ -155,7 +157,7 @@ def test_a_url_given_as_path_is_refused(tmp_path, capsys, monkeypatch):
     ("mysql://u@h/db", "scheme 'mysql', not postgresql"),
     ("postgresql://u:pw@h/", "must name a host and one database"),
     ("postgresql://h/db", "names no user"),
-    ("postgresql://u:pw@h/db?sslmode=prefer", "sslmode 'prefer' .* not one of disable, require, verify-ca, verify-full"),
+    ("postgresql://u:pw@h/db?sslmode=allow", "sslmode 'allow' .* not one of disable, prefer, require, verify-ca, verify-full"),
     ("postgresql://u:pw@h/db?options=-csearch_path%3Dx", "unknown option.*options"),
     ("postgresql://u:pw@h:99999/db", "not a valid postgresql:// URL"),
     ("postgresql://u:pw@h/db?connect_timeout=0", "connect_timeout '0'"),
@@ -175,6 +177,38 @@ def test_a_url_names_its_database_without_the_password():
     assert parse_url("postgresql://fleet:inurl@h/db", password="option").password == "option"
     assert render("SELECT a FROM t WHERE b = ? AND c = ? ORDER BY a {bin}", "postgresql") == (
         'SELECT a FROM t WHERE b = :p0 AND c = :p1 ORDER BY a COLLATE "C"')
+
+
+def test_sslmode_against_a_server_without_tls(pg_server):  # noqa: F811
+    """The test server offers no TLS: prefer (the default) and disable connect in plain TCP, require refuses."""
+    for mode in ("prefer", "disable"):
+        bh.connect(pg_server.url() + f"?sslmode={mode}&connect_timeout=5").close()
+    with pytest.raises(bh.HistoryError, match=r"PostgreSQL database 'postgres' on 127\.0\.0\.1:\d+ .*Server refuses SSL"):
+        bh.connect(pg_server.url() + "?sslmode=require")
+
+
+def test_a_writer_waits_for_the_lock_longer_than_the_connect_timeout(pg_server):  # noqa: F811
+    """Another controller holds the writers' lock for 2 s; a store with connect_timeout=1 waits for it and succeeds
+    (pg8000 leaves the connect timeout on the socket: without clearing it the store failed after 1 s)."""
+    url = pg_server.create_database("lock_wait") + "?connect_timeout=1"
+    holder, waiter = bh.connect(url), bh.connect(url)
+    held = threading.Event()
+
+    def hold():
+        with holder.write():
+            held.set()
+            time.sleep(2.0)
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert held.wait(10)
+        start = time.monotonic()
+        assert bh.append(waiter, doc("2026-12-01T00:00:00Z", [1.0] * 5), source="site")[1] is True
+        assert time.monotonic() - start >= 1.5
+    finally:
+        thread.join()
+        holder.close()
+        waiter.close()
 
 
 def _append_all(url: str) -> list[int]:
