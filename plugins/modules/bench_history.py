@@ -269,7 +269,8 @@ ARGUMENT_SPEC = dict(
 
 
 def main():
-    run_module(ModuleSpec("bench_history", ARGUMENT_SPEC, "keeps the history (the SQLite file at path, or the PostgreSQL database at url) and writes its report under dest",
+    run_module(ModuleSpec("bench_history", ARGUMENT_SPEC,
+                          "keeps the history (the SQLite file at path, or the PostgreSQL database at url) and writes its report under dest",
                           checks={"required_if": [("state", "report", ["dest"])], "required_one_of": [("path", "url")],
                                   "mutually_exclusive": [("path", "url")]}), execute)
 

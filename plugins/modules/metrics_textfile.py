@@ -18,8 +18,9 @@ description:
     O(verdict) (an M(gpufleet.inference.throughput_gate) result), O(tuning) (M(gpufleet.inference.tune_measured)'s
     RV(gpufleet.inference.tune_measured#module:state)) or O(changes) (the tuning roles' changes of a run).
   - The names, types and labels are fixed (every series has C(host) first; then, as the metric has them, C(gpu) and
-    C(link) PCI addresses, C(stage), the C(change) a verdict judged and the C(kind) of a tuning change, C(profile), C(concurrency), C(code) and C(severity)); docs/fleet_operations.md
-    lists them all, and the collection's Grafana dashboard (C(extras/grafana/gpufleet-fleet.json)) shows them.
+    C(link) PCI addresses, C(stage), the C(change) a verdict judged and the C(kind) of a tuning change, C(profile),
+    C(concurrency), C(code) and C(severity)); docs/fleet_operations.md lists them all, and the collection's Grafana
+    dashboard (C(extras/grafana/gpufleet-fleet.json)) shows them.
   - The file is replaced atomically (a temp file in the same directory, fsync, rename) and only when its text changes; a
     value the result does not hold is left out, never written as 0.
 author:

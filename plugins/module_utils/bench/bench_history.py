@@ -2,7 +2,8 @@
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What gpufleet.inference.bench_history executes (``execute()``): store result documents in the history
-(bench/history.py; an SQLite ``path`` or a PostgreSQL ``url``, bench/history_db.py), or read the series and render the report (bench/history_report.py) and write its files
+(bench/history.py; an SQLite ``path`` or a PostgreSQL ``url``, bench/history_db.py), or read the series and render
+the report (bench/history_report.py) and write its files
 through the host's files (_host/files.py HostFS). Failures are raised as _host/result.py Failed with the result so
 far, never fail_json-ed here.
 """
