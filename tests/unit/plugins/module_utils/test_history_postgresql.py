@@ -75,7 +75,7 @@ def test_the_same_history_gives_the_same_reports_from_sqlite_and_postgresql(pg_s
     assert json.dumps(pg_query["series"], sort_keys=True) == json.dumps(lite_query["series"], sort_keys=True)
     assert pg_query["drops"] == lite_query["drops"] and pg_query["link_findings"] == lite_query["link_findings"]
     # what the comparison rests on: hosts in byte order, a drop with the kernel that changed, the flapped link
-    assert [h for h in sorted(HOSTS)] == ["GPU-2", "gpu-10", "gpu1", "gpu_3"]
+    assert sorted(HOSTS) == ["GPU-2", "gpu-10", "gpu1", "gpu_3"]
     assert lite_md.index("## GPU-2") < lite_md.index("## gpu-10") < lite_md.index("## gpu1") < lite_md.index("## gpu_3")
     assert any("kernel 6.1.0-50-cloud-amd64 -> 6.1.0-56-cloud-amd64" in d["changes"] for d in pg_query["drops"])
     assert len(pg_query["link_findings"]) == len(HOSTS) * 2  # run 1 of day 3, at both levels
