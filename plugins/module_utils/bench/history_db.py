@@ -165,7 +165,8 @@ class Database:
         try:
             yield
         except BaseException:
-            self.execute("ROLLBACK")
+            with contextlib.suppress(Exception):  # a broken connection cannot roll back: the first error is the one told
+                self.execute("ROLLBACK")
             raise
         self.execute("COMMIT")
 
