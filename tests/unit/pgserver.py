@@ -5,7 +5,8 @@
 
 Debian's ``postgresql`` package (scripts/bootstrap installs it): its ``initdb`` makes a cluster in a temporary directory
 and its ``pg_ctl`` starts it on a free port of 127.0.0.1, with SCRAM password authentication over TCP (the way a
-controller reaches the fleet's database) and an ICU English collation where the server has ICU (so that a query that
+controller reaches the fleet's database), TLS with a self-signed certificate for ``localhost`` and 127.0.0.1
+(``self.cert``: what a client gives as ``sslrootcert``; plain TCP is accepted too) and an ICU English collation where the server has ICU (so that a query that
 sorts text in the database's collation instead of byte order shows up as a different report). PostgreSQL refuses to run
 as root: as root the cluster belongs to ``nobody`` and every server command runs as that user (``setpriv``). Stopped
 (immediate) and removed after the tests. About 2 s to start on the 2-core development machine.
@@ -79,11 +80,24 @@ class PgServer:
                   "--auth-local=scram-sha-256", "--auth-host=scram-sha-256", "-E", "UTF8", "--no-sync",
                   *(["--locale-provider=icu", "--icu-locale=en-US", "--locale=C.UTF-8"] if icu else ["--locale=C.UTF-8"]))
         self.icu = icu
+        self._certificate()
         opts = (f"-c listen_addresses=127.0.0.1 -p {self.port} -k {self.base} -c fsync=off -c synchronous_commit=off "
-                "-c full_page_writes=off -c shared_buffers=16MB -c max_connections=40")
+                "-c full_page_writes=off -c shared_buffers=16MB -c max_connections=40 "
+                f"-c ssl=on -c ssl_cert_file={self.cert} -c ssl_key_file={self.base / 'server.key'}")
         self._run(f"{self.bin}/pg_ctl", "-D", str(self.base / "data"), "-l", str(self.base / "server.log"), "-w",
                   "-t", "60", "-o", opts, "start")
         return self
+
+    def _certificate(self) -> None:
+        """A self-signed certificate for localhost and 127.0.0.1 (openssl), the key readable by the server only."""
+        self.cert = self.base / "server.crt"
+        key = self.base / "server.key"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                        "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1",
+                        "-keyout", str(key), "-out", str(self.cert)], capture_output=True, check=True, timeout=60)
+        for path in (key, self.cert):
+            os.chown(path, *self.owner)
+        os.chmod(key, 0o600)
 
     def _has_icu(self) -> bool:
         out = subprocess.run([f"{self.bin}/initdb", "--help"], capture_output=True, text=True, check=False).stdout

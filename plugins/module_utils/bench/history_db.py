@@ -292,6 +292,8 @@ def pg_error_text(err: BaseException) -> str:
     first = err.args[0] if err.args else err
     if isinstance(first, dict):
         return f"{first.get('M', 'error')} (SQLSTATE {first.get('C', '?')})"
+    if isinstance(err, OSError):  # a socket or TLS error: its args start with an errno
+        return str(err).rstrip(".") or type(err).__name__
     return str(first).rstrip(".") or type(err).__name__
 
 

@@ -179,12 +179,25 @@ def test_a_url_names_its_database_without_the_password():
         'SELECT a FROM t WHERE b = :p0 AND c = :p1 ORDER BY a COLLATE "C"')
 
 
-def test_sslmode_against_a_server_without_tls(pg_server):  # noqa: F811
-    """The test server offers no TLS: prefer (the default) and disable connect in plain TCP, require refuses."""
-    for mode in ("prefer", "disable"):
-        bh.connect(pg_server.url() + f"?sslmode={mode}&connect_timeout=5").close()
-    with pytest.raises(bh.HistoryError, match=r"PostgreSQL database 'postgres' on 127\.0\.0\.1:\d+ .*Server refuses SSL"):
-        bh.connect(pg_server.url() + "?sslmode=require")
+def _tls(url: str) -> bool:
+    db = bh.connect(url)
+    try:
+        return db.scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+    finally:
+        db.close()
+
+
+def test_sslmode_as_libpq_means_it(pg_server):  # noqa: F811
+    """The server offers TLS with a self-signed certificate for localhost: disable talks plain TCP, prefer (the
+    default) and require encrypt, verify-full checks the certificate against sslrootcert and the name, and refuses a
+    server the system's CAs do not vouch for."""
+    local = pg_server.url().replace("127.0.0.1", "localhost")
+    assert _tls(pg_server.url() + "?sslmode=disable") is False
+    assert _tls(pg_server.url()) is True and _tls(pg_server.url() + "?sslmode=require") is True
+    assert _tls(f"{local}?sslmode=verify-full&sslrootcert={pg_server.cert}") is True
+    assert _tls(f"{pg_server.url()}?sslmode=verify-ca&sslrootcert={pg_server.cert}") is True
+    with pytest.raises(bh.HistoryError, match=r"PostgreSQL database 'postgres' on localhost:\d+ .*certificate verify failed"):
+        bh.connect(f"{local}?sslmode=verify-full")
 
 
 def test_a_writer_waits_for_the_lock_longer_than_the_connect_timeout(pg_server):  # noqa: F811
