@@ -17,7 +17,7 @@ from typing import Callable
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
 from ansible_collections.gpufleet.inference.plugins.modules import (
     bench_history, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity, kernel_boot_entry, kernel_boot_health, kernel_cmdline,
-    kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload,
+    kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight, metrics_textfile, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload,
     output_equivalence, throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
 )
 from tests.unit.fakesysfs import node_memory, two_gpus_one_switch
@@ -144,6 +144,10 @@ def specs(vllm_url: str) -> dict[str, Spec]:
         "kernel_cmdline_info": Spec(kernel_cmdline_info, cmd_build, lambda r: {"root": r}, ["/etc/default/grub", "/proc/cmdline"]),
         "kernel_rollout_step": Spec(kernel_rollout_step, step_build, step_base, ["/var/lib/gpufleet/kernel_upgrade/journal.json"]),
         "kernel_upgrade_preflight": Spec(kernel_upgrade_preflight, pre_build, pre_base, ["/var/lib/dpkg/status", "/boot/grub/grubenv"]),
+        "metrics_textfile": Spec(metrics_textfile, _nothing, lambda r: {
+            "root": r, "host": "gpu-01", "stage": "kernel_upgrade", "verdict": {
+                "verdict": {"verdict": "regression"}, "ratio": 0.91, "p_value": 0.001, "runs_needed": 0}},
+            ["/var/lib/prometheus/node-exporter/gpufleet_verdict.prom"]),
         "nccl_env_files": Spec(nccl_env_files, _nothing, lambda r: {
             "root": r, "conf_content": NCCL["nccl_conf"], "env_content": NCCL["env_file"], "settings": NCCL["settings"]},
             ["/etc/nccl.conf", "/etc/gpufleet/nccl.env"]),

@@ -46,6 +46,7 @@ ALLOWED = {
     "tuning": {"bench"},        # measured stages are judged by the gate
     "vllm": {"bench"},          # readiness speaks the benchmark's HTTP transport
     "irq": {"vfio"},            # a device bound to vfio-pci keeps no IRQ pinning
+    "metrics": {"bench", "pcie"},  # the metrics read the audit's links, a benchmark's link findings and the verdicts
 }
 
 
