@@ -131,7 +131,7 @@ def _governor(tree: dict, wanted: str) -> tuple[list[dict], str | None]:
     steps = []
     for name, pol in tree["policies"].items():
         if wanted not in pol["governors"]:
-            raise CpuTuningError(f"cpufreq {name} (driver {pol['driver']}) offers the governors "
+            raise CpuTuningError(f"governor={wanted!r}: cpufreq {name} (driver {pol['driver']}) offers the governors "
                                  f"{', '.join(pol['governors']) or 'none'}, not {wanted} ({CPUFREQ}/{name}/"
                                  "scaling_available_governors). Pick one of those; nothing was changed.")
         if pol["governor"] != wanted:
@@ -150,12 +150,12 @@ def _epp(tree: dict, wanted: str, governor: str | None) -> tuple[list[dict], str
     steps = []
     for name, pol in tree["policies"].items():
         if wanted not in pol["epps"]:
-            raise CpuTuningError(f"cpufreq {name} offers the energy-performance preferences {', '.join(pol['epps']) or 'none'}, "
+            raise CpuTuningError(f"energy_performance_preference={wanted!r}: cpufreq {name} offers the energy-performance preferences {', '.join(pol['epps']) or 'none'}, "
                                  f"not {wanted} ({CPUFREQ}/{name}/energy_performance_available_preferences). Pick one of "
                                  "those; nothing was changed.")
         final_governor = governor or pol["governor"]
         if pol["driver"] == "intel_pstate" and final_governor == "performance" and wanted != "performance":
-            raise CpuTuningError(f"cpufreq {name}: intel_pstate holds the energy-performance preference at performance "
+            raise CpuTuningError(f"energy_performance_preference={wanted!r}: cpufreq {name}: intel_pstate holds the energy-performance preference at performance "
                                  f"under the performance governor and refuses {wanted} (EBUSY). Use the powersave governor "
                                  f"with the preference {wanted}, or leave the preference unset; nothing was changed.")
         if pol["epp"] != wanted:
@@ -191,7 +191,7 @@ def _thp(tree: dict, knob: str, wanted: str) -> tuple[list[dict], str | None]:
                     "(CONFIG_TRANSPARENT_HUGEPAGE off)")
     current, available = found
     if wanted not in available:
-        raise CpuTuningError(f"{THP_FILES[knob]} offers {', '.join(available) or 'nothing'}, not {wanted}. Pick one of "
+        raise CpuTuningError(f"{knob}={wanted!r}: {THP_FILES[knob]} offers {', '.join(available) or 'nothing'}, not {wanted}. Pick one of "
                              "those; nothing was changed.")
     return ([_step(knob, THP_FILES[knob], current, wanted)] if current != wanted else []), None
 
