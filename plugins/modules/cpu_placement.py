@@ -108,8 +108,8 @@ dropin:
   type: str
   sample: /etc/systemd/system/vllm.service.d/50-gpufleet-cpu-placement.conf
 systemd_reads:
-  description: What C(systemctl show) reports for the unit after the change (live host, state present).
-  returned: when state is present on the live host and not in check mode
+  description: What C(systemctl show) reports for the unit after the change (C(LoadState) C(not-found) when it is not installed).
+  returned: on the live host (root C(/)), not in check mode
   type: dict
   sample: {LoadState: loaded, CPUAffinity: "2-15", NUMAPolicy: preferred, NUMAMask: "0"}
 restart_needed:

@@ -166,8 +166,9 @@ def execute(params: dict, host: Host, check_mode: bool) -> dict:
                                          "Run systemctl daemon-reload by hand.")
             if problem:
                 raise Failed(problem.pop("msg"), changed=True, **problem)
-    if not host.cmd.chrooted and params["state"] == "present" and not check_mode:
+    if not host.cmd.chrooted and not check_mode:
         result["systemd_reads"] = unit_reads(host, unit)
+    if params["state"] == "present" and "systemd_reads" in result:
         mismatch = _check_reads(result["systemd_reads"], result["unit_settings"], unit)
         if mismatch:
             raise Failed(mismatch + ".", changed=bool(actions), actions=actions)
