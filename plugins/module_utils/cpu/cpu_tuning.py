@@ -145,4 +145,4 @@ def execute(params: dict, host: Host, check_mode: bool) -> dict:
     return {"changed": bool(actions + persist_actions), "actions": actions + persist_actions,
             "skipped": plan["skips"], "before": knobs.summary(tree), "after": knobs.summary(after),
             "persisted": plan["kept"] if params["persist"] else {},
-            "originals": {p: v for p, v in plan["record"].items()}, "diff": diff + persist_diff}
+            "originals": dict(plan["record"]), "diff": diff + persist_diff}

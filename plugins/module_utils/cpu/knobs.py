@@ -150,14 +150,16 @@ def _epp(tree: dict, wanted: str, governor: str | None) -> tuple[list[dict], str
     steps = []
     for name, pol in tree["policies"].items():
         if wanted not in pol["epps"]:
-            raise CpuTuningError(f"energy_performance_preference={wanted!r}: cpufreq {name} offers the energy-performance preferences {', '.join(pol['epps']) or 'none'}, "
-                                 f"not {wanted} ({CPUFREQ}/{name}/energy_performance_available_preferences). Pick one of "
-                                 "those; nothing was changed.")
+            raise CpuTuningError(
+                f"energy_performance_preference={wanted!r}: cpufreq {name} offers the energy-performance preferences "
+                f"{', '.join(pol['epps']) or 'none'}, not {wanted} ({CPUFREQ}/{name}/energy_performance_available_preferences). "
+                "Pick one of those; nothing was changed.")
         final_governor = governor or pol["governor"]
         if pol["driver"] == "intel_pstate" and final_governor == "performance" and wanted != "performance":
-            raise CpuTuningError(f"energy_performance_preference={wanted!r}: cpufreq {name}: intel_pstate holds the energy-performance preference at performance "
-                                 f"under the performance governor and refuses {wanted} (EBUSY). Use the powersave governor "
-                                 f"with the preference {wanted}, or leave the preference unset; nothing was changed.")
+            raise CpuTuningError(
+                f"energy_performance_preference={wanted!r}: cpufreq {name}: intel_pstate holds the energy-performance "
+                f"preference at performance under the performance governor and refuses {wanted} (EBUSY). Use the "
+                f"powersave governor with the preference {wanted}, or leave the preference unset; nothing was changed.")
         if pol["epp"] != wanted:
             steps.append(_step("energy_performance_preference", f"{CPUFREQ}/{name}/energy_performance_preference",
                                pol["epp"], wanted))

@@ -16,9 +16,9 @@ from typing import Callable
 
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
 from ansible_collections.gpufleet.inference.plugins.modules import (
-    bench_history, cpu_placement, cpu_tuning, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity, kernel_boot_entry, kernel_boot_health, kernel_cmdline,
-    kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload,
-    output_equivalence, throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
+    bench_history, cpu_placement, cpu_tuning, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity, kernel_boot_entry,
+    kernel_boot_health, kernel_cmdline, kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight, nccl_env_files, pcie_acs,
+    pcie_aspm, pcie_facts, pcie_payload, output_equivalence, throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
 )
 from tests.unit.fakesysfs import FakeHost, cpu_knobs, cpus_online, node_memory, two_gpus_one_switch, two_numa_nodes
 from tests.unit.plugins.module_utils.test_vfio import gpu_host
