@@ -192,3 +192,20 @@ def test_simulate_matches_what_apply_reads_back(tmp_path):
     knobs.apply(fs, steps)
     assert knobs.summary(knobs.read_tree(fs)) == predicted
     assert predicted["cstates_disabled"]["cpu1"] == ["state2 (C1E, 10 us)", "state3 (C6, 170 us)"]
+
+
+def test_boot_applier_logs_skips_and_failures(tmp_path, capsys):
+    from ansible_collections.gpufleet.inference.plugins.module_utils.cpu import boot, reapply
+    host = FakeHost(tmp_path / "vm")
+    cpu_knobs(host, driver=None, idle_driver=None)
+    config = tmp_path / "cpu_tuning.json"
+    config.write_text(boot.render_persist({"governor": "performance", "thp_enabled": "never"}))
+    assert reapply.main(["--root", str(tmp_path / "vm"), str(config)]) == 0
+    out = capsys.readouterr().out
+    assert "governor: skipped, no cpufreq policy" in out and "transparent_hugepage/enabled: always -> never" in out
+    config.write_text(boot.render_persist({"thp_enabled": "sometimes"}))
+    assert reapply.main(["--root", str(tmp_path / "vm"), str(config)]) == 1
+    assert "thp_enabled='sometimes'" in capsys.readouterr().out
+    config.write_text("{}")
+    assert reapply.main(["--root", str(tmp_path / "vm"), str(config)]) == 2
+    assert reapply.main(["--root", str(tmp_path / "vm"), str(tmp_path / "missing.json")]) == 2
