@@ -18,7 +18,7 @@ description:
     C(energy_performance_available_preferences), the THP files' word lists) before the first write, so a bad value
     changes nothing. A write that does not take undoes the others.
   - A knob the host lacks (no cpufreq driver or no EPP, as in most VMs; no cpuidle driver, as under QEMU TCG; no THP) is
-    skipped with the reason in RV(skipped) and a warning, never faked.
+    skipped with the reason in RV(unavailable) and a warning, never faked.
   - The original value of every file is recorded in O(state_dir) before its first change; O(state=absent) writes
     exactly those back (for the knobs in O(restore)) and forgets them.
   - With O(persist), a systemd oneshot unit (C(gpufleet-cpu-tuning.service)) re-applies the kept settings at every boot
@@ -101,7 +101,7 @@ actions:
     - {action: set_value, knob: governor, path: /sys/devices/system/cpu/cpufreq/policy0/scaling_governor, before: powersave,
        after: performance}
     - {action: enable_unit, unit: gpufleet-cpu-tuning.service, argv: [/usr/bin/systemctl, enable, gpufleet-cpu-tuning.service]}
-skipped:
+unavailable:
   description: The knobs given that this host lacks, each with the reason.
   returned: success
   type: dict

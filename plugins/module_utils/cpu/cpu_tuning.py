@@ -143,6 +143,6 @@ def execute(params: dict, host: Host, check_mode: bool) -> dict:
     persist_actions, persist_diff = _persist(host, plan["kept"], params["persist"], check_mode)
     after = knobs.simulate(tree, plan["steps"]) if check_mode else knobs.read_tree(fs)
     return {"changed": bool(actions + persist_actions), "actions": actions + persist_actions,
-            "skipped": plan["skips"], "before": knobs.summary(tree), "after": knobs.summary(after),
+            "unavailable": plan["skips"], "before": knobs.summary(tree), "after": knobs.summary(after),
             "persisted": plan["kept"] if params["persist"] else {},
             "originals": dict(plan["record"]), "diff": diff + persist_diff}

@@ -78,7 +78,7 @@ def test_apply_check_diff_idempotence_boot_and_revert(tmp_path, capsys):
     assert "policy0/scaling_governor: performance" in check["diff"][0]["after"]
 
     done = run(root, capsys, _ansible_diff=True, **ALL)
-    assert done["changed"] and done["after"] == check["after"] and done["skipped"] == {}
+    assert done["changed"] and done["after"] == check["after"] and done["unavailable"] == {}
     assert (root / GOV.format(2)).read_text() == "performance" and (root / C6.format(1)).read_text() == "1"
     assert (root / THP).read_text() == "madvise"
     assert done["originals"]["/" + GOV.format(0)] == "powersave" and done["originals"]["/" + THP] == "always"
@@ -109,7 +109,7 @@ def test_apply_check_diff_idempotence_boot_and_revert(tmp_path, capsys):
 def test_a_vm_without_cpufreq_and_cpuidle_skips_those_knobs_and_still_sets_thp(tmp_path, capsys):
     root = host_tree(tmp_path / "vm", driver=None, idle_driver=None)
     result = run(root, capsys, **ALL)
-    assert set(result["skipped"]) == {"governor", "energy_performance_preference", "cstate"}
+    assert set(result["unavailable"]) == {"governor", "energy_performance_preference", "cstate"}
     assert "governor skipped: no cpufreq policy" in json.dumps(result["warnings"])
     assert (root / THP).read_text() == "madvise"
     assert result["persisted"] == {"thp_enabled": "madvise", "thp_defrag": "defer+madvise"}  # no skipped knob kept

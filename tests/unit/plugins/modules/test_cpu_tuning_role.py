@@ -76,3 +76,19 @@ def test_role_converges_verifies_is_idempotent_and_reverts(tmp_path):
     assert (recap["failed"], recap["changed"]) == (0, 2), out[-4000:]
     assert not dropin.exists() and not (root / "etc/gpufleet/cpu_tuning.json").exists()
     assert (root / "sys/devices/system/cpu/cpu3/cpuidle/state3/disable").read_text() == "0"
+
+
+@needs_tools
+def test_role_on_a_vm_without_cpufreq_and_cpuidle_sets_thp_and_warns(tmp_path):
+    """The knobs' task must not read as skipped in Ansible: a module result with a true ``skipped`` key does (the VM
+    lab found it), so the module returns the knobs the host lacks as ``unavailable``."""
+    root = tmp_path / "vm"
+    cpu_knobs(FakeHost(root), cpus=2, driver=None, idle_driver=None)
+    (tmp_path / "site.yml").write_text(PLAYBOOK % {"root": root})
+    extra = ["-e", json.dumps({"cpu_tuning_governor": "performance", "cpu_tuning_cstate_max_latency_us": 0,
+                               "cpu_tuning_thp_enabled": "never"})]
+    out, recap = play(tmp_path, *extra)
+    assert (recap["failed"], recap["changed"]) == (0, 1), out[-4000:]
+    assert "governor skipped: no cpufreq policy" in out and "cstate skipped: no cpuidle states" in out
+    assert (root / "sys/kernel/mm/transparent_hugepage/enabled").read_text() == "never"
+    assert json.loads((root / "etc/gpufleet/cpu_tuning.json").read_text())["settings"] == {"thp_enabled": "never"}
