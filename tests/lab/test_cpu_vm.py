@@ -144,8 +144,8 @@ def test_cpu_stages_apply_survive_a_reboot_and_revert_exactly(vm):
     want = {"thp_enabled": other(thp["thp_enabled"], ["never", "madvise"]),
             "thp_defrag": other(thp["thp_defrag"], ["never", "defer+madvise"])}
     has_cpufreq, has_cpuidle = int(booted["policies"]) > 0, booted["idle_driver"] != "none" and int(booted["idle_states"]) > 0
-    record_figure(WORK / "figures.jsonl", "cpu_vm", booted={k: booted[k] for k in ("thp_enabled", "thp_defrag", "policies",
-                                                                                     "idle_driver", "idle_states")})
+    shown = ("thp_enabled", "thp_defrag", "policies", "idle_driver", "idle_states")
+    record_figure(WORK / "figures.jsonl", "cpu_vm", booted={k: booted[k] for k in shown})
     extra = {"cpu_tuning_governor": "performance", "cpu_tuning_cstate_max_latency_us": 0,
              "cpu_tuning_thp_enabled": want["thp_enabled"], "cpu_tuning_thp_defrag": want["thp_defrag"],
              "cpu_tuning_vllm_placement": "present", "cpu_tuning_vllm_gpus": ["0000:01:00.0"]}
