@@ -280,6 +280,8 @@ def requests(spec: dict[str, Any], seed: int, key: str, n: int, prompt_tokens: i
 # ---- arrivals -------------------------------------------------------------------------------------
 def check_arrivals(arrivals: Any) -> dict[str, Any]:
     """``{"mode": "closed"}`` or ``{"mode": "poisson"|"gamma", "rate": r, "burstiness": b}``; ProfileError."""
+    if arrivals is not None and not isinstance(arrivals, dict):
+        raise ProfileError(f"arrivals must be a dict (mode, rate, burstiness), got {arrivals!r}")
     arrivals = dict(arrivals or {})
     mode = arrivals.get("mode") or "closed"
     if mode not in ARRIVALS:
@@ -325,6 +327,8 @@ def arrival_offsets(arrivals: dict[str, Any], seed: int, key: str, n: int) -> li
 # ---- goodput --------------------------------------------------------------------------------------
 def check_goodput(targets: Any) -> dict[str, float]:
     """The latency targets a good request meets (``ttft_ms``, ``tpot_ms``; at least one), or {} for none."""
+    if targets is not None and not isinstance(targets, dict):
+        raise ProfileError(f"goodput must be a dict (ttft_ms, tpot_ms), got {targets!r}")
     targets = {k: v for k, v in dict(targets or {}).items() if v is not None}
     unknown = sorted(set(targets) - {"ttft_ms", "tpot_ms"})
     if unknown:
