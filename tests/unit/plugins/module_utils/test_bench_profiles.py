@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """bench/profiles.py: every profile's request set is a function of (spec, seed, key) only; the open loop's
 arrival times keep their rate and burstiness; long_context is capped by max_model_len with a clear message;
-goodput's arithmetic; and the workload fingerprint refuses results of different profiles, naming what differs."""
+goodput's arithmetic; the workload fingerprint refuses results of different profiles, naming what differs, and the
+history keeps a series per profile."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import statistics
 
 import pytest
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import profiles as pr
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import (
@@ -262,3 +265,28 @@ def test_a_result_stored_before_profiles_is_a_random_closed_loop():
         legacy, document(SPECS["mixed_chat"], {"mode": "closed"}))
     # the goodput targets judge requests after the fact: not compared
     assert check_workloads(document(goodput={"ttft_ms": 100.0}), document(goodput={})) == ""
+
+
+# ---- the history ---------------------------------------------------------------------------------
+def history_doc(finished_at, profile=None, arrivals=None):
+    doc = document(profile, arrivals)
+    doc.update({"format": "gpufleet.inference_benchmark/1", "label": "site", "host": "gpu-01", "kernel": "6.1.0",
+                "tuning": {}, "started_at": finished_at, "finished_at": finished_at,
+                "levels": [{"concurrency": 32, "errors": 0, "ttft_ms": {"p50": 40.0}, "tpot_ms": {"p50": 3.0},
+                            "output_throughput": {"median": 1000.0, "cv": 0.01, "values": [999.0, 1000.0, 1001.0]}}]})
+    return doc
+
+
+def test_the_history_keeps_a_series_per_profile_and_older_results_in_theirs(tmp_path):
+    conn = bh.connect(str(tmp_path / "h.sqlite"))
+    legacy = history_doc("2026-12-01T10:00:00Z")
+    assert bh.config_of(legacy) == bh.config_of(history_doc("2026-12-01T11:00:00Z", {"name": "random"}, {"mode": "closed"}))
+    for i, (profile, arrivals) in enumerate([(None, None), ({"name": "random"}, {"mode": "closed"}),
+                                             (SPECS["shared_prefix"], {"mode": "closed"}),
+                                             ({"name": "random"}, {"mode": "poisson", "rate": 8.0, "burstiness": 1.0})]):
+        bh.append(conn, history_doc(f"2026-12-01T1{i}:00:00Z", profile, arrivals), source="site")
+    names = sorted(hr.series_name(s) for s in bh.series(conn, host="gpu-01"))
+    assert names == ["benchmark c=32 (1024/128 tok)", "random poisson 8/s c=32 (1024/128 tok)",
+                     "shared_prefix c=32 (1024/128 tok)"]
+    runs = {hr.series_name(s): len(s["runs"]) for s in bh.series(conn, host="gpu-01")}
+    assert runs["benchmark c=32 (1024/128 tok)"] == 2  # the result stored before profiles and the random one: one series
