@@ -15,6 +15,10 @@ description:
     the target host, with a client written on the Python standard library (asyncio, raw HTTP/1.1 with keep-alive).
   - Every request streams (C(stream=true)) a fixed-seed prompt of exactly O(prompt_tokens) token IDs (or words, see
     O(prompt_mode)) and asks for exactly O(output_tokens) tokens (C(ignore_eos)), with greedy sampling and usage in the stream.
+  - O(profile) sends other workloads, each seeded (the same profile and seed send the same requests) - a shared system
+    prompt (and multi-turn conversations), lengths drawn from chat-like or document-like distributions, long-context
+    prompts capped by the server's C(max_model_len) - O(arrivals) an open loop of Poisson or gamma arrivals at a rate,
+    and O(goodput) the share and tok/s of the requests that met TTFT and TPOT targets.
   - For each level of O(concurrency) it sends O(warmup) requests that are not counted, then O(repetitions) runs of
     O(requests) requests each, keeping that many requests in flight (a closed loop).
   - Reports per run output tokens/s, requests/s, TTFT, TPOT, inter-token latency (ITL) and end-to-end latency as mean,

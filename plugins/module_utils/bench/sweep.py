@@ -3,11 +3,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The benchmark client's sweep over concurrency levels and the results document it makes.
 
-* the workload: make_prompt() (fixed-seed token IDs or words) and the request bodies;
+* the workload: the request bodies of a run from its profile (bench/profiles.py: make_prompt(), the request
+  profiles, the open loop's arrival times and goodput), run_bodies();
 * BenchmarkConfig and check_config(): every setting checked before anything is sent;
 * discover() (GET /v1/models) and preflight() (one short request in the benchmark's format), so a
   bad URL, key, model or request format fails before the sweep;
-* run_batch(): the closed loop of ``concurrency`` workers; settle(): the unmeasured settle runs;
+* run_batch(): the closed loop of ``concurrency`` workers, or the open loop on a schedule with ``concurrency`` as
+  its cap; settle(): the unmeasured settle runs;
   benchmark(): the whole sweep; plan(): what it will send;
 * the results document: config_from_params(), results_filename(), results_document(),
   compact_summary(), result_warnings() and error_failure(), for the inference_benchmark module.
