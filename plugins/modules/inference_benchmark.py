@@ -160,7 +160,7 @@ options:
       - When requests are sent. By default (V({}) or C(mode=closed)) a closed loop: each of O(concurrency) workers sends
         its next request as soon as its last one finished.
       - C(mode=poisson) or C(mode=gamma) with C(rate) (mean requests per second) make an open loop, as real traffic
-        arrives, seeded like the prompts; O(concurrency) becomes the cap on requests in flight (a request whose time
+        arrives, seeded like the prompts (C(mode=constant) sends one every 1/C(rate) seconds); O(concurrency) becomes the cap on requests in flight (a request whose time
         comes while the cap is full is sent late; each run's C(arrivals) reports the achieved rate and the lag, and the
         module warns when a run sent below 90% of C(rate)).
       - C(burstiness) (V(gamma) only, 0.05 to 100, default 1) is the shape of the gamma distribution of the gaps, whose

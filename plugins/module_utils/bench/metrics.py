@@ -215,6 +215,6 @@ def profile_spread(runs: Sequence[dict]) -> dict[str, Any]:
         rates = [a["achieved_rate"] for a in sent if a["achieved_rate"] is not None]
         lags = [a["lag_max_ms"] for a in sent if a["lag_max_ms"] is not None]
         out["arrivals"] = {"mode": sent[0]["mode"], "target_rate": sent[0]["target_rate"],
-                           "burstiness": sent[0]["burstiness"], "achieved_rate": spread(rates, 4),
+                           "burstiness": sent[0].get("burstiness"), "achieved_rate": spread(rates, 4),
                            "lag_max_ms": max(lags) if lags else None}
     return out

@@ -12,7 +12,8 @@
   ``context_tokens``, capped by the server's max_model_len: fit_to_server());
 * requests(): the (prompt, max_tokens) of one run's requests, a function of the spec, the seed and the run's key only;
 * check_arrivals() and arrival_offsets(): closed loop (the default) or open loop at ``rate`` requests/s with gamma
-  inter-arrival gaps (``burstiness`` 1 is Poisson; below 1 burstier, above 1 more regular), seeded;
+  inter-arrival gaps (``burstiness`` 1 is Poisson; below 1 burstier, above 1 more regular), seeded, or evenly spaced
+  (``constant``);
 * check_goodput() and goodput(): the requests that met both latency targets (TTFT and TPOT) and their tok/s.
 
 docs/benchmark.md, "Workload profiles", is the reference. Standard library only.
@@ -65,7 +66,7 @@ PRESETS: dict[str, dict[str, dict[str, float]]] = {
                  "output": {"median": 256, "sigma": 0.5, "min": 32, "max": 1024}},
 }
 DIST_KEYS = ("median", "sigma", "min", "max")
-ARRIVALS = ("closed", "poisson", "gamma")
+ARRIVALS = ("closed", "poisson", "gamma", "constant")
 LIMITS = {"tokens": 2 ** 20, "turns": 64, "rate": 1e5, "burstiness": (0.05, 100.0), "sigma": 3.0,
           "target_ms": 3.6e6}
 
@@ -279,7 +280,8 @@ def requests(spec: dict[str, Any], seed: int, key: str, n: int, prompt_tokens: i
 
 # ---- arrivals -------------------------------------------------------------------------------------
 def check_arrivals(arrivals: Any) -> dict[str, Any]:
-    """``{"mode": "closed"}`` or ``{"mode": "poisson"|"gamma", "rate": r, "burstiness": b}``; ProfileError."""
+    """``{"mode": "closed"}``, ``{"mode": "poisson"|"gamma", "rate": r, "burstiness": b}`` or ``{"mode": "constant",
+    "rate": r}``; ProfileError."""
     if arrivals is not None and not isinstance(arrivals, dict):
         raise ProfileError(f"arrivals must be a dict (mode, rate, burstiness), got {arrivals!r}")
     arrivals = dict(arrivals or {})
@@ -299,9 +301,12 @@ def check_arrivals(arrivals: Any) -> dict[str, Any]:
     rate = _number("arrivals.rate", arrivals["rate"], 0, LIMITS["rate"])
     low, high = LIMITS["burstiness"]
     burst = arrivals.get("burstiness")
-    if mode == "poisson":
-        if burst not in (None, 1, 1.0):
-            raise ProfileError("arrivals.burstiness is 1 for poisson arrivals: use mode gamma for another burstiness")
+    if mode in ("poisson", "constant"):
+        if burst is not None and (mode == "constant" or burst != 1):
+            raise ProfileError(f"arrivals.burstiness does not apply to {mode} arrivals ({'1' if mode == 'poisson' else 'no spread'}): "
+                               "use mode gamma for another burstiness")
+        if mode == "constant":
+            return {"mode": mode, "rate": rate}
         burst = 1.0
     burst = _number("arrivals.burstiness", 1.0 if burst is None else burst, low, high, low_open=False)
     return {"mode": mode, "rate": rate, "burstiness": burst}
@@ -309,10 +314,12 @@ def check_arrivals(arrivals: Any) -> dict[str, Any]:
 
 def arrival_offsets(arrivals: dict[str, Any], seed: int, key: str, n: int) -> list[float] | None:
     """Seconds from the run's start at which each of its ``n`` requests is sent (the first at 0), or None for a
-    closed loop. Gaps are gamma-distributed with shape ``burstiness`` and mean 1/``rate`` (shape 1: exponential,
+    closed loop. Constant: every 1/``rate``. Otherwise gaps are gamma-distributed with shape ``burstiness`` and mean 1/``rate`` (shape 1: exponential,
     a Poisson process), drawn from a generator seeded by (seed, key): the same run always has the same schedule."""
     if arrivals.get("mode", "closed") == "closed":
         return None
+    if arrivals["mode"] == "constant":
+        return [i / arrivals["rate"] for i in range(n)]
     rng = random.Random(f"gpufleet/{seed}/{key}/arrivals")
     shape = arrivals["burstiness"]
     scale = 1.0 / (arrivals["rate"] * shape)
@@ -369,7 +376,7 @@ def arrival_stats(starts: Sequence[float], schedule: Sequence[float], arrivals: 
     lags = [max(0.0, (starts[i] - starts[0]) - schedule[i]) * 1000.0 for i in range(n)] if n else []
     span = (max(starts[:n]) - starts[0]) if n > 1 else 0.0
     ordered = sorted(lags)
-    return {"mode": arrivals["mode"], "target_rate": arrivals["rate"], "burstiness": arrivals["burstiness"],
+    return {"mode": arrivals["mode"], "target_rate": arrivals["rate"], "burstiness": arrivals.get("burstiness"),
             "achieved_rate": round((n - 1) / span, 4) if span > 0 else None,
             "lag_p50_ms": round(ordered[len(ordered) // 2], 3) if ordered else None,
             "lag_max_ms": round(ordered[-1], 3) if ordered else None}

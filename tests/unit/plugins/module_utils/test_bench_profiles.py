@@ -188,12 +188,19 @@ def test_closed_loop_has_no_schedule_and_bad_arrivals_are_refused():
     for bad, words in (({"mode": "poisson"}, "needs arrivals.rate"), ({"mode": "gamma", "rate": 0}, "arrivals.rate must be"),
                        ({"mode": "gamma", "rate": 1, "burstiness": 0.01}, "arrivals.burstiness must be"),
                        ({"mode": "poisson", "rate": 1, "burstiness": 2}, "use mode gamma"),
+                       ({"mode": "constant", "rate": 1, "burstiness": 1}, "does not apply to constant arrivals"),
                        ({"rate": 5}, "apply to an open loop"), ({"mode": "sometimes"}, "arrivals.mode must be one of"),
                        ({"mode": "poisson", "rate": float("inf")}, "arrivals.rate must be"),
                        ({"mode": "poisson", "rate": 1, "jitter": 1}, "unknown keys jitter"), ([1], "must be a dict")):
         with pytest.raises(pr.ProfileError) as err:
             pr.check_arrivals(bad)
         assert words in str(err.value), bad
+
+
+def test_constant_arrivals_are_evenly_spaced():
+    arrivals = pr.check_arrivals({"mode": "constant", "rate": 4})
+    assert arrivals == {"mode": "constant", "rate": 4.0}
+    assert pr.arrival_offsets(arrivals, 0, "k", 5) == [0.0, 0.25, 0.5, 0.75, 1.0]
 
 
 def test_arrival_stats_measure_the_lag_behind_the_schedule():
