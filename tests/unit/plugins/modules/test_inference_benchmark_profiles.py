@@ -8,6 +8,8 @@ schedule, goodput is reported, and bad profile settings fail before any load."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import profiles as pr
@@ -105,3 +107,26 @@ def test_bad_profile_settings_fail_before_any_load(lab, capsys, extra, words):
     result = bench(lab, capsys, **extra)
     assert result["failed"] and result["changed"] is False and "benchmarked" not in result
     assert result["msg"].startswith("Invalid benchmark settings: ") and words in result["msg"]
+
+
+def prefix_counters(server) -> tuple[int, int]:
+    import urllib.request
+    text = urllib.request.urlopen(f"{server.url}/metrics", timeout=10).read().decode()
+    found = dict(re.findall(r"^gpufleet_lab_prefix_cache_(queries|hits)_total (\d+)$", text, re.M))
+    return int(found["queries"]), int(found["hits"])
+
+
+def test_the_lab_servers_prefix_cache_holds_the_shared_prefix_and_never_a_random_prompt(tmp_path, capsys):
+    """One request at a time: the first computes the 64-token prefix (4 blocks of 16) and its own 16 tokens, every
+    later one only its own 16; unique random prompts never hit."""
+    with LabServer(tmp_path, "--work", "4", "--step-work", "16", "--enable-prefix-caching") as caching:
+        result = bench(caching, capsys, profile="shared_prefix", profile_options={"prefix_tokens": 64},
+                       concurrency=[1], warmup=1)
+        assert not result.get("failed"), result.get("msg")
+        sent = 1 + 1 + 2 * 6  # preflight, warm-up, 2 runs of 6
+        queries, hits = prefix_counters(caching)
+        assert queries == 16 + 80 * (sent - 1)  # the preflight's 16-token random prompt, then 80 each
+        assert hits == 64 * (sent - 2)  # every shared-prefix request after the first holds the prefix
+        random_run = bench(caching, capsys, concurrency=[1])
+        # only the preflight's prompt, sent again (its one block, less the last token computed again)
+        assert not random_run.get("failed") and prefix_counters(caching)[1] == hits + 15
