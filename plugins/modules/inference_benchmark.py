@@ -127,9 +127,9 @@ options:
     version_added: 0.3.0
     description:
       - The workload profile, which requests each run sends (docs/benchmark.md, "Workload profiles", says when to use
-        which). Every profile is seeded by O(seed): the same profile and seed always send the same requests.
-      - V(random), unique prompts of O(prompt_tokens) and outputs of O(output_tokens): raw throughput, and a prefix
-        cache can never hit.
+        which). Every profile is seeded by O(seed), so the same profile and seed always send the same requests.
+      - V(random), unique prompts of O(prompt_tokens) and outputs of O(output_tokens), for raw throughput (a prefix
+        cache can never hit).
       - V(shared_prefix), a system prompt of C(prefix_tokens) shared by every request, then a unique part of
         O(prompt_tokens); with C(turns) above 1, multi-turn conversations whose every turn resends the conversation so
         far (the earlier turns and stand-in answers of O(output_tokens)) plus a new user turn. What prefix caching speeds up.
@@ -157,12 +157,12 @@ options:
   arrivals:
     version_added: 0.3.0
     description:
-      - When requests are sent. By default (V({}) or C(mode=closed)) a closed loop: each of O(concurrency) workers sends
-        its next request as soon as its last one finished.
+      - When requests are sent. By default (an empty dict, or C(mode=closed)) a closed loop, in which each of
+        O(concurrency) workers sends its next request as soon as its last one finished.
       - C(mode=poisson) or C(mode=gamma) with C(rate) (mean requests per second) make an open loop, as real traffic
-        arrives, seeded like the prompts (C(mode=constant) sends one every 1/C(rate) seconds); O(concurrency) becomes the cap on requests in flight (a request whose time
-        comes while the cap is full is sent late; each run's C(arrivals) reports the achieved rate and the lag, and the
-        module warns when a run sent below 90% of C(rate)).
+        arrives, seeded like the prompts (C(mode=constant) sends one every 1/C(rate) seconds). O(concurrency) then
+        caps the requests in flight (a request whose time comes while the cap is full is sent late; each run's
+        C(arrivals) reports the achieved rate and the lag, and the module warns when a run sent below 90% of C(rate)).
       - C(burstiness) (V(gamma) only, 0.05 to 100, default 1) is the shape of the gamma distribution of the gaps, whose
         mean stays 1/C(rate); V(1) is Poisson, below 1 burstier, above 1 more regular.
       - Other keys are refused.
@@ -175,7 +175,7 @@ options:
         (most milliseconds per output token after the first); at least one. Other keys are refused.
       - Each run then reports its C(goodput) (the good requests, their share of every request sent, their output tokens/s
         and requests/s) and each level their spread; the summary adds C(goodput_tps) and C(good_share). A failed request
-        is not good; a one-token answer has no TPOT and meets that target. The targets judge requests after the fact:
+        is not good; a one-token answer has no TPOT and meets that target. The targets judge requests after the fact, so
         the workload fingerprint does not compare them.
     type: dict
     default: {}

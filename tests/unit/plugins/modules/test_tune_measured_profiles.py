@@ -129,3 +129,51 @@ def test_the_request_profiles_resolve_and_a_result_of_another_is_not_the_profile
         "profile: profile {'name': 'shared_prefix', 'prefix_tokens': 2048, 'turns': 1}, result {'name': 'random'}"]
     poisson = document(BASE, 256, PREFIX_SPEC, {"mode": "poisson", "rate": 8.0, "burstiness": 1.0})
     assert tm.profile_mismatch(prefix, poisson)[0].startswith("arrivals: profile {'mode': 'closed'}")
+
+
+# ---- end to end against the lab stand-in, with and without its prefix cache ----------------------------------------
+def _bench_doc(server, profile, capsys):
+    from ansible_collections.gpufleet.inference.plugins.modules import inference_benchmark
+
+    keys = ("prompt_tokens", "output_tokens", "concurrency", "requests", "repetitions", "warmup", "settle_runs",
+            "profile", "profile_options")
+    args = {"url": server.url, "monitor_links": False, "max_error_rate": 0.0,
+            **{k: profile[k] for k in keys if k in profile}}
+    result = run_module(inference_benchmark, args, capsys)
+    assert not result.get("failed"), result.get("msg")
+    return result["benchmark"]
+
+
+@pytest.mark.e2e
+def test_prefix_caching_is_kept_on_shared_prefix_and_neutral_on_unique_prompts(tmp_path, capsys):
+    """Issue 35's lab check without the VMs: the baseline is the lab stand-in without its prefix cache, the stage's
+    candidate the same server with --enable-prefix-caching; measured tuning judges the stage on shared_prefix (a
+    480-token shared prompt, 32 tokens each of its own: the prefill the cache saves dominates) and reports the unique
+    prompts (512 tokens each) beside it. Timing-sensitive (real tok/s on this host): opt-in, run it alone
+    (flock /work/lab.lock)."""
+    from tests.unit.test_lab_inference_server import LabServer
+
+    shape = {"concurrency": [4], "output_tokens": 4, "requests": 32, "repetitions": 5, "warmup": 8, "settle_runs": 0}
+    profiles = [{"name": "unique", **shape, "prompt_tokens": 512},
+                {"name": "shared_prefix", **shape, "prompt_tokens": 32, "profile": "shared_prefix",
+                 "profile_options": {"prefix_tokens": 480}}]
+    work = ("--work", "2", "--step-work", "8", "--prefill-work", "16", "--max-num-seqs", "8")
+    common = {"root": str(tmp_path), "state_file": "/state.json"}
+    result = run_module(tune_measured, {**common, "op": "start", "profiles": profiles, "stages": CACHING,
+                                        "vllm_defaults": {"vllm_service_enable_prefix_caching": False}}, capsys)
+    with LabServer(tmp_path, *work) as plain, LabServer(tmp_path, *work, "--enable-prefix-caching") as caching:
+        for server in (plain, None, caching):  # the baseline, the stage applied (the other server), its benchmark
+            act = result["next"]
+            docs = [_bench_doc(server, p, capsys) for p in profiles] if server else []
+            result = run_module(tune_measured, {**common, "op": "complete", "action_id": act["id"], "results": docs},
+                                capsys)
+            assert not result.get("failed"), result.get("msg")
+    stage = stage_of(result)
+    shared, unique = stage["verdicts"]["shared_prefix"]["4"], stage["verdicts"]["unique"]["4"]
+    with capsys.disabled():
+        print(f"\nprefix caching: shared_prefix {shared['decision']} x{shared['ratio']:.3f}, unique prompts "
+              f"{unique['decision']} x{unique['ratio']:.3f}; {stage['status']}: {stage['reason']}")
+        print(st.render_markdown([result["state"]]))
+    assert stage["judged_by"] == ["shared_prefix"] and shared["decision"] == "pass" and shared["ratio"] > 1.3
+    assert unique["decision"] != "regression" and 0.9 < unique["ratio"] < 1.1
+    assert stage["status"] == "kept"
