@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport
 RESULT_FORMAT = "gpufleet.inference_benchmark/1"
 
 MAX_CONCURRENCY = 4096
+
 
 class BenchmarkError(Exception):
     """A benchmark cannot run (endpoint down, model missing, request rejected); the message says what to do."""

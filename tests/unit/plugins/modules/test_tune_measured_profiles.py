@@ -41,11 +41,11 @@ def document(values, prompt=1024, profile=None, arrivals=None):
                         "ttft_ms": {"p50": 10.0, "p99": 20.0}, "tpot_ms": {"p50": 1.0, "p99": 2.0}}]}
 
 
-def through(tmp_path, capsys, serving, prefix, stages=CACHING, profiles=None, **start):
+def through(tmp_path, capsys, serving, prefix, stages=None, profiles=None, **start):
     """Start, benchmark the baseline (BASE on both profiles), apply the stage and bring ``serving`` and ``prefix``
     tok/s: the module's last answer."""
     common = {"root": str(tmp_path), "state_file": "/state.json"}
-    args = {**common, "op": "start", "profiles": profiles or ["serving", "shared_prefix"], "stages": stages,
+    args = {**common, "op": "start", "profiles": profiles or ["serving", "shared_prefix"], "stages": stages or CACHING,
             "vllm_defaults": {"vllm_service_enable_prefix_caching": False}, **start}
     result = run_module(tune_measured, args, capsys)
     if result.get("failed"):
