@@ -769,6 +769,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--work", type=float, default=64.0, help="KiB of SHA-256 per generated token (default 64)")
     parser.add_argument("--step-work", type=float, default=1024.0, help="KiB of SHA-256 per engine step (default 1024)")
     parser.add_argument("--prefill-work", type=float, default=2.0, help="KiB of SHA-256 per prompt token (default 2)")
+    parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=False,
+                        help=f"keep the prompts' blocks of {PREFIX_BLOCK} tokens after their prefill, so a later prompt "
+                             "that starts with them computes only the rest (default off, unlike vLLM V1)")
+    parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                        help="no prefix cache (the default)")
     parser.add_argument("--vocab-size", type=int, default=32000, help="token IDs allowed in prompts (default 32000)")
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="tokens per streamed chunk after the first token (default 1)")
@@ -789,11 +794,6 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--ttft-ms", type=float, default=0.0,
                         help="ms every request waits before it joins the batch, using no CPU: a time-to-first-token knob "
                              "(default 0; --step-wait-ms is the per-token one)")
-    parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=False,
-                        help=f"keep the prompts' blocks of {PREFIX_BLOCK} tokens after their prefill, so a later prompt "
-                             "that starts with them computes only the rest (default off, unlike vLLM V1)")
-    parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
-                        help="no prefix cache (the default)")
     parser.add_argument("--api-key", help=argparse.SUPPRESS)
     args, unknown = parser.parse_known_args(argv)
     return args, unknown

@@ -64,12 +64,6 @@ options:
         recorded before the stage), C(kind) (V(host) or V(vllm); vLLM stages revert to the kept flags), C(reboot),
         C(record) (V(aspm_policy), V(hugepages_2m_per_node)), C(files) (paths to copy before and put back on revert)
         and C(description).
-      - C(judged_on) names the profiles whose verdict decides the stage (the profile that can see its effect, as prefix
-        caching on V(shared_prefix)); each must be in O(profiles). A vLLM flag stage made by the
-        C(tune_measured_vllm_stages) filter names it itself (C(sees)) for prefix caching (V(shared_prefix)), chunked
-        prefill and max_num_batched_tokens (V(mixed_open_loop)) and max_num_seqs (V(serving)), used when that profile
-        is measured. A regression on any profile reverts the stage all the same; the stage table says which profiles
-        judged it.
     type: list
     elements: dict
     default: []
@@ -94,6 +88,11 @@ options:
         2048-token shared system prompt, V(mixed_open_loop) chat-shaped lengths as Poisson arrivals and needs
         C(arrivals.rate), the request rate the site serves (for example C(name=mixed_open_loop) with C(arrivals.rate=8)); dicts
         are merged key by key over the built-in profile's.
+      - A stage's C(judged_on) (in O(stages)) names the profiles whose verdict decides it, the profiles that can see
+        its effect; each must be listed here. A stage that sets a vLLM flag names its own, used when that profile is
+        listed, prefix caching V(shared_prefix), chunked prefill and max_num_batched_tokens V(mixed_open_loop),
+        max_num_seqs V(serving). A regression on any profile reverts the stage all the same; the stage table says
+        which profiles judged it.
       - A dict may set C(latency_margins) (as in O(gate)) for its own levels, for example a stricter TTFT for an
         interactive profile; checked at O(op=start).
     type: list

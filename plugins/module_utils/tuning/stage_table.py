@@ -6,8 +6,7 @@
 From tune_measured state documents: per stage what changed, output tok/s per concurrency level,
 TTFT and TPOT p50/p99, the ratio to the baseline and to the previous measured stage, the gate's
 verdict and p-value, its latency part (each TTFT/TPOT metric's answer and ratio, or not measured),
-and whether it was kept or reverted, with the profiles that judged it when a stage names them (prefix caching on
-shared_prefix); each profile's heading says its shape (lengths, request profile, arrivals). The HTML page has one inline SVG chart
+and whether it was kept or reverted. The HTML page has one inline SVG chart
 per host and profile (tok/s per stage, one line per concurrency level). Pure functions.
 """
 
@@ -62,31 +61,6 @@ def rows(state: dict[str, Any]) -> list[dict[str, Any]]:
                         e["status"], e["status"]), "judged_by": judged_by(state, e),
                     "reason": e.get("reason", "")})
             prev = e
-    return out
-
-
-def judged_by(state: dict[str, Any], e: dict[str, Any]) -> list[str]:
-    """The profiles whose verdict decided a stage, when not every profile measured (tune_measured ``judged_on``):
-    prefix caching on shared_prefix, say; [] when all of them did (or for the baseline)."""
-    judged = e.get("judged_by") or []
-    return [] if set(judged) >= {p["name"] for p in state["profiles"]} else list(judged)
-
-
-def outcome_text(r: dict[str, Any]) -> str:
-    """The outcome, and the profiles that judged the stage when not all of them did."""
-    return r["outcome"] + (f" (judged on {', '.join(r['judged_by'])})" if r.get("judged_by") else "")
-
-
-def profile_text(prof: dict[str, Any]) -> str:
-    """A benchmark profile's shape in a few words: lengths, the request profile and its parameters, the arrivals."""
-    out = f"{prof.get('prompt_tokens')} prompt / {prof.get('output_tokens')} output tokens"
-    if prof.get("profile") and prof["profile"] != "random":
-        options = ", ".join(f"{k} {v}" for k, v in sorted((prof.get("profile_options") or {}).items())
-                            if not isinstance(v, dict))
-        out += f"; {prof['profile']}" + (f" ({options})" if options else "")
-    arrivals = prof.get("arrivals") or {}
-    if arrivals.get("rate"):
-        out += f"; {arrivals.get('mode', 'poisson')} arrivals at {arrivals['rate']:g}/s"
     return out
 
 
@@ -212,3 +186,29 @@ def render_html(states: Sequence[dict[str, Any]], title: str = "Measured tuning"
             parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+# ---- the profile that judged a stage (issue 35) ----------------------------------------------------------------
+def judged_by(state: dict[str, Any], e: dict[str, Any]) -> list[str]:
+    """The profiles whose verdict decided a stage, when not every profile measured (tune_measured ``judged_on``):
+    prefix caching on shared_prefix, say; [] when all of them did (or for the baseline)."""
+    judged = e.get("judged_by") or []
+    return [] if set(judged) >= {p["name"] for p in state["profiles"]} else list(judged)
+
+
+def outcome_text(r: dict[str, Any]) -> str:
+    """The outcome, and the profiles that judged the stage when not all of them did."""
+    return r["outcome"] + (f" (judged on {', '.join(r['judged_by'])})" if r.get("judged_by") else "")
+
+
+def profile_text(prof: dict[str, Any]) -> str:
+    """A benchmark profile's shape in a few words: lengths, the request profile and its parameters, the arrivals."""
+    out = f"{prof.get('prompt_tokens')} prompt / {prof.get('output_tokens')} output tokens"
+    if prof.get("profile") and prof["profile"] != "random":
+        options = ", ".join(f"{k} {v}" for k, v in sorted((prof.get("profile_options") or {}).items())
+                            if not isinstance(v, dict))
+        out += f"; {prof['profile']}" + (f" ({options})" if options else "")
+    arrivals = prof.get("arrivals") or {}
+    if arrivals.get("rate"):
+        out += f"; {arrivals.get('mode', 'poisson')} arrivals at {arrivals['rate']:g}/s"
+    return out

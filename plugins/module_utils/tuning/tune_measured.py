@@ -177,14 +177,9 @@ def check_stage(stage: Any, i: int) -> dict[str, Any]:
     for r in record:
         if r not in RECORDINGS:
             raise TuneError(f"stage {name!r} records {r!r}; known readings: {', '.join(RECORDINGS)}")
-    judged_on = stage.get("judged_on") or []
-    judged_on = [judged_on] if isinstance(judged_on, str) else judged_on
-    if not isinstance(judged_on, list) or not all(isinstance(p, str) for p in judged_on):
-        raise TuneError(f"stage {name!r} judged_on must name benchmark profiles, got {stage.get('judged_on')!r}")
     return {"name": name, "kind": stage.get("kind", "host"), "description": stage.get("description", ""),
             "apply": apply, "revert": revert, "reboot": bool(stage.get("reboot", False)), "record": record,
-            "files": list(stage.get("files") or []), "members": [name], "judged_on": judged_on,
-            "sees": stage.get("sees") or ""}
+            "files": list(stage.get("files") or []), "members": [name]}
 
 
 def vllm_stages(profiles: Sequence[Any], role: str = "gpufleet.inference.vllm_service") -> list[dict[str, Any]]:
@@ -196,11 +191,20 @@ def vllm_stages(profiles: Sequence[Any], role: str = "gpufleet.inference.vllm_se
         bad = sorted(k for k in p["vars"] if not k.startswith("vllm_service_"))
         if bad:
             raise TuneError(f"vllm profile {p['name']!r} sets {', '.join(bad)}: only vllm_service_* variables are flags")
-        sees = [FLAG_PROFILES[k] for k in sorted(p["vars"]) if k in FLAG_PROFILES]
         out.append({"name": p["name"], "kind": "vllm", "role": role, "vars": dict(p["vars"]),
-                    "description": p.get("description", ""), "sees": sees[0] if sees else "",
-                    **({"judged_on": p["judged_on"]} if p.get("judged_on") else {})})
+                    "description": p.get("description", "")})
     return out
+
+
+def stage_judging(stage: dict[str, Any], checked: dict[str, Any]) -> dict[str, Any]:
+    """A stage's ``judged_on`` (the profiles it names) and ``sees`` (the profile its vLLM flag shows on, FLAG_PROFILES,
+    from the variables it applies); TuneError for a judged_on that is not a list of names."""
+    judged_on = stage.get("judged_on") or []
+    judged_on = [judged_on] if isinstance(judged_on, str) else judged_on
+    if not isinstance(judged_on, list) or not all(isinstance(p, str) for p in judged_on):
+        raise TuneError(f"stage {checked['name']!r} judged_on must name benchmark profiles, got {stage.get('judged_on')!r}")
+    flags = sorted(k for t in checked["apply"] for k in (t.get("vars") or {}) if k in FLAG_PROFILES)
+    return {"judged_on": list(judged_on), "sees": FLAG_PROFILES[flags[0]] if flags else ""}
 
 
 def judging_profiles(stages: list[dict[str, Any]], profiles: list[dict[str, Any]]) -> None:
@@ -224,6 +228,8 @@ def plan_stages(stages: Sequence[Any], skip: Sequence[str] = (), force_revert: S
     """Checked stages in the user's order, skipped ones dropped, reboot stages grouped into one; stages named in
     ``force_revert`` (or members of the reboot group, which reverts as one) marked to be reverted whatever the gate says."""
     checked = [check_stage(s, i) for i, s in enumerate(stages)]
+    for raw, stage in zip(stages, checked):  # the profile that judges it (issue 35)
+        stage.update(stage_judging(raw, stage))
     names = [s["name"] for s in checked]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -628,12 +634,8 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
             verdicts[name][key]["warnings"] = v["warnings"]
             verdicts[name][key]["latency"] = latency_summary(v["latency"])
     e["verdicts"] = verdicts
-    judged = e.get("judged_on") or list(verdicts)
-    e["judged_by"] = judged  # the profiles whose verdict decided (a regression on any other reverts too)
-    flat = [v for name, lv in verdicts.items() if name in judged for v in lv.values()]
-    everywhere = [v for lv in verdicts.values() for v in lv.values()]
-    if any(v["decision"] == "regression" for v in everywhere):
-        flat = everywhere
+    flat = judged_levels(e, verdicts)
+    if any(v["decision"] == "regression" for v in flat):
         e["verdict"] = "regression"
     elif all(v["decision"] == "pass" for v in flat):
         e["verdict"] = "pass"
@@ -650,15 +652,35 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
         e["reason"] = f"inconclusive after round {e['rounds']}: measuring more runs ({worst['reason']})"
         return
     if e["verdict"] == "pass":
-        e["decision"], why = "keep", ("every profile and level passed the gate" if judged == list(verdicts) else
-                                      f"every level of {', '.join(judged)} passed the gate, no regression elsewhere")
+        e["decision"], why = "keep", "every judged profile and level passed the gate"
     elif e["verdict"] == "regression":
         e["decision"], why = "revert", "a regression: " + worst["reason"]
     else:
         e["decision"] = state["inconclusive"]
         why = f"inconclusive, so the user's choice ({state['inconclusive']}): {worst['reason']}"
-    e["reason"] = why + (f"; {e['judged_note']}" if e.get("judged_note") else "")
+    e["reason"] = why + judged_text(e, verdicts)
     e["status"] = "kept" if e["decision"] == "keep" else "reverting"
+
+
+def judged_levels(e: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The level verdicts that decide stage ``e``: those of its ``judged_on`` profiles (every profile's without one),
+    or every profile's when any level of any profile is a regression (a stage that harms another workload is
+    reverted all the same). Sets ``judged_by``, the profiles whose verdict decided."""
+    everywhere = [v for lv in verdicts.values() for v in lv.values()]
+    e["judged_by"] = e.get("judged_on") or list(verdicts)
+    if any(v["decision"] == "regression" for v in everywhere):
+        return everywhere
+    return [v for name, lv in verdicts.items() if name in e["judged_by"] for v in lv.values()]
+
+
+def judged_text(e: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> str:
+    """What the reason adds of the profiles that judged the stage: those named when not every one, or the profile that
+    would have seen the stage when it was not measured (``judged_note``)."""
+    if e.get("judged_note"):
+        return f"; {e['judged_note']}"
+    if e.get("judged_by") and set(e["judged_by"]) != set(verdicts) and e["verdict"] != "regression":
+        return f" (judged on {', '.join(e['judged_by'])}; no regression on the other profiles)"
+    return ""
 
 
 def complete(state: dict[str, Any], action_id: int, documents: Sequence[dict[str, Any]] = (),

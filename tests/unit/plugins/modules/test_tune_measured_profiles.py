@@ -70,7 +70,8 @@ def test_prefix_caching_is_judged_on_shared_prefix_and_the_table_says_so(tmp_pat
     assert stage["judged_on"] == stage["judged_by"] == ["shared_prefix"]
     assert stage["verdicts"]["shared_prefix"]["32"]["decision"] == "pass"
     assert stage["verdicts"]["serving"]["32"]["decision"] != "pass"  # unique prompts: no hit, no answer
-    assert stage["reason"].startswith("every level of shared_prefix passed the gate, no regression elsewhere")
+    assert stage["reason"] == ("every judged profile and level passed the gate (judged on shared_prefix; no regression "
+                               "on the other profiles)")
     md = st.render_markdown([result["state"]])
     assert "kept (judged on shared_prefix)" in md
     assert "### shared_prefix (256 prompt / 128 output tokens; shared_prefix (prefix_tokens 2048))" in md
@@ -88,7 +89,7 @@ def test_without_its_profile_a_stage_is_judged_on_every_profile_and_says_which_w
     result = through(tmp_path, capsys, serving=SAME, prefix=SAME, profiles=["serving", other])
     stage = stage_of(result)
     assert stage["status"] == "kept" and stage["judged_on"] == [] and stage["judged_by"] == ["serving", "other"]
-    assert stage["reason"] == ("every profile and level passed the gate; its effect shows on the shared_prefix profile, "
+    assert stage["reason"] == ("every judged profile and level passed the gate; its effect shows on the shared_prefix profile, "
                                "which was not measured: judged on every profile measured; add shared_prefix to the "
                                "profiles to see it")
     assert "(judged on" not in st.render_markdown([result["state"]])
@@ -106,8 +107,8 @@ def test_the_flag_stages_name_the_profile_that_sees_them():
                              {"name": "b", "vars": {"vllm_service_enable_chunked_prefill": True}},
                              {"name": "c", "vars": {"vllm_service_max_num_seqs": 64}},
                              {"name": "d", "vars": {"vllm_service_gpu_memory_utilization": 0.9}}])
-    assert [s["sees"] for s in stages] == ["shared_prefix", "mixed_open_loop", "serving", ""]
     plan = tm.plan_stages(stages)
+    assert [s["sees"] for s in plan] == ["shared_prefix", "mixed_open_loop", "serving", ""]
     profiles = tm.resolve_profiles(["serving", "shared_prefix"])
     tm.judging_profiles(plan, profiles)
     assert [s["judged_on"] for s in plan] == [["shared_prefix"], [], ["serving"], []]
