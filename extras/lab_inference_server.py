@@ -21,7 +21,9 @@ CPU work for every token, so a slower kernel, a CPU hog or a bad tuning really l
 The engine works like a continuous-batching engine: up to ``--max-num-seqs`` sequences run, the
 rest wait; each step generates one token for every running sequence. A step costs ``--step-work``
 KiB of SHA-256 (the weights every step reads) plus ``--work`` KiB per running sequence (per-token
-compute), and a new sequence's first step also costs ``--prefill-work`` KiB per prompt token.
+compute), and a new sequence's first step also costs ``--prefill-work`` KiB per prompt token
+(with ``--enable-prefix-caching``, per prompt token not already cached: a prompt's leading blocks of 16 tokens
+that an earlier prompt's prefill computed are not computed again, as vLLM's automatic prefix caching does).
 The hashing runs in one engine thread (hashlib releases the GIL), the HTTP side in asyncio. Tokens
 are pseudo-words chosen by the lab model: a next-token distribution per position that is a function of
 ``--model-seed`` and the preceding token IDs (a SHA-256 chain), so greedy output is deterministic and
@@ -58,6 +60,9 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 VERSION = "gpufleet-lab-1"
+# --enable-prefix-caching: tokens per cached block (vLLM's default block size) and the blocks kept
+PREFIX_BLOCK = 16
+PREFIX_CACHE_BLOCKS = 65536
 SYLLABLES = ("ka to ri me su la no vi de po ga fu zi be ho xa "
              "ne ru mi sa ko te li pa do ve gu yo ba ji wo ce").split()
 SYLLABLE_INDEX = {syl: i for i, syl in enumerate(SYLLABLES)}
@@ -191,7 +196,7 @@ class RequestError(Exception):
 # ---- the engine ---------------------------------------------------------------------------------------
 class Sequence:
     __slots__ = ("rid", "prompt_len", "max_tokens", "ignore_eos", "state", "generated", "pending", "event",
-                 "finished", "finish_reason", "cancelled", "prefilled", "created", "ctx", "scores")
+                 "finished", "finish_reason", "cancelled", "prefilled", "created", "ctx", "scores", "blocks")
 
     def __init__(self, rid: str, prompt_key: bytes, prompt_len: int, max_tokens: int, ignore_eos: bool,
                  ctx: bytes = b""):
@@ -210,6 +215,7 @@ class Sequence:
         self.cancelled = False
         self.prefilled = False
         self.created = time.time()
+        self.blocks: list[bytes] = []  # the prompt's full blocks, each hash chained to the ones before (prefix cache)
 
 
 class Engine:
@@ -236,7 +242,42 @@ class Engine:
         self.wake = asyncio.Event()
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="lab-engine")
         self.stats = {"steps": 0, "step_seconds": 0.0, "prompt_tokens": 0, "generation_tokens": 0,
-                      "finished": {"length": 0, "stop": 0, "abort": 0}}
+                      "finished": {"length": 0, "stop": 0, "abort": 0}, "prefix_cache_queries": 0,
+                      "prefix_cache_hits": 0}
+        # --enable-prefix-caching: the blocks of prompts already prefilled, oldest first (at most PREFIX_CACHE_BLOCKS)
+        self.prefix_caching = bool(getattr(args, "enable_prefix_caching", False))
+        self.cached: dict[bytes, None] = {}
+
+    def prompt_blocks(self, ids: list[int]) -> list[bytes]:
+        """The chained hashes of a prompt's full blocks of PREFIX_BLOCK tokens (none without prefix caching)."""
+        if not self.prefix_caching:
+            return []
+        out, chain = [], b""
+        for start in range(0, len(ids) - PREFIX_BLOCK + 1, PREFIX_BLOCK):
+            chain = hashlib.sha256(chain + json.dumps(ids[start:start + PREFIX_BLOCK]).encode()).digest()
+            out.append(chain)
+        return out
+
+    def uncached(self, seq: Sequence) -> int:
+        """Prompt tokens a sequence's prefill computes: all of them, less its leading blocks already cached."""
+        hits = 0
+        for block in seq.blocks:
+            if block not in self.cached:
+                break
+            hits += 1
+        return max(1, seq.prompt_len - hits * PREFIX_BLOCK)  # the last token is computed again, as vLLM does
+
+    def remember(self, seq: Sequence, computed: int) -> None:
+        """After a prefill: count the cache's queries and hits, and keep the sequence's blocks (oldest dropped)."""
+        if not self.prefix_caching:
+            return
+        self.stats["prefix_cache_queries"] += seq.prompt_len
+        self.stats["prefix_cache_hits"] += seq.prompt_len - computed
+        for block in seq.blocks:
+            self.cached.pop(block, None)
+            self.cached[block] = None
+        while len(self.cached) > PREFIX_CACHE_BLOCKS:
+            self.cached.pop(next(iter(self.cached)))
 
     def submit(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -302,7 +343,7 @@ class Engine:
                 await self.wake.wait()
                 continue
             batch = list(self.running)
-            prefill = [0 if s.prefilled else s.prompt_len for s in batch]
+            prefill = [0 if s.prefilled else self.uncached(s) for s in batch]
             t0 = time.perf_counter()
             states, dists = await loop.run_in_executor(self.executor, self._step, [s.state for s in batch], prefill,
                                                        self.cost_factor(self.stats["steps"]), [s.ctx for s in batch])
@@ -312,9 +353,10 @@ class Engine:
                 if seq.cancelled:
                     self.stats["finished"]["abort"] += 1
                     continue
-                if prompt_len:
+                if not seq.prefilled:
                     seq.prefilled = True
-                    self.stats["prompt_tokens"] += prompt_len
+                    self.stats["prompt_tokens"] += seq.prompt_len
+                    self.remember(seq, prompt_len)
                 seq.state = state
                 token, logprob = pairs[0]  # greedy: the argmax of the position's distribution
                 seq.ctx = self.model.advance(seq.ctx, token)
@@ -483,6 +525,12 @@ class Server:
             "# HELP gpufleet_lab_http_connections_total TCP connections accepted.",
             "# TYPE gpufleet_lab_http_connections_total counter",
             f"gpufleet_lab_http_connections_total {self.http['connections']}",
+            "# HELP gpufleet_lab_prefix_cache_queries_total Prompt tokens looked up in the prefix cache.",
+            "# TYPE gpufleet_lab_prefix_cache_queries_total counter",
+            f"gpufleet_lab_prefix_cache_queries_total {eng.stats['prefix_cache_queries']}",
+            "# HELP gpufleet_lab_prefix_cache_hits_total Prompt tokens the prefix cache held (not computed again).",
+            "# TYPE gpufleet_lab_prefix_cache_hits_total counter",
+            f"gpufleet_lab_prefix_cache_hits_total {eng.stats['prefix_cache_hits']}",
             "# HELP gpufleet_lab_info The lab stand-in server and its work settings.",
             "# TYPE gpufleet_lab_info gauge",
             f'gpufleet_lab_info{{version="{VERSION}",work_kib="{self.args.work:g}",step_work_kib="{self.args.step_work:g}",'
@@ -631,6 +679,7 @@ class Server:
         rid = f"cmpl-{uuid.uuid4().hex}"
         seq = Sequence(rid, req["key"], req["prompt_len"], req["max_tokens"], req["ignore_eos"],
                        self.engine.model.context(req["ids"]))
+        seq.blocks = self.engine.prompt_blocks(req["ids"])
         if self.args.ttft_ms:
             await asyncio.sleep(self.args.ttft_ms / 1000.0)  # the latency knob: a wait before the first token, no CPU
         if req["max_tokens"] == 0:  # echo without generation (vLLM: the prompt and its logprobs only)
@@ -720,6 +769,11 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--work", type=float, default=64.0, help="KiB of SHA-256 per generated token (default 64)")
     parser.add_argument("--step-work", type=float, default=1024.0, help="KiB of SHA-256 per engine step (default 1024)")
     parser.add_argument("--prefill-work", type=float, default=2.0, help="KiB of SHA-256 per prompt token (default 2)")
+    parser.add_argument("--enable-prefix-caching", dest="enable_prefix_caching", action="store_true", default=False,
+                        help=f"keep the prompts' blocks of {PREFIX_BLOCK} tokens after their prefill, so a later prompt "
+                             "that starts with them computes only the rest (default off, unlike vLLM V1)")
+    parser.add_argument("--no-enable-prefix-caching", dest="enable_prefix_caching", action="store_false",
+                        help="no prefix cache (the default)")
     parser.add_argument("--vocab-size", type=int, default=32000, help="token IDs allowed in prompts (default 32000)")
     parser.add_argument("--stream-interval", type=int, default=1,
                         help="tokens per streamed chunk after the first token (default 1)")

@@ -105,7 +105,11 @@ options:
     description: vLLM version of the server (its C(GET /version)).
     type: str
   profile:
-    description: Benchmark profile name (V(serving), V(latency), V(long_context) or your own); part of the configuration.
+    description:
+      - Benchmark profile name (V(serving), V(latency), V(long_context) or your own); part of the configuration.
+      - Apart from it, a result of another request profile or an open loop (the C(profile) and C(arrivals) of its
+        C(config), see M(gpufleet.inference.inference_benchmark)) is a series of its own; unique random prompts in a
+        closed loop continue the series of results stored before profiles.
     type: str
     default: ""
   stage:

@@ -15,6 +15,10 @@ description:
     the target host, with a client written on the Python standard library (asyncio, raw HTTP/1.1 with keep-alive).
   - Every request streams (C(stream=true)) a fixed-seed prompt of exactly O(prompt_tokens) token IDs (or words, see
     O(prompt_mode)) and asks for exactly O(output_tokens) tokens (C(ignore_eos)), with greedy sampling and usage in the stream.
+  - O(profile) sends other workloads, each seeded (the same profile and seed send the same requests) - a shared system
+    prompt (and multi-turn conversations), lengths drawn from chat-like or document-like distributions, long-context
+    prompts capped by the server's C(max_model_len) - O(arrivals) an open loop of Poisson or gamma arrivals at a rate,
+    and O(goodput) the share and tok/s of the requests that met TTFT and TPOT targets.
   - For each level of O(concurrency) it sends O(warmup) requests that are not counted, then O(repetitions) runs of
     O(requests) requests each, keeping that many requests in flight (a closed loop).
   - Reports per run output tokens/s, requests/s, TTFT, TPOT, inter-token latency (ITL) and end-to-end latency as mean,
@@ -119,6 +123,62 @@ options:
         benchmarked without sampling; RV(links_monitored) lists the devices sampled.
     type: bool
     default: true
+  profile:
+    version_added: 0.3.0
+    description:
+      - The workload profile, which requests each run sends (docs/benchmark.md, "Workload profiles", says when to use
+        which). Every profile is seeded by O(seed), so the same profile and seed always send the same requests.
+      - V(random), unique prompts of O(prompt_tokens) and outputs of O(output_tokens), for raw throughput (a prefix
+        cache can never hit).
+      - V(shared_prefix), a system prompt of C(prefix_tokens) shared by every request, then a unique part of
+        O(prompt_tokens); with C(turns) above 1, multi-turn conversations whose every turn resends the conversation so
+        far (the earlier turns and stand-in answers of O(output_tokens)) plus a new user turn. What prefix caching speeds up.
+      - V(mixed_lengths), prompt and output lengths drawn per request from seeded log-normal distributions, preset
+        C(chat) (prompts median 256, 16-2048; outputs median 192, 16-1024) or C(document) (prompts median 3072,
+        512-8192; outputs median 256, 32-1024). O(prompt_tokens) and O(output_tokens) are then used by the preflight
+        only. What chunked prefill is for, best with open-loop O(arrivals).
+      - V(long_context), prompts of C(context_tokens) (16384 or 32768, say). When C(context_tokens) + O(output_tokens)
+        exceed the C(max_model_len) the server reports in C(/v1/models), the prompts are capped to max_model_len -
+        output_tokens and the module warns, naming the C(--max-model-len) that would fit; the result records the length
+        sent.
+    type: str
+    choices: [random, shared_prefix, mixed_lengths, long_context]
+    default: random
+  profile_options:
+    version_added: 0.3.0
+    description:
+      - The O(profile)'s parameters; an option another profile takes is refused.
+      - V(shared_prefix) takes C(prefix_tokens) (default 1024) and C(turns) (default 1, at most 64).
+      - V(mixed_lengths) takes C(preset) (V(chat), the default, or V(document)) and C(prompt) and C(output), each a dict
+        of C(median), C(sigma) (of the length's logarithm), C(min) and C(max) that overrides the preset's.
+      - V(long_context) takes C(context_tokens) (default 32768).
+    type: dict
+    default: {}
+  arrivals:
+    version_added: 0.3.0
+    description:
+      - When requests are sent. By default (an empty dict, or C(mode=closed)) a closed loop, in which each of
+        O(concurrency) workers sends its next request as soon as its last one finished.
+      - C(mode=poisson) or C(mode=gamma) with C(rate) (mean requests per second) make an open loop, as real traffic
+        arrives, seeded like the prompts (C(mode=constant) sends one every 1/C(rate) seconds). O(concurrency) then
+        caps the requests in flight (a request whose time comes while the cap is full is sent late; each run's
+        C(arrivals) reports the achieved rate and the lag, and the module warns when a run sent below 90% of C(rate)).
+      - C(burstiness) (V(gamma) only, 0.05 to 100, default 1) is the shape of the gamma distribution of the gaps, whose
+        mean stays 1/C(rate); V(1) is Poisson, below 1 burstier, above 1 more regular.
+      - Other keys are refused.
+    type: dict
+    default: {}
+  goodput:
+    version_added: 0.3.0
+    description:
+      - Latency targets that make a request good, C(ttft_ms) (most milliseconds to the first token) and C(tpot_ms)
+        (most milliseconds per output token after the first); at least one. Other keys are refused.
+      - Each run then reports its C(goodput) (the good requests, their share of every request sent, their output tokens/s
+        and requests/s) and each level their spread; the summary adds C(goodput_tps) and C(good_share). A failed request
+        is not good; a one-token answer has no TPOT and meets that target. The targets judge requests after the fact, so
+        the workload fingerprint does not compare them.
+    type: dict
+    default: {}
   seed:
     description:
       - Seed of the prompts. The same seed gives the same prompts on every host, so baseline and candidate runs see the
@@ -277,6 +337,30 @@ EXAMPLES = r"""
     concurrency: [4]
     requests: 32
 
+- name: See prefix caching work, on a 2048-token system prompt shared by every request
+  gpufleet.inference.inference_benchmark:
+    profile: shared_prefix
+    profile_options: {prefix_tokens: 2048}
+    prompt_tokens: 256
+    concurrency: [32]
+
+- name: Chat-shaped lengths arriving as Poisson traffic at 8 requests/s, with goodput under latency targets
+  gpufleet.inference.inference_benchmark:
+    profile: mixed_lengths
+    profile_options: {preset: chat}
+    arrivals: {mode: poisson, rate: 8}
+    goodput: {ttft_ms: 500, tpot_ms: 50}
+    concurrency: [256]
+    requests: 400
+
+- name: 32k-token prompts, capped with a warning where the server's max_model_len is shorter
+  gpufleet.inference.inference_benchmark:
+    profile: long_context
+    profile_options: {context_tokens: 32768}
+    output_tokens: 64
+    concurrency: [2]
+    requests: 8
+
 - name: Benchmark even in a --check run (the module only probes the server in check mode by default)
   gpufleet.inference.inference_benchmark:
     concurrency: [16]
@@ -366,6 +450,23 @@ summary:
   sample: [{concurrency: 8, output_throughput: 2210.4, output_throughput_cv: 0.0054, request_throughput: 17.27,
             ttft_p50_ms: 41.2, ttft_p99_ms: 88.0, tpot_p50_ms: 3.3, itl_p50_ms: 3.2, itl_p99_ms: 9.8, errors: 0,
             settle_runs: 2, settled: true, drift: 0.0031}]
+  contains:
+    goodput_tps:
+      description: With O(goodput), the median over the runs of the good requests' output tokens/s.
+      type: float
+      returned: with O(goodput)
+    good_share:
+      description: With O(goodput), the median over the runs of the share of requests that met every target.
+      type: float
+      returned: with O(goodput)
+    target_rate:
+      description: With an open loop (O(arrivals)), the requests/s asked for.
+      type: float
+      returned: with an open loop
+    achieved_rate:
+      description: With an open loop, the median over the runs of the requests/s sent.
+      type: float
+      returned: with an open loop
 benchmark:
   description:
     - The whole result, as stored in RV(results_file). C(levels) holds per level C(output_throughput) and
@@ -396,7 +497,11 @@ benchmark:
       description: O(tuning) as given.
       type: dict
     config:
-      description: The benchmark settings (never the API key; C(api_key_set) says whether one was used).
+      description:
+        - The benchmark settings (never the API key; C(api_key_set) says whether one was used). C(profile) is the
+          profile's spec (C(name) and its parameters with their defaults; for V(long_context) also C(prompt_tokens),
+          the length sent after the cap), C(arrivals) the loop (C(mode), C(rate), C(burstiness)), C(goodput) the
+          targets; the workload fingerprint compares C(profile) and C(arrivals).
       type: dict
     server:
       description: Same as RV(server).
@@ -445,6 +550,10 @@ ARGUMENT_SPEC = dict(
     settle_tolerance=dict(type="float", default=0.05),
     monitor_load=dict(type="bool", default=True),
     monitor_links=dict(type="bool", default=True),
+    profile=dict(type="str", choices=["random", "shared_prefix", "mixed_lengths", "long_context"], default="random"),
+    profile_options=dict(type="dict", default={}),
+    arrivals=dict(type="dict", default={}),
+    goodput=dict(type="dict", default={}),
     seed=dict(type="int", default=0),
     ignore_eos=dict(type="bool", default=True),
     prompt_mode=dict(type="str", choices=["token_ids", "text"], default="token_ids"),

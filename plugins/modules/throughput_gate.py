@@ -175,7 +175,11 @@ options:
         a dict of C(model), C(model_root), C(model_config), C(model_tokenizer), C(model_weights), C(max_model_len),
         C(vllm_version), C(server_argv), C(client), C(prompt_tokens), C(output_tokens), C(prompt_mode),
         C(token_id_range), C(ignore_eos), C(temperature), C(max_tokens), C(per_chunk_usage), C(requests), C(concurrency),
-        C(profile).
+        C(profile), C(workload_profile) (the request profile of M(gpufleet.inference.inference_benchmark)'s
+        O(gpufleet.inference.inference_benchmark#module:profile), its name and parameters), C(arrivals) (closed or
+        open loop, its rate and burstiness). A result stored before profiles counts as unique random prompts in a
+        closed loop; a difference inside a profile is named by its parameter, for example
+        C(workload_profile.prefix_tokens), with both values.
       - When both workloads are given they must be equal in every field both carry (C(model), C(prompt_tokens),
         C(output_tokens), C(requests) and C(concurrency) on both sides), except the fields O(change) lets differ;
         otherwise the task fails naming each difference with both values.

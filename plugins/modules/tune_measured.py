@@ -81,7 +81,18 @@ options:
     default: []
   profiles:
     description:
-      - Benchmark profiles, names (V(serving), V(latency), V(long_context)) or dicts with C(name) and overrides.
+      - Benchmark profiles, names (V(serving), V(latency), V(long_context), V(shared_prefix), V(mixed_open_loop)) or
+        dicts with C(name) and overrides.
+      - C(profile), C(profile_options), C(arrivals) and C(goodput) are the request profile of
+        M(gpufleet.inference.inference_benchmark) (docs/benchmark.md, "Workload profiles"); V(shared_prefix) sends a
+        2048-token shared system prompt, V(mixed_open_loop) chat-shaped lengths as Poisson arrivals and needs
+        C(arrivals.rate), the request rate the site serves (for example C(name=mixed_open_loop) with C(arrivals.rate=8)); dicts
+        are merged key by key over the built-in profile's.
+      - A stage's C(judged_on) (in O(stages)) names the profiles whose verdict decides it, the profiles that can see
+        its effect; each must be listed here. A stage that sets a vLLM flag names its own, used when that profile is
+        listed, prefix caching V(shared_prefix), chunked prefill and max_num_batched_tokens V(mixed_open_loop),
+        max_num_seqs V(serving). A regression on any profile reverts the stage all the same; the stage table says
+        which profiles judged it.
       - A dict may set C(latency_margins) (as in O(gate)) for its own levels, for example a stricter TTFT for an
         interactive profile; checked at O(op=start).
     type: list

@@ -21,11 +21,12 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.metrics i
     RequestMetrics, check_protocol, describe, error_key, level_summary, request_metrics, run_summary, spread,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.sweep import (
-    DEFAULT_TOKEN_ID_RANGE, LABEL_CHARS, MAX_CONCURRENCY, RESULT_FORMAT, WORDS, BenchmarkConfig, BenchmarkError,
+    DEFAULT_TOKEN_ID_RANGE, LABEL_CHARS, MAX_CONCURRENCY, RESULT_FORMAT, BenchmarkConfig, BenchmarkError,
     RunStopped, _body, auth_headers, benchmark, check_config, check_label, compact_summary, config_from_params,
     discover, error_failure, level_run, make_prompt, make_ssl_context, measured_run, plan, preflight, preflight_hint,
     probe, result_warnings, results_document, results_filename, run, run_batch, settle, steady,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.profiles import WORDS
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport import (
     CLIENT_NAME, CLIENT_VERSION, ERROR_BODY_LIMIT, HEADER_LIMIT, READ_SIZE, USER_AGENT, ChunkedDecoder,
     ConnectionPool, Endpoint, HttpConnection, ProtocolError, RequestRecord, SSEParser, completion_payload,

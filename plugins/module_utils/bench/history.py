@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Union
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history_db import (
     Database, DatabaseError, db_errors, is_url, open_database, pg_error_text)
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import LEGACY_PROFILE
 
 FORMAT = "gpufleet.bench_history/1"
 SOURCES = ("site", "tune_measured", "kernel_upgrade", "health", "on_demand")
@@ -253,7 +254,19 @@ def config_of(doc: dict[str, Any], profile: str = "") -> dict[str, Any]:
     out = {k: cfg.get(k) for k in CONFIG_KEYS}
     out["model"] = (doc.get("server") or {}).get("model") or cfg.get("model")
     out["profile"] = profile
+    out.update(workload_shape(cfg))
     return out
+
+
+def workload_shape(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The request profile and arrivals of a result's config (bench/profiles.py), as the fingerprint's
+    ``workload_profile`` and ``arrivals``: {} for unique random prompts in a closed loop, what every result stored
+    before profiles measured, so their series go on; a run of another profile or an open loop is a series of its own."""
+    shape = {"workload_profile": cfg.get("profile") if isinstance(cfg.get("profile"), dict) else None,
+             "arrivals": cfg.get("arrivals") if isinstance(cfg.get("arrivals"), dict) else None}
+    if all(shape[k] in (None, legacy) for k, legacy in LEGACY_PROFILE.items()):
+        return {}
+    return {k: shape[k] or LEGACY_PROFILE[k] for k in shape}
 
 
 def check_document(doc: Any, where: str = "document") -> dict[str, Any]:

@@ -37,7 +37,10 @@ def epoch(iso: str | None) -> float:
 
 def series_name(s: dict[str, Any]) -> str:
     cfg = s.get("config") or {}
-    profile = cfg.get("profile") or "benchmark"
+    profile = cfg.get("profile") or (cfg.get("workload_profile") or {}).get("name") or "benchmark"
+    arrivals = cfg.get("arrivals") or {}
+    if arrivals.get("rate"):
+        profile += f" {arrivals['mode']} {arrivals['rate']:g}/s"
     return f"{profile} c={s['concurrency']} ({cfg.get('prompt_tokens')}/{cfg.get('output_tokens')} tok)"
 
 

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.profiles import goodput
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import percentile, sample_stats, trend
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport import RequestRecord
 
@@ -131,9 +132,13 @@ def error_key(error: str) -> str:
     return error if len(error) <= 160 else error[:157] + "..."
 
 
-def run_summary(records: Sequence[RequestRecord], window: float, max_tokens: int | None = None) -> dict[str, Any]:
-    """One run: throughputs over ``window`` seconds, latency statistics in ms, errors by reason."""
+def run_summary(records: Sequence[RequestRecord], window: float, max_tokens: int | Sequence[int] | None = None,
+                goodput_targets: dict[str, float] | None = None) -> dict[str, Any]:
+    """One run: throughputs over ``window`` seconds, latency statistics in ms, errors by reason; ``max_tokens`` is
+    every request's (an int) or each one's (a list, in request order), for the short outputs; with
+    ``goodput_targets`` (ttft_ms, tpot_ms) the run's goodput (bench/profiles.py goodput())."""
     metrics = [request_metrics(r) for r in records]
+    limits = list(max_tokens) if isinstance(max_tokens, (list, tuple)) else [max_tokens] * len(metrics)
     ok = [m for m in metrics if m.ok]
     reasons: dict[str, int] = {}
     for m in metrics:
@@ -154,10 +159,12 @@ def run_summary(records: Sequence[RequestRecord], window: float, max_tokens: int
         "tpot_ms": describe([m.tpot for m in ok if m.tpot is not None], 1000.0),
         "itl_ms": describe([v for m in ok for v in m.itl], 1000.0),
         "e2el_ms": describe([m.latency for m in ok if m.latency is not None], 1000.0),
-        "short_outputs": sum(1 for m in ok if max_tokens and m.output_tokens < max_tokens),
+        "short_outputs": sum(1 for m, limit in zip(metrics, limits) if m.ok and limit and m.output_tokens < limit),
         "tokens_per_chunk": round(out_tokens / chunks, 3) if chunks else None,
         "itl_exact": all(m.itl_exact for m in ok) if ok else None,
         "tokens_source": sorted({m.tokens_source for m in ok}),
+        **({"goodput": goodput([(m.ok, m.output_tokens, m.ttft, m.tpot) for m in metrics], goodput_targets, window)}
+           if goodput_targets else {}),
     }
 
 
@@ -190,5 +197,24 @@ def level_summary(concurrency: int, runs: Sequence[dict], records: Sequence[Requ
         "e2el_ms": describe([m.latency for m in ok if m.latency is not None], 1000.0),
         "requests": sum(r["requests"] for r in runs), "errors": sum(r["errors"] for r in runs),
         "short_outputs": sum(r["short_outputs"] for r in runs),
+        **profile_spread(runs),
         "runs": list(runs),
     }
+
+
+def profile_spread(runs: Sequence[dict]) -> dict[str, Any]:
+    """Across a level's runs: the goodput (tok/s and the share of good requests) and, for an open loop, the achieved
+    send rate and the worst lag behind the schedule; {} for runs without them."""
+    out: dict[str, Any] = {}
+    good = [r["goodput"] for r in runs if r.get("goodput")]
+    if good:
+        out["goodput"] = {"targets": good[0]["targets"], "goodput_tps": spread([g["goodput_tps"] for g in good]),
+                          "good_share": spread([g["good_share"] for g in good if g["good_share"] is not None], 5)}
+    sent = [r["arrivals"] for r in runs if r.get("arrivals")]
+    if sent:
+        rates = [a["achieved_rate"] for a in sent if a["achieved_rate"] is not None]
+        lags = [a["lag_max_ms"] for a in sent if a["lag_max_ms"] is not None]
+        out["arrivals"] = {"mode": sent[0]["mode"], "target_rate": sent[0]["target_rate"],
+                           "burstiness": sent[0].get("burstiness"), "achieved_rate": spread(rates, 4),
+                           "lag_max_ms": max(lags) if lags else None}
+    return out

@@ -3,11 +3,13 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The benchmark client's sweep over concurrency levels and the results document it makes.
 
-* the workload: make_prompt() (fixed-seed token IDs or words) and the request bodies;
+* the workload: the request bodies of a run from its profile (bench/profiles.py: make_prompt(), the request
+  profiles, the open loop's arrival times and goodput), run_bodies();
 * BenchmarkConfig and check_config(): every setting checked before anything is sent;
 * discover() (GET /v1/models) and preflight() (one short request in the benchmark's format), so a
   bad URL, key, model or request format fails before the sweep;
-* run_batch(): the closed loop of ``concurrency`` workers; settle(): the unmeasured settle runs;
+* run_batch(): the closed loop of ``concurrency`` workers, or the open loop on a schedule with ``concurrency`` as
+  its cap; settle(): the unmeasured settle runs;
   benchmark(): the whole sweep; plan(): what it will send;
 * the results document: config_from_params(), results_filename(), results_document(),
   compact_summary(), result_warnings() and error_failure(), for the inference_benchmark module.
@@ -26,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
 import ssl
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats imp
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.metrics import (
     check_protocol, error_key, level_summary, request_metrics, run_summary,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.profiles import (
+    DEFAULT_TOKEN_ID_RANGE, arrival_offsets, arrival_stats, check_arrivals, check_goodput, check_profile,
+    fit_to_server, lengths, make_prompt, requests as profile_requests,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport import (
     CLIENT_NAME, CLIENT_VERSION, ConnectionPool, Endpoint, ProtocolError, RequestRecord, completion_payload,
     connect_error_text, http_json, parse_endpoint, timed_request,
@@ -44,50 +49,11 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport
 
 RESULT_FORMAT = "gpufleet.inference_benchmark/1"
 
-# Token IDs drawn for prompts: ordinary BPE tokens in every common vocabulary (special tokens sit
-# at the very start or the end of the ID space); half-open [low, high).
-DEFAULT_TOKEN_ID_RANGE = (1000, 4000)
 MAX_CONCURRENCY = 4096
-
-# Words for text prompts: short and common, so most BPE tokenizers give about one token per word.
-WORDS = (
-    "the of and to in is that for it as was with be by on not he this are or his from at which but have an "
-    "they you were her she there one all we their can has been if more when will would who so no out up into "
-    "do time only new some could these two may first then any like other than use now see way many get made "
-    "over did down only way find work part take place made live where after back little round year came show "
-    "every good give under name very through just form great think say help low line turn cause much mean "
-    "before move right boy old too same tell does set three want air well also play small end put home read "
-    "hand port large spell add even land here must big high such follow act why ask men change went light "
-    "kind off need house picture try again animal point mother world near build self earth father head stand "
-    "own page should country found answer school grow study still learn plant cover food sun four thought let "
-    "keep eye never last door between city tree cross since hard start might story saw far sea draw left late "
-    "run while press close night real life few stop open seem together next white children begin got walk "
-    "example ease paper often always music those both mark book letter until mile river car feet care second "
-    "group carry took rain eat room friend began idea fish mountain north once base hear horse cut sure watch "
-    "color face wood main enough plain girl usual young ready above ever red list though feel talk bird soon "
-    "body dog family direct pose leave song measure state product black short numeral class wind question"
-).split()
 
 
 class BenchmarkError(Exception):
     """A benchmark cannot run (endpoint down, model missing, request rejected); the message says what to do."""
-
-
-# ---- the workload -------------------------------------------------------------------------------
-def make_prompt(seed: int, key: str, n_tokens: int, mode: str = "token_ids",
-                id_range: Sequence[int] = DEFAULT_TOKEN_ID_RANGE) -> list[int] | str:
-    """A fixed-seed prompt: the same (seed, key) gives the same prompt on every host and Python.
-
-    ``token_ids`` gives exactly ``n_tokens`` IDs in [low, high); ``text`` gives ``n_tokens`` words
-    (about that many tokens: the server's usage.prompt_tokens tells the exact count).
-    """
-    rng = random.Random(f"gpufleet/{seed}/{key}")
-    if mode == "token_ids":
-        low, high = int(id_range[0]), int(id_range[1])
-        return [rng.randrange(low, high) for _i in range(n_tokens)]
-    if mode == "text":
-        return " ".join(rng.choice(WORDS) for _i in range(n_tokens))
-    raise ValueError(f"prompt mode must be token_ids or text, got {mode!r}")
 
 
 # ---- the benchmark --------------------------------------------------------------------------------
@@ -121,6 +87,13 @@ class BenchmarkConfig:
     # Unmeasured warm-up runs until two in a row agree (0: off, the library's default; the module's is 3).
     settle_runs: int = 0
     settle_tolerance: float = 0.05
+    # The workload profile (bench/profiles.py): which requests, when (closed or open loop), which count as good.
+    profile: str = "random"
+    profile_options: dict[str, Any] = field(default_factory=dict)
+    arrivals: dict[str, Any] = field(default_factory=dict)
+    goodput: dict[str, Any] = field(default_factory=dict)
+    # The profile's checked spec (check_config(); long_context's prompt length fitted to the server by discover()).
+    profile_spec: dict[str, Any] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
         """The settings as stored with results (the API key is never stored)."""
@@ -131,7 +104,9 @@ class BenchmarkConfig:
                 "timeout": self.timeout, "prompt_mode": self.prompt_mode, "token_id_range": list(self.token_id_range),
                 "per_chunk_usage": self.per_chunk_usage, "settle_runs": self.settle_runs,
                 "settle_tolerance": self.settle_tolerance, "max_error_rate": self.max_error_rate,
-                "deadline": self.deadline, "measured_only": self.measured_only}
+                "deadline": self.deadline, "measured_only": self.measured_only,
+                "profile": dict(self.profile_spec or check_profile(self.profile, self.profile_options)),
+                "arrivals": check_arrivals(self.arrivals), "goodput": check_goodput(self.goodput)}
 
 
 # The upper bound of each number check_config() takes (the lower ones are in its calls): far above any real run, low
@@ -187,6 +162,9 @@ def check_config(cfg: BenchmarkConfig) -> Endpoint:
     rate = cfg.max_error_rate
     if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
         raise ValueError(f"max_error_rate must be between 0 and 1, got {rate!r}")
+    cfg.profile_spec = check_profile(cfg.profile, cfg.profile_options)  # fitted to the server by discover()
+    check_arrivals(cfg.arrivals)
+    check_goodput(cfg.goodput)
     if cfg.prompt_mode not in ("token_ids", "text"):
         raise ValueError(f"prompt_mode must be token_ids or text, got {cfg.prompt_mode!r}")
     rng = cfg.token_id_range
@@ -242,11 +220,17 @@ async def discover(cfg: BenchmarkConfig, pool: ConnectionPool) -> dict[str, Any]
                              "these (vLLM serves the --served-model-name, else the model path).")
     entry = models[ids.index(model)]
     max_len = entry.get("max_model_len")
-    if isinstance(max_len, int) and cfg.prompt_tokens + cfg.output_tokens > max_len:
+    max_len = max_len if isinstance(max_len, int) and not isinstance(max_len, bool) else None
+    spec = cfg.profile_spec or check_profile(cfg.profile, cfg.profile_options)
+    if max_len is not None and cfg.prompt_tokens + cfg.output_tokens > max_len and spec["name"] != "long_context":
         raise BenchmarkError(f"prompt_tokens + output_tokens = {cfg.prompt_tokens + cfg.output_tokens} exceeds the "
                              f"model's max_model_len {max_len} on {url}: shorten them or raise --max-model-len.")
-    return {"url": url, "model": model, "models": ids, "max_model_len": max_len if isinstance(max_len, int) else None,
-            "root": entry.get("root"), "owned_by": entry.get("owned_by")}
+    try:
+        cfg.profile_spec, note = fit_to_server(spec, cfg.prompt_tokens, cfg.output_tokens, max_len)
+    except ValueError as err:
+        raise BenchmarkError(f"On {url}: {err}.") from None
+    return {"url": url, "model": model, "models": ids, "max_model_len": max_len,
+            "root": entry.get("root"), "owned_by": entry.get("owned_by"), "profile_note": note or None}
 
 
 async def engine_version(cfg: BenchmarkConfig, pool: ConnectionPool) -> str | None:
@@ -266,6 +250,18 @@ def _body(cfg: BenchmarkConfig, model: str, key: str, max_tokens: int | None = N
     prompt = make_prompt(cfg.seed, key, n_prompt or cfg.prompt_tokens, cfg.prompt_mode, cfg.token_id_range)
     payload = completion_payload(model, prompt, max_tokens or cfg.output_tokens, cfg.ignore_eos, cfg.per_chunk_usage)
     return json.dumps(payload, separators=(",", ":")).encode("utf-8")
+
+
+def run_bodies(cfg: BenchmarkConfig, model: str, key: str, n: int) -> tuple[list[bytes], list[int]]:
+    """The bodies of one run's ``n`` requests keyed ``key`` (``c8/r0``) and each one's max_tokens, from the
+    profile (bench/profiles.py requests()): the random profile's request i is _body(key/i), as it always was."""
+    bodies, limits = [], []
+    for prompt, max_tokens in profile_requests(cfg.profile_spec, cfg.seed, key, n, cfg.prompt_tokens, cfg.output_tokens,
+                                               cfg.prompt_mode, cfg.token_id_range):
+        payload = completion_payload(model, prompt, max_tokens, cfg.ignore_eos, cfg.per_chunk_usage)
+        bodies.append(json.dumps(payload, separators=(",", ":")).encode("utf-8"))
+        limits.append(max_tokens)
+    return bodies, limits
 
 
 def preflight_hint(status: int | None, error: str) -> str:
@@ -319,14 +315,25 @@ def _reasons(records: Sequence[RequestRecord]) -> str:
     return "; ".join(f"{n} x {reason}" for reason, n in sorted(counts.items(), key=lambda kv: -kv[1])[:3])
 
 
+def _limit(max_tokens: int | Sequence[int] | None, i: int) -> int | None:
+    """Request i's max_tokens: one for every request, or one each (a profile of mixed lengths)."""
+    if max_tokens is None or isinstance(max_tokens, int):
+        return max_tokens
+    return max_tokens[i]
+
+
 async def run_batch(pool: ConnectionPool, bodies: Sequence[bytes], headers: dict[str, str], concurrency: int,
-                    timeout: float, max_error_rate: float = 1.0,
-                    max_tokens: int | None = None) -> tuple[list[RequestRecord], float]:
-    """Closed loop: ``concurrency`` workers each send the next request as soon as theirs finished.
+                    timeout: float, max_error_rate: float = 1.0, max_tokens: int | Sequence[int] | None = None,
+                    schedule: Sequence[float] | None = None) -> tuple[list[RequestRecord], float]:
+    """Closed loop: ``concurrency`` workers each send the next request as soon as theirs finished. With
+    ``schedule`` (seconds from the start, one per request: bench/profiles.py arrival_offsets()) an open loop: each
+    request waits for its time, and ``concurrency`` caps the requests in flight (a request whose time came while
+    all were busy goes when one finishes, late; profiles.arrival_stats() measures it).
 
     Returns the records in request order and the window from the first write to the last finish. Each record is
-    checked for protocol errors against ``max_tokens``. Once more than ``max_error_rate`` of the batch's requests
-    failed, the batch can no longer be valid: the requests in flight are cancelled and RunStopped is raised.
+    checked for protocol errors against its ``max_tokens`` (one for all, or one each). Once more than
+    ``max_error_rate`` of the batch's requests failed, the batch can no longer be valid: the requests in flight are
+    cancelled and RunStopped is raised.
     """
     records: list[RequestRecord | None] = [None] * len(bodies)
     cursor = iter(range(len(bodies)))
@@ -338,8 +345,12 @@ async def run_batch(pool: ConnectionPool, bodies: Sequence[bytes], headers: dict
         for i in cursor:
             if stop.is_set():
                 return
+            if schedule is not None:
+                delay = t0 + schedule[i] - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
             rec = await timed_request(pool, bodies[i], headers, timeout)
-            check_protocol(rec, max_tokens)
+            check_protocol(rec, _limit(max_tokens, i))
             records[i] = rec
             if not request_metrics(rec).ok:
                 failed[0] += 1
@@ -374,22 +385,31 @@ async def run_batch(pool: ConnectionPool, bodies: Sequence[bytes], headers: dict
 
 
 async def measured_run(pool: ConnectionPool, bodies: Sequence[bytes], headers: dict[str, str], concurrency: int,
-                       timeout: float, max_tokens: int | None, max_error_rate: float = 1.0,
-                       limit: int | None = None) -> tuple[dict[str, Any], list[RequestRecord]]:
-    """One measured run and its summary, with the client's own CPU use over the window."""
+                       timeout: float, max_tokens: int | Sequence[int] | None, max_error_rate: float = 1.0,
+                       limit: int | Sequence[int] | None = None, schedule: Sequence[float] | None = None,
+                       goodput: dict[str, float] | None = None) -> tuple[dict[str, Any], list[RequestRecord]]:
+    """One measured run and its summary, with the client's own CPU use over the window (and the goodput under
+    ``goodput``'s targets, when given)."""
     cpu0 = time.process_time()
-    records, window = await run_batch(pool, bodies, headers, concurrency, timeout, max_error_rate, limit)
-    summary = run_summary(records, window, max_tokens)
+    records, window = await run_batch(pool, bodies, headers, concurrency, timeout, max_error_rate, limit, schedule)
+    summary = run_summary(records, window, max_tokens, goodput or None)
     summary["client_cpu_pct"] = round(100.0 * (time.process_time() - cpu0) / max(window, 1e-9), 1)
     return summary, records
 
 
 async def level_run(pool: ConnectionPool, cfg: BenchmarkConfig, model: str, headers: dict[str, str], level: int,
                     key: str) -> tuple[dict[str, Any], list[RequestRecord]]:
-    """One run of ``requests`` requests at ``level``, its prompts keyed ``c<level>/<key>/<i>``."""
-    bodies = [_body(cfg, model, f"c{level}/{key}/{i}") for i in range(cfg.requests)]
-    return await measured_run(pool, bodies, headers, level, cfg.timeout, cfg.output_tokens if cfg.ignore_eos else None,
-                              cfg.max_error_rate, cfg.output_tokens)
+    """One run of ``requests`` requests at ``level``, keyed ``c<level>/<key>`` (run_bodies()), closed loop or on the
+    profile's arrival schedule (open loop, seeded by the same key)."""
+    run_key = f"c{level}/{key}"
+    bodies, limits = run_bodies(cfg, model, run_key, cfg.requests)
+    arrivals = check_arrivals(cfg.arrivals)
+    schedule = arrival_offsets(arrivals, cfg.seed, run_key, cfg.requests)
+    summary, records = await measured_run(pool, bodies, headers, level, cfg.timeout, limits if cfg.ignore_eos else None,
+                                          cfg.max_error_rate, limits, schedule, check_goodput(cfg.goodput))
+    if schedule is not None:
+        summary["arrivals"] = arrival_stats([r.start for r in records], schedule, arrivals)
+    return summary, records
 
 
 def steady(previous: float, current: float, tolerance: float) -> bool:
@@ -422,8 +442,8 @@ async def _warm_up_and_settle(pool: ConnectionPool, cfg: BenchmarkConfig, model:
         return None
     where["stage"] = "warm-up"
     if cfg.warmup:
-        warm = [_body(cfg, model, f"c{level}/warmup/{i}") for i in range(cfg.warmup)]
-        await run_batch(pool, warm, headers, level, cfg.timeout, cfg.max_error_rate, cfg.output_tokens)
+        warm, limits = run_bodies(cfg, model, f"c{level}/warmup", cfg.warmup)
+        await run_batch(pool, warm, headers, level, cfg.timeout, cfg.max_error_rate, limits)
     where["stage"] = "settle runs"
     return await settle(pool, cfg, model, headers, level) if cfg.settle_runs else None
 
@@ -549,9 +569,22 @@ def _iso(ts: float) -> str:
 def plan(cfg: BenchmarkConfig) -> dict[str, Any]:
     """What a sweep will send, for check mode and logs (settle runs counted at their most)."""
     per_level = (0 if cfg.measured_only else cfg.warmup + cfg.requests * cfg.settle_runs) + cfg.requests * cfg.repetitions
-    return {"levels": list(cfg.concurrency), "requests_per_level": per_level,
-            "requests_total": 1 + per_level * len(cfg.concurrency),
-            "output_tokens_total": cfg.output_tokens * per_level * len(cfg.concurrency)}
+    keys = [f"r{rep}" for rep in range(cfg.repetitions)]
+    if not cfg.measured_only:
+        keys += [f"settle{i}" for i in range(cfg.settle_runs)]
+    spec = cfg.profile_spec or check_profile(cfg.profile, cfg.profile_options)
+    tokens = 0
+    for level in cfg.concurrency:
+        runs = [(f"c{level}/{key}", cfg.requests) for key in keys]
+        runs += [] if cfg.measured_only else [(f"c{level}/warmup", cfg.warmup)]
+        tokens += sum(o for key, n in runs for _p, o in lengths(spec, cfg.seed, key, n, cfg.prompt_tokens, cfg.output_tokens))
+    out = {"levels": list(cfg.concurrency), "requests_per_level": per_level,
+           "requests_total": 1 + per_level * len(cfg.concurrency), "output_tokens_total": tokens,
+           "profile": spec["name"]}
+    arrivals = check_arrivals(cfg.arrivals)
+    if arrivals["mode"] != "closed":
+        out["measured_run_s"] = round(cfg.requests / arrivals["rate"], 3)
+    return out
 
 
 # ---- results (what the module stores and returns) -------------------------------------------------
@@ -570,10 +603,13 @@ def config_from_params(params: dict[str, Any]) -> BenchmarkConfig:
     """A checked BenchmarkConfig from the module's parameters; ValueError naming the bad one."""
     keys = ("url", "model", "api_key", "prompt_tokens", "output_tokens", "concurrency", "requests", "warmup",
             "repetitions", "seed", "ignore_eos", "timeout", "prompt_mode", "token_id_range", "per_chunk_usage",
-            "validate_certs", "ca_path", "settle_runs", "settle_tolerance", "max_error_rate", "deadline", "measured_only")
+            "validate_certs", "ca_path", "settle_runs", "settle_tolerance", "max_error_rate", "deadline", "measured_only",
+            "profile", "profile_options", "arrivals", "goodput")
     cfg = BenchmarkConfig(**{k: params[k] for k in keys if k in params and params[k] is not None})
     cfg.concurrency = list(cfg.concurrency)
     cfg.token_id_range = list(cfg.token_id_range)
+    for key in ("profile_options", "arrivals", "goodput"):  # the module's sub-options: unset ones left out
+        setattr(cfg, key, {k: v for k, v in dict(getattr(cfg, key) or {}).items() if v is not None})
     check_config(cfg)
     return cfg
 
@@ -603,6 +639,12 @@ def compact_summary(result: dict[str, Any]) -> list[dict[str, Any]]:
                     "itl_p50_ms": lv["itl_ms"]["p50"], "itl_p99_ms": lv["itl_ms"]["p99"], "errors": lv["errors"],
                     "settle_runs": len(lv["settle"]["runs"]), "settled": lv["settle"]["settled"],
                     "drift": round(lv["trend"]["change"], 4)})
+        if lv.get("goodput"):
+            out[-1].update(goodput_tps=lv["goodput"]["goodput_tps"]["median"],
+                           good_share=lv["goodput"]["good_share"]["median"])
+        if lv.get("arrivals"):
+            out[-1].update(target_rate=lv["arrivals"]["target_rate"],
+                           achieved_rate=lv["arrivals"]["achieved_rate"]["median"])
     return out
 
 
@@ -616,7 +658,11 @@ def result_warnings(result: dict[str, Any], cfg: BenchmarkConfig, noisy_cv: floa
     if cfg.per_chunk_usage and not result.get("server", {}).get("preflight", {}).get("per_chunk_usage_seen", True):
         warnings.append("The server sends no per-chunk usage (stream_options.continuous_usage_stats): ITL is estimated "
                         "by spreading each gap over the mean tokens per chunk (itl_exact is false).")
+    note = result.get("server", {}).get("profile_note")
+    if note:
+        warnings.append(note)
     for lv in result.get("levels", []):
+        warnings.extend(_open_loop_warnings(lv))
         st = lv["settle"]
         if st["settled"] is False:
             figures = ", ".join(f"{v:.1f}" for v in st["runs"])
@@ -637,6 +683,19 @@ def result_warnings(result: dict[str, Any], cfg: BenchmarkConfig, noisy_cv: floa
             warnings.append(f"At concurrency {lv['concurrency']} the benchmark client used {busy:.0f}% of a CPU core: it "
                             "may be the bottleneck; run it from a less loaded host or lower the concurrency.")
     return warnings
+
+
+def _open_loop_warnings(level: dict[str, Any], keep: float = 0.9) -> list[str]:
+    """An open-loop level whose runs sent slower than ``keep`` of the target rate (the concurrency cap was reached,
+    or the client could not keep up): its latencies are not those of the asked rate."""
+    sent = level.get("arrivals")
+    achieved = (sent or {}).get("achieved_rate", {}).get("min")
+    if not sent or achieved is None or achieved >= keep * sent["target_rate"]:
+        return []
+    return [f"At concurrency {level['concurrency']} the open loop sent {achieved:g} requests/s in its slowest run, "
+            f"below {keep:.0%} of the target {sent['target_rate']:g} (requests waited up to {sent['lag_max_ms']:g} ms "
+            "for their time): the concurrency cap was full or the client is CPU-bound, so the run was partly a closed "
+            "loop. Raise concurrency (the cap) or lower arrivals.rate to the server's capacity."]
 
 
 def error_failure(result: dict[str, Any], max_error_rate: float) -> str | None:

@@ -20,8 +20,14 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats imp
 # warm-up, settle runs and measured_only, which differ between a first round and the extra rounds by design.
 MODEL_FIELDS = ("model", "model_root", "model_config", "model_tokenizer", "model_weights", "max_model_len")
 ENGINE_FIELDS = ("vllm_version", "server_argv", "client")
+# workload_profile is the request profile (bench/profiles.py: its name and parameters, long_context's prompt length
+# as fitted to the server), arrivals the closed or open loop (mode, rate, burstiness); profile is the name a caller
+# gives a set of benchmark settings (tune_measured's serving, latency, ...). The goodput targets are not compared:
+# they judge the requests afterwards and change none of them.
 PROFILE_FIELDS = ("prompt_tokens", "output_tokens", "prompt_mode", "token_id_range", "ignore_eos", "temperature",
-                  "max_tokens", "per_chunk_usage", "requests", "concurrency", "profile")
+                  "max_tokens", "per_chunk_usage", "requests", "concurrency", "profile", "workload_profile", "arrivals")
+# What a result stored before profiles sent: unique random prompts, in a closed loop.
+LEGACY_PROFILE = {"workload_profile": {"name": "random"}, "arrivals": {"mode": "closed"}}
 WORKLOAD_FIELDS = MODEL_FIELDS + ENGINE_FIELDS + PROFILE_FIELDS
 # Fields every fingerprint made by this release carries: one side without it is refused, not skipped. The model's
 # identity, the engine's version and argv are not among them: a hub model, a server without /version or a call
@@ -55,6 +61,8 @@ def _norm(value: Any) -> Any:
         return int(value)
     if isinstance(value, (list, tuple)):
         return [_norm(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _norm(v) for k, v in value.items()}
     return value
 
 
@@ -84,14 +92,20 @@ def _from_document(result: dict[str, Any], concurrency: Any) -> dict[str, Any]:
     argv = server.get("argv")
     out = {"model": server.get("model") or cfg.get("model"), "model_root": server.get("root"),
            "max_model_len": server.get("max_model_len"), "concurrency": concurrency,
-           "profile": result.get("profile") or cfg.get("profile"), "vllm_version": server.get("vllm_version"),
+           "profile": result.get("profile") if isinstance(result.get("profile"), str) else None,
+           "workload_profile": cfg.get("profile") if isinstance(cfg.get("profile"), dict) else None,
+           "arrivals": cfg.get("arrivals") if isinstance(cfg.get("arrivals"), dict) else None,
+           "vllm_version": server.get("vllm_version"),
            "server_argv": [str(a) for a in argv] if isinstance(argv, (list, tuple)) else None,
            "client": _client(result.get("client"))}
     for field, key in _IDENTITY.items():  # an unreadable identity ({"unreadable": why}) has none: not compared
         out[field] = identity.get(key)
     for key in PROFILE_FIELDS:
-        if key not in out:  # concurrency (the level compared) and profile are set above
+        if key not in out:  # concurrency (the level compared) and the profiles are set above
             out[key] = cfg.get(key)
+    if cfg.get("prompt_tokens") is not None:  # a result of this client: one stored before profiles sent the legacy one
+        for key, legacy in LEGACY_PROFILE.items():
+            out[key] = out[key] or legacy
     return out
 
 
@@ -140,11 +154,27 @@ def workload_mismatch(baseline: dict[str, Any] | None, candidate: dict[str, Any]
         if key in allowed:
             continue
         if key in baseline and key in candidate:
-            if baseline[key] != candidate[key]:
+            if isinstance(baseline[key], dict) and isinstance(candidate[key], dict):
+                out.extend(_dict_mismatch(key, baseline[key], candidate[key]))
+            elif baseline[key] != candidate[key]:
                 out.append(f"{key}: baseline {baseline[key]!r}, candidate {candidate[key]!r}")
         elif key in WORKLOAD_REQUIRED and (key in baseline or key in candidate):
             out.append(f"{key}: baseline {baseline.get(key, 'not recorded')!r}, candidate "
                        f"{candidate.get(key, 'not recorded')!r}")
+    return out
+
+
+def _dict_mismatch(key: str, baseline: dict[str, Any], candidate: dict[str, Any]) -> list[str]:
+    """A profile's differences one parameter each ("workload_profile.prefix_tokens: baseline 512, candidate 1024"),
+    the name first: different profiles are named as such, not by every parameter they do not share."""
+    if baseline.get("name", baseline.get("mode")) != candidate.get("name", candidate.get("mode")):
+        sub = "name" if "name" in baseline or "name" in candidate else "mode"
+        return [f"{key}.{sub}: baseline {baseline.get(sub)!r}, candidate {candidate.get(sub)!r}"]
+    out = []
+    for sub in sorted(set(baseline) | set(candidate)):
+        b, c = _norm(baseline.get(sub, "not recorded")), _norm(candidate.get(sub, "not recorded"))
+        if b != c:
+            out.append(f"{key}.{sub}: baseline {b!r}, candidate {c!r}")
     return out
 
 

@@ -58,7 +58,7 @@ def rows(state: dict[str, Any]) -> list[dict[str, Any]]:
                     "gate_ratio": verdict.get("ratio"), "p_value": verdict.get("p_value"),
                     "p_value_pass": verdict.get("p_value_pass"), "latency": verdict.get("latency"),
                     "outcome": {"baseline": "baseline", "kept": "kept", "reverted": "reverted"}.get(
-                        e["status"], e["status"]),
+                        e["status"], e["status"]), "judged_by": judged_by(state, e),
                     "reason": e.get("reason", "")})
             prev = e
     return out
@@ -117,7 +117,7 @@ def render_markdown(states: Sequence[dict[str, Any]], title: str = "Measured tun
         for prof in state["profiles"]:
             mine = [r for r in table if r["profile"] == prof["name"]]
             levels = sorted({r["concurrency"] for r in mine})
-            out += [f"### {prof['name']} ({prof['prompt_tokens']} prompt / {prof['output_tokens']} output tokens)", "",
+            out += [f"### {prof['name']} ({profile_text(prof)})", "",
                     "| stage | what changed | " + " | ".join(f"tok/s c={c}" for c in levels)
                     + " | x baseline | outcome |", "|---|---|" + "---|" * len(levels) + "---|---|"]
             for stage in dict.fromkeys(r["stage"] for r in mine):
@@ -126,7 +126,7 @@ def render_markdown(states: Sequence[dict[str, Any]], title: str = "Measured tun
                 worst = min((r["vs_baseline"] for r in rs.values() if r["vs_baseline"] is not None), default=None)
                 out.append("| " + " | ".join(_md(c) for c in (
                     stage, first["changed"], *[_n(rs[c]["tok_s"]) if c in rs else "-" for c in levels],
-                    _x(worst), first["outcome"])) + " |")
+                    _x(worst), outcome_text(first))) + " |")
             out += ["", "| stage | c | tok/s | CV | runs | TTFT p50/p99 ms | TPOT p50/p99 ms | x baseline | x previous | "
                     "gate vs state before | latency (gate) | outcome |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
             for r in mine:
@@ -135,7 +135,7 @@ def render_markdown(states: Sequence[dict[str, Any]], title: str = "Measured tun
                     f"{_n(r['ttft_p50_ms'])}/{_n(r['ttft_p99_ms'])}", f"{_n(r['tpot_p50_ms'], '{:.2f}')}/"
                     f"{_n(r['tpot_p99_ms'], '{:.2f}')}", _x(r["vs_baseline"]), _x(r["vs_previous"]),
                     _gate(r) + (f" vs {r['reference']}" if r["reference"] else ""),
-                    latency_cell(r["latency"]) if r["verdict"] else "-", r["outcome"])) + " |")
+                    latency_cell(r["latency"]) if r["verdict"] else "-", outcome_text(r))) + " |")
             out.append("")
         reasons = [(e["name"], e["reason"]) for e in state["stages"] if e.get("reason")]
         if reasons:
@@ -169,7 +169,7 @@ def render_html(states: Sequence[dict[str, Any]], title: str = "Measured tuning"
         parts += [f'<h2 id="{e_(host)}">{e_(host)}</h2>', f'<p class="note">{e_(gate_line(state))}</p>']
         table = rows(state)
         for prof in state["profiles"]:
-            parts.append(f"<h3>{e_(prof['name'])}</h3>")
+            parts.append(f"<h3>{e_(prof['name'])} ({e_(profile_text(prof))})</h3>")
             parts.append(_chart(state, prof, table))
             parts.append("<table><tr><th>stage</th><th>what changed</th><th>c</th><th>tok/s</th><th>TTFT p50/p99 ms</th>"
                          "<th>TPOT p50/p99 ms</th><th>x baseline</th><th>x previous</th><th>gate</th>"
@@ -182,7 +182,33 @@ def render_html(states: Sequence[dict[str, Any]], title: str = "Measured tuning"
                          _x(r["vs_baseline"]), _x(r["vs_previous"]), _gate(r),
                          latency_cell(r["latency"]) if r["verdict"] else "-")
                 parts.append("<tr>" + "".join(f"<td>{e_(str(c))}</td>" for c in cells)
-                             + f'<td class="{cls}">{e_(r["outcome"])}</td></tr>')
+                             + f'<td class="{cls}">{e_(outcome_text(r))}</td></tr>')
             parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+# ---- the profile that judged a stage (issue 35) ----------------------------------------------------------------
+def judged_by(state: dict[str, Any], e: dict[str, Any]) -> list[str]:
+    """The profiles whose verdict decided a stage, when not every profile measured (tune_measured ``judged_on``):
+    prefix caching on shared_prefix, say; [] when all of them did (or for the baseline)."""
+    judged = e.get("judged_by") or []
+    return [] if set(judged) >= {p["name"] for p in state["profiles"]} else list(judged)
+
+
+def outcome_text(r: dict[str, Any]) -> str:
+    """The outcome, and the profiles that judged the stage when not all of them did."""
+    return r["outcome"] + (f" (judged on {', '.join(r['judged_by'])})" if r.get("judged_by") else "")
+
+
+def profile_text(prof: dict[str, Any]) -> str:
+    """A benchmark profile's shape in a few words: lengths, the request profile and its parameters, the arrivals."""
+    out = f"{prof.get('prompt_tokens')} prompt / {prof.get('output_tokens')} output tokens"
+    if prof.get("profile") and prof["profile"] != "random":
+        options = ", ".join(f"{k} {v}" for k, v in sorted((prof.get("profile_options") or {}).items())
+                            if not isinstance(v, dict))
+        out += f"; {prof['profile']}" + (f" ({options})" if options else "")
+    arrivals = prof.get("arrivals") or {}
+    if arrivals.get("rate"):
+        out += f"; {arrivals.get('mode', 'poisson')} arrivals at {arrivals['rate']:g}/s"
+    return out

@@ -42,6 +42,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughpu
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import (
     DEFAULT_LATENCY_MARGINS, check_latency_margins,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.profiles import (
+    ProfileError, check_arrivals, check_goodput, check_profile,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import workload, workload_mismatch
 
@@ -56,9 +59,25 @@ PROFILES: dict[str, dict[str, Any]] = {
     "latency": {"prompt_tokens": 1024, "output_tokens": 128, "concurrency": [1], "requests": 16, "repetitions": 5},
     "long_context": {"prompt_tokens": "near_max", "output_tokens": 64, "concurrency": [2], "requests": 8,
                      "repetitions": 5},
+    # a 2048-token system prompt shared by every request: what prefix caching speeds up
+    "shared_prefix": {"prompt_tokens": 256, "output_tokens": 128, "concurrency": [32], "requests": 128, "repetitions": 5,
+                      "profile": "shared_prefix", "profile_options": {"prefix_tokens": 2048}},
+    # chat-shaped lengths arriving as Poisson traffic (the rate is the site's: arrivals.rate must be given), where a
+    # long prompt stalls the decoding batch unless it is chunked; judged on latency as much as on tok/s
+    "mixed_open_loop": {"prompt_tokens": 256, "output_tokens": 128, "concurrency": [256], "requests": 256,
+                        "repetitions": 5, "profile": "mixed_lengths", "profile_options": {"preset": "chat"},
+                        "arrivals": {"mode": "poisson"}, "goodput": {"ttft_ms": 2000, "tpot_ms": 100}},
 }
 PROFILE_KEYS = ("prompt_tokens", "output_tokens", "concurrency", "requests", "repetitions", "warmup", "settle_runs",
-                "seed", "prompt_mode", "ignore_eos", "token_id_range", "latency_margins")
+                "seed", "prompt_mode", "ignore_eos", "token_id_range", "latency_margins", "profile", "profile_options",
+                "arrivals", "goodput")
+# The benchmark profile that can see a vLLM flag's effect (docs/benchmark.md, "A profile per stage"): a flag stage
+# setting one is judged on it when it is measured (stage key judged_on overrides; any regression reverts anyway).
+# max_num_seqs shows at the concurrency the site serves: the serving profile, whose levels the site sets.
+FLAG_PROFILES = {"vllm_service_enable_prefix_caching": "shared_prefix",
+                 "vllm_service_enable_chunked_prefill": "mixed_open_loop",
+                 "vllm_service_max_num_batched_tokens": "mixed_open_loop",
+                 "vllm_service_max_num_seqs": "serving"}
 # The gate's settings here: the gate's own defaults (GateSettings), and the automatic threshold's two of its own.
 GATE_DEFAULTS = {"threshold": GATE.threshold, "alpha": GATE.alpha, "pass_alpha": GATE.pass_alpha, "min_runs": GATE.min_runs,
                  "max_runs": GATE.max_runs, "auto_k": 3.0, "auto_floor": 0.5, "latency_margins": {},
@@ -93,7 +112,12 @@ def resolve_profiles(profiles: Sequence[Any], max_model_len: int | None = None) 
         unknown = sorted(set(spec) - set(PROFILE_KEYS) - {"name"})
         if unknown:
             raise TuneError(f"profile {name!r} has unknown keys {', '.join(unknown)}; known: {', '.join(PROFILE_KEYS)}")
-        base.update({k: v for k, v in spec.items() if k != "name"})
+        for k, v in spec.items():  # the request profile's dicts are merged key by key (arrivals: {rate: 8})
+            if k in ("profile_options", "arrivals", "goodput") and isinstance(v, dict):
+                base[k] = {**(base.get(k) or {}), **v}
+            elif k != "name":
+                base[k] = v
+        _check_request_profile(name, base)
         if "latency_margins" in base:
             try:  # the profile's own latency margins, over the gate's (a latency profile may be stricter on TTFT)
                 check_latency_margins(base["latency_margins"])
@@ -111,6 +135,17 @@ def resolve_profiles(profiles: Sequence[Any], max_model_len: int | None = None) 
     if not out:
         raise TuneError("no benchmark profile: list at least one (serving, latency, long_context)")
     return out
+
+
+def _check_request_profile(name: str, profile: dict[str, Any]) -> None:
+    """A benchmark profile's request profile, arrivals and goodput targets (bench/profiles.py), or TuneError."""
+    try:
+        check_profile(profile.get("profile"), profile.get("profile_options"))
+        check_goodput(profile.get("goodput"))
+        check_arrivals(profile.get("arrivals"))
+    except ProfileError as err:
+        rate = " (the request rate the site serves, e.g. arrivals: {rate: 8})" if "needs arrivals.rate" in str(err) else ""
+        raise TuneError(f"profile {name!r}: {err}{rate}") from None
 
 
 def _task_list(value: Any, where: str) -> list[dict[str, Any]]:
@@ -161,10 +196,40 @@ def vllm_stages(profiles: Sequence[Any], role: str = "gpufleet.inference.vllm_se
     return out
 
 
+def stage_judging(stage: dict[str, Any], checked: dict[str, Any]) -> dict[str, Any]:
+    """A stage's ``judged_on`` (the profiles it names) and ``sees`` (the profile its vLLM flag shows on, FLAG_PROFILES,
+    from the variables it applies); TuneError for a judged_on that is not a list of names."""
+    judged_on = stage.get("judged_on") or []
+    judged_on = [judged_on] if isinstance(judged_on, str) else judged_on
+    if not isinstance(judged_on, list) or not all(isinstance(p, str) for p in judged_on):
+        raise TuneError(f"stage {checked['name']!r} judged_on must name benchmark profiles, got {stage.get('judged_on')!r}")
+    flags = sorted(k for t in checked["apply"] for k in (t.get("vars") or {}) if k in FLAG_PROFILES)
+    return {"judged_on": list(judged_on), "sees": FLAG_PROFILES[flags[0]] if flags else ""}
+
+
+def judging_profiles(stages: list[dict[str, Any]], profiles: list[dict[str, Any]]) -> None:
+    """Each stage's ``judged_on``: the profiles it names (each must be measured), else the profile its flag shows on
+    (``sees``) when measured, else every profile (``judged_note`` says which profile would have seen it)."""
+    names = [p["name"] for p in profiles]
+    for s in stages:
+        missing = [p for p in s.get("judged_on") or [] if p not in names]
+        if missing:
+            raise TuneError(f"stage {s['name']!r} is judged on {', '.join(missing)}, which the run does not measure "
+                            f"(profiles: {', '.join(names)}): add it to the profiles (tune_measured_profiles)")
+        if not s.get("judged_on") and s.get("sees"):
+            if s["sees"] in names:
+                s["judged_on"] = [s["sees"]]
+            else:
+                s["judged_note"] = (f"its effect shows on the {s['sees']} profile, which was not measured: judged on "
+                                    f"every profile measured; add {s['sees']} to the profiles to see it")
+
+
 def plan_stages(stages: Sequence[Any], skip: Sequence[str] = (), force_revert: Sequence[str] = ()) -> list[dict[str, Any]]:
     """Checked stages in the user's order, skipped ones dropped, reboot stages grouped into one; stages named in
     ``force_revert`` (or members of the reboot group, which reverts as one) marked to be reverted whatever the gate says."""
     checked = [check_stage(s, i) for i, s in enumerate(stages)]
+    for raw, stage in zip(stages, checked):  # the profile that judges it (issue 35)
+        stage.update(stage_judging(raw, stage))
     names = [s["name"] for s in checked]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -265,6 +330,7 @@ def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, 
         e = copy.deepcopy(s)
         e["status"] = "pending"
         entries.append(e)
+    judging_profiles(entries[1:], profiles)
     for e in entries:
         e.update(measurements={}, verdicts={}, verdict=None, decision=None, reference=None, rounds=0, recorded={},
                  snapshots={}, reason="")
@@ -385,11 +451,23 @@ def profile_mismatch(profile: dict[str, Any], doc: dict[str, Any]) -> list[str]:
     want = workload({k: profile[k] for k in PROFILE_MATCH if k in profile})
     got = workload({k: cfg[k] for k in PROFILE_MATCH if k in cfg})
     out = [f"{k}: profile {want[k]!r}, result {got[k]!r}" for k in PROFILE_MATCH if k in want and k in got and want[k] != got[k]]
+    out += _request_profile_mismatch(profile, cfg)
     levels = [lv.get("concurrency") for lv in doc.get("levels") or [] if isinstance(lv, dict)]
     extra = [c for c in levels if c not in profile["concurrency"]]
     if extra:
         out.append(f"concurrency: profile {profile['concurrency']}, result {levels}")
     return out
+
+
+def _request_profile_mismatch(profile: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
+    """The request profile and arrivals a result's config records against the benchmark profile's (a result stored
+    before profiles sent random prompts in a closed loop); long_context's fitted length is the server's business."""
+    want = {"profile": check_profile(profile.get("profile"), profile.get("profile_options")),
+            "arrivals": check_arrivals(profile.get("arrivals"))}
+    got = {"profile": cfg.get("profile") if isinstance(cfg.get("profile"), dict) else {"name": "random"},
+           "arrivals": cfg.get("arrivals") if isinstance(cfg.get("arrivals"), dict) else {"mode": "closed"}}
+    got["profile"] = {k: v for k, v in got["profile"].items() if k != "prompt_tokens" or want["profile"]["name"] != "long_context"}
+    return [f"{k}: profile {want[k]!r}, result {got[k]!r}" for k in want if want[k] != got[k]]
 
 
 def _measurement(doc: dict[str, Any], profile: str = "") -> dict[str, Any]:
@@ -556,7 +634,7 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
             verdicts[name][key]["warnings"] = v["warnings"]
             verdicts[name][key]["latency"] = latency_summary(v["latency"])
     e["verdicts"] = verdicts
-    flat = [v for lv in verdicts.values() for v in lv.values()]
+    flat = judged_levels(e, verdicts)
     if any(v["decision"] == "regression" for v in flat):
         e["verdict"] = "regression"
     elif all(v["decision"] == "pass" for v in flat):
@@ -574,14 +652,35 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
         e["reason"] = f"inconclusive after round {e['rounds']}: measuring more runs ({worst['reason']})"
         return
     if e["verdict"] == "pass":
-        e["decision"], why = "keep", "every profile and level passed the gate"
+        e["decision"], why = "keep", "every judged profile and level passed the gate"
     elif e["verdict"] == "regression":
         e["decision"], why = "revert", "a regression: " + worst["reason"]
     else:
         e["decision"] = state["inconclusive"]
         why = f"inconclusive, so the user's choice ({state['inconclusive']}): {worst['reason']}"
-    e["reason"] = why
+    e["reason"] = why + judged_text(e, verdicts)
     e["status"] = "kept" if e["decision"] == "keep" else "reverting"
+
+
+def judged_levels(e: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The level verdicts that decide stage ``e``: those of its ``judged_on`` profiles (every profile's without one),
+    or every profile's when any level of any profile is a regression (a stage that harms another workload is
+    reverted all the same). Sets ``judged_by``, the profiles whose verdict decided."""
+    everywhere = [v for lv in verdicts.values() for v in lv.values()]
+    e["judged_by"] = e.get("judged_on") or list(verdicts)
+    if any(v["decision"] == "regression" for v in everywhere):
+        return everywhere
+    return [v for name, lv in verdicts.items() if name in e["judged_by"] for v in lv.values()]
+
+
+def judged_text(e: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> str:
+    """What the reason adds of the profiles that judged the stage: those named when not every one, or the profile that
+    would have seen the stage when it was not measured (``judged_note``)."""
+    if e.get("judged_note"):
+        return f"; {e['judged_note']}"
+    if e.get("judged_by") and set(e["judged_by"]) != set(verdicts) and e["verdict"] != "regression":
+        return f" (judged on {', '.join(e['judged_by'])}; no regression on the other profiles)"
+    return ""
 
 
 def complete(state: dict[str, Any], action_id: int, documents: Sequence[dict[str, Any]] = (),

@@ -321,7 +321,8 @@ def test_config_from_params_and_public_view_hides_the_key():
     assert cfg.model is None and cfg.api_key == "s3cr3t-key" and cfg.concurrency == [1, 2]
     public = cfg.public()
     assert "api_key" not in public and public["api_key_set"] is True and "s3cr3t" not in json.dumps(public)
-    assert ic.plan(cfg) == {"levels": [1, 2], "requests_per_level": 8, "requests_total": 17, "output_tokens_total": 64}
+    assert ic.plan(cfg) == {"levels": [1, 2], "requests_per_level": 8, "requests_total": 17,
+                            "output_tokens_total": 64, "profile": "random"}
     assert public["settle_runs"] == 0 and public["settle_tolerance"] == 0.05
     settled = ic.config_from_params(dict(params, settle_runs=3, settle_tolerance=0.1))
     # at most 3 settle runs of 4 requests per level before the 2 measured runs

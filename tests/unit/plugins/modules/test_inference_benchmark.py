@@ -73,7 +73,8 @@ def test_benchmark_stores_results_with_kernel_and_tuning(lab, tmp_path, capsys):
     assert [s["concurrency"] for s in result["summary"]] == [1, 2]
     assert all(s["errors"] == 0 and s["output_throughput"] > 0 for s in result["summary"])
     # per level at most: 1 warm-up request, 3 settle runs (the default) and 2 measured runs of 4 requests
-    assert result["plan"] == {"levels": [1, 2], "requests_per_level": 21, "requests_total": 43, "output_tokens_total": 336}
+    assert result["plan"] == {"levels": [1, 2], "requests_per_level": 21, "requests_total": 43, "output_tokens_total": 336,
+                              "profile": "random"}
     for level in stored["levels"]:
         assert level["settle"]["max_runs"] == 3 and 2 <= len(level["settle"]["runs"]) <= 3
         assert level["trend"]["n"] == 2

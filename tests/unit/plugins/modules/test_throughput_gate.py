@@ -164,6 +164,26 @@ def test_the_filter_refuses_runs_of_different_workloads():
     assert gate(BASE, SAME, baseline_workload=_bench(), candidate_workload=_bench())["decision"] == "pass"
 
 
+def test_the_gate_refuses_runs_of_different_profiles(capsys):
+    """Issue 35: a shared-prefix baseline is no baseline for unique prompts, nor a Poisson run for a closed loop."""
+    def profiled(profile, arrivals=None):
+        doc = _bench()
+        doc["config"].update(profile=profile, arrivals=arrivals or {"mode": "closed"})
+        return doc
+
+    prefix = profiled({"name": "shared_prefix", "prefix_tokens": 1024, "turns": 1})
+    args = {"baseline": BASE, "candidate": SAME, "workload_concurrency": 32, "baseline_workload": prefix}
+    result = run_main({**args, "candidate_workload": _bench()}, capsys)  # stored before profiles: random, closed
+    assert result["failed"] and "workload_profile.name: baseline 'shared_prefix', candidate 'random'" in result["msg"]
+    result = run_main({**args, "candidate_workload": profiled({"name": "shared_prefix", "prefix_tokens": 1024, "turns": 4})},
+                      capsys)
+    assert result["failed"] and "workload_profile.turns: baseline 1, candidate 4" in result["msg"]
+    poisson = profiled({"name": "random"}, {"mode": "poisson", "rate": 4.0, "burstiness": 1.0})
+    result = run_main({**args, "baseline_workload": _bench(), "candidate_workload": poisson}, capsys)
+    assert result["failed"] and "arrivals.mode: baseline 'closed', candidate 'poisson'" in result["msg"]
+    assert run_main({**args, "candidate_workload": prefix}, capsys)["decision"] == "pass"
+
+
 # ---- the serving verdict (issue 33): outputs and stability beside the gate's answer ------------------------------
 def _audits(tmp_path):
     from tests.unit.plugins.module_utils.test_health_compare import audit
