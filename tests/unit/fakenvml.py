@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """FakeNVML: a stand-in for the pynvml LIBRARY ONLY (no test machine has an NVIDIA GPU).
 
-It answers the few calls nvml.collect() makes, with the value conventions of nvidia-ml-py (busId
+It answers the calls nvml.collect() and gpu/readings.py make, with the value conventions of nvidia-ml-py (busId
 with an 8-digit domain, topology levels 0-50, P2P status codes), either from values a test gives or
 from the readings of a real host (from_readings). Everything else in the tests is real code.
 """
@@ -61,12 +61,36 @@ class FakeNVML:
                  "nvmlDeviceGetMaxPcieLinkWidth": "width_max", "nvmlDeviceGetPcieReplayCounter": "replays",
                  "nvmlDeviceGetNumaNodeId": "numa"}.get(name)
         if field is None:
+            if name.startswith("nvmlDevice"):
+                return lambda h, *args: self._recorded(name, h, args)
             raise AttributeError(name)
 
         def call(h):
             self._check(name)
+            if field not in self.gpus[h]:
+                return self._recorded(name, h, ())
             return self.gpus[h][field]
         return call
+
+    def _recorded(self, name, h, args):
+        """A health call answered from the GPU's ``calls`` (the format of tests/unit/plugins/module_utils/fixtures/
+        nvml_health/*.json and of tests/tools/capture_nvml_health.py): the value, or {"ARG,ARG": value} for a call
+        with arguments, or {"error": "..."}; a call not recorded is Not Supported, as on a GPU without it."""
+        self._check(name)
+        calls = self.gpus[h].get("calls") or {}
+        if name not in calls:
+            raise self.NVMLError("Not Supported")
+        value = calls[name]
+        if isinstance(value, dict) and "error" in value:
+            raise self.NVMLError(value["error"])
+        if args:
+            key = ",".join(str(a) for a in args)
+            if not isinstance(value, dict) or key not in value:
+                raise self.NVMLError("Not Supported")
+            value = value[key]
+            if isinstance(value, dict) and "error" in value:
+                raise self.NVMLError(value["error"])
+        return value
 
     def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
         return self.levels[(a, b)]
@@ -113,3 +137,8 @@ class FakeNVML:
         if not answer_remote_types:
             remote_types = None
         return cls(gpus, levels=levels, p2p=p2p, nvlinks=nvlinks, remote_types=remote_types or None)
+
+    @classmethod
+    def from_health_capture(cls, capture):
+        """The fake for a health capture (tests/tools/capture_nvml_health.py's output): each GPU's recorded calls."""
+        return cls([{"bus": g["bus"], "name": g.get("name"), "calls": g["calls"]} for g in capture["gpus"]])
