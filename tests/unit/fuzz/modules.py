@@ -16,7 +16,7 @@ from typing import Callable
 
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
 from ansible_collections.gpufleet.inference.plugins.modules import (
-    bench_history, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity, kernel_boot_entry, kernel_boot_health, kernel_cmdline,
+    bench_history, gpu_health, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity, kernel_boot_entry, kernel_boot_health, kernel_cmdline,
     kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload,
     output_equivalence, throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
 )
@@ -130,6 +130,7 @@ def specs(vllm_url: str) -> dict[str, Spec]:
     return {
         "bench_history": Spec(bench_history, _nothing, lambda r: {"path": f"{r}/var/lib/gpufleet/history.jsonl", "state": "query"},
                               ["/var/lib/gpufleet/history.jsonl"], root_option=False),
+        "gpu_health": Spec(gpu_health, _gpu_host, lambda r: {"root": r, "dcgm_timeout": 60, "clock_ratio": 0.9}),
         "host_lease": Spec(host_lease, lease_build, lease_base, ["/var/lib/gpufleet/lease.json"]),
         "host_lint": Spec(host_lint, _copied_guide, lambda r: {"root": r}, ["/etc/nccl.conf", "/etc/default/grub", "/proc/cmdline"]),
         "hugepages": Spec(hugepages, _gpu_host, lambda r: {"root": r, "pages_2m": 16}),

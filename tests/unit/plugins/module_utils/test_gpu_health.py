@@ -285,3 +285,32 @@ def test_capture_tool_records_what_the_reader_asks(tmp_path):
     (gpu,) = rec.handles.values()
     replay = {"gpus": [{"bus": gpu["bus"], "name": gpu["calls"].pop("nvmlDeviceGetName"), "calls": gpu["calls"]}]}
     assert readings.read(FakeNVML.from_health_capture(replay)) == original
+
+
+# ---- the stability part of the serving verdict -------------------------------------------------------------------
+def _gpu_result(**calls):
+    doc = copy.deepcopy(capture())
+    doc["gpus"][0]["calls"].update(calls)
+    fs = HostFS("/")
+    host = Host(fs=fs, cmd=None, warn=lambda m: None)
+    return gpu_health.execute({"dcgm_diag": "never"}, host, False, nvml_lib=FakeNVML.from_health_capture(doc))
+
+
+def test_a_gpu_with_a_pending_row_remap_makes_the_change_unstable():
+    from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
+    from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import serving_verdict
+    from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.health import stability
+    base = [1000.0, 1004.0, 996.0, 1002.0, 998.0, 1001.0, 999.0, 1003.0]
+    same = [1001.0, 997.0, 1003.0, 999.0, 1002.0, 998.0, 1000.0, 1004.0]
+    gate = tg.decide(base, same)
+    ok = _gpu_result(nvmlDeviceGetPersistenceMode=0)  # a warning, but nothing a change did to the GPU
+    steady = stability(None, None, gpu_findings=tg.gpu_unstable(ok))
+    assert (steady["status"], steady["measured"]) == ("stable", ["gpu"])
+    assert serving_verdict(gate, None, steady)["verdict"] == "pass"
+    bad = _gpu_result(nvmlDeviceGetRemappedRows=[0, 1, 1, 0])
+    v = serving_verdict(gate, None, stability(None, None, gpu_findings=tg.gpu_unstable(bad)))
+    assert (v["verdict"], v["keep"]) == ("unstable", False) and "has a row remap pending" in v["reason"]
+    assert tg.gpu_unstable(None) is None
+    assert tg.gpu_unstable({"available": False, "findings": [], "dcgm": {"ran": False}}) is None
+    with pytest.raises(Failed, match="candidate_gpu_health must be a gpu_health result"):
+        tg.gpu_unstable({"gpus": {}})
