@@ -17,7 +17,7 @@ description:
     maximum graphics, SM and memory clocks, the power limit against its default, persistence mode, the temperature
     and the PCIe replay counter.
   - Runs C(dcgmi diag -r 1 -j) (DCGM's quick deployment checks, seconds) where C(dcgmi) is installed, under
-    C(timeout); where it is not, the diagnostic is skipped and RV(dcgm.note) says so.
+    C(timeout); where it is not, the diagnostic is skipped and the C(note) of RV(dcgm) says so.
   - Turns both into findings with the audit's shape (code, severity, device, message, fix), the most severe first;
     C(docs/health.md) lists each code with its fix.
   - Every NVML call may be unsupported (a VM, an older GPU, retired pages on a GPU that remaps rows); such a field is

@@ -34,7 +34,7 @@ def plain(value):
     if isinstance(value, (list, tuple)):
         return [plain(v) for v in value]
     if hasattr(value, "_fields_"):
-        return {name: plain(getattr(value, name)) for name, *_ in value._fields_}
+        return {field[0]: plain(getattr(value, field[0])) for field in value._fields_}
     return value
 
 

@@ -23,7 +23,7 @@ def execute(params: dict, host: Host, check_mode: bool, nvml_lib=None) -> dict[s
     """gpu_health's result: ``gpus`` (readings by BDF), ``dcgm``, ``findings`` (most severe first), ``summary``."""
     p = dict(DEFAULTS, **{k: v for k, v in params.items() if v is not None})
     limits = Limits(clock_ratio=bounded("clock_ratio", p["clock_ratio"], 0.1, 1.0),
-                           corrected_warn=bounded("corrected_warn", p["corrected_warn"], 0, 10 ** 12))
+                    corrected_warn=bounded("corrected_warn", p["corrected_warn"], 0, 10 ** 12))
     bounded("dcgm_timeout", p["dcgm_timeout"], 10, 7200, "seconds")
     previous = _previous_gpus(p["previous"])
     nvml = _read_nvml(p["include_nvml"], nvml_lib, host.fs.root)

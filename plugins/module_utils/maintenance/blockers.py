@@ -33,8 +33,9 @@ def parse(raw: Any) -> list[dict[str, Any]]:
     out = []
     for i, item in enumerate(raw):
         where = f"blockers[{i}]"
-        if not isinstance(item, dict) or len({"command", "url"} & set(item)) != 1 or set(item) - {"name", "command",
-                                                                                                   "url", "timeout"}:
+        shape = isinstance(item, dict) and len({"command", "url"} & set(item)) == 1 \
+            and not set(item) - {"name", "command", "url", "timeout"}
+        if not shape:
             raise BlockerError(f"{where} must have exactly one of command (an argv list) or url, and optionally name "
                                f"and timeout, got {item!r}")
         timeout = item.get("timeout", TIMEOUT_DEFAULT)

@@ -58,7 +58,7 @@ def _parse_days(value: Any, where: str) -> frozenset:
         if word in ("daily", "all", "*"):
             out.update(range(7))
             continue
-        first, _, last = word.partition("-")
+        first, last = (word.split("-", 1) + [""])[:2]
         if first[:3] not in DAYS or (last and last[:3] not in DAYS):
             raise WindowError(f"{where}.days has {item!r}: give mon, tue, wed, thu, fri, sat, sun, a range such as "
                               "mon-fri, or daily")
