@@ -17,7 +17,8 @@ Each finding has the audit's shape (``code``, ``severity``, ``device``, ``device
   holds it there;
 * ``power_limit_lowered`` (warning): the power limit below its default;
 * ``persistence_off`` (warning);
-* ``pcie_replays`` (warning when the counter grew since the previous reading, info for a count with no previous one);
+* ``pcie_replays_grown`` (warning): the PCIe replay counter grew since the previous check (the audit's own
+  ``pcie_replays`` reports a count above zero, pcie/findings.py);
 * ``dcgm_diag`` (critical for a failed test, warning for a warning).
 
 UNSTABLE_CODES are the codes that make a change unstable in the serving verdict (pcie/health.py's stability()).
@@ -33,7 +34,7 @@ RETIRED_PAGES_RMA = 60
 HW_REASONS = ("hw_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown")
 NOT_THROTTLING = ("gpu_idle", "applications_clocks_setting", "display_clock_setting", "sw_power_cap")
 UNSTABLE_CODES = ("ecc_uncorrected", "row_remap_failure", "row_remap_pending", "retired_pages_pending", "throttle_hw",
-                  "pcie_replays", "dcgm_diag")
+                  "pcie_replays_grown", "dcgm_diag")
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
 RESET_FIX = ("drain the host, then reset the GPU (stop its users, nvidia-smi -r -i INDEX) or reboot it, and run "
@@ -180,16 +181,11 @@ def _persistence(bdf: str, gpu: dict[str, Any], limits: Limits) -> list[dict[str
 
 def _replays(bdf: str, gpu: dict[str, Any], before: dict[str, Any]) -> list[dict[str, Any]]:
     now, then = gpu.get("pcie_replay_counter"), before.get("pcie_replay_counter")
-    if not now:
-        return []
-    if then is not None and now > then:
-        return [finding("pcie_replays", "warning", bdf, f"GPU {bdf} PCIe replay counter grew by {now - then} since "
+    if now is not None and then is not None and now > then:
+        return [finding("pcie_replays_grown", "warning", bdf, f"GPU {bdf} PCIe replay counter grew by {now - then} since "
                         f"the previous check (now {now})", "Replays are link-level retries of corrupt packets: a "
                         "marginal riser, cable or slot. Reseat the card, compare the audit's AER counters, and try "
                         "the slot one PCIe generation lower in the BIOS to confirm.")]
-    if then is None:
-        return [finding("pcie_replays", "info", bdf, f"GPU {bdf} PCIe replay counter is {now} (no previous reading "
-                        "to compare)", "The next check warns when it grows.")]
     return []
 
 
