@@ -142,3 +142,35 @@ class FakeNVML:
     def from_health_capture(cls, capture):
         """The fake for a health capture (tests/tools/capture_nvml_health.py's output): each GPU's recorded calls."""
         return cls([{"bus": g["bus"], "name": g.get("name"), "calls": g["calls"]} for g in capture["gpus"]])
+
+    # nvml.h's enum values, by the names a raw NVML dump (docs/examples/h200-nvml/nvml.json) keys its calls with.
+    DUMP_ENUMS = {"NVML_CLOCK_GRAPHICS": 0, "NVML_CLOCK_SM": 1, "NVML_CLOCK_MEM": 2, "NVML_TEMPERATURE_GPU": 0,
+                  "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS": 0,
+                  "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR": 1, "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0,
+                  "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1, "NVML_VOLATILE_ECC": 0, "NVML_AGGREGATE_ECC": 1}
+
+    @classmethod
+    def from_nvml_dump(cls, dump):
+        """The fake for a raw NVML dump (tests/tools/h200_nvml_capture.py's nvml.json): per GPU, ``CALL`` or
+        ``CALL/ENUM_NAME`` -> ``{"value": V}`` or ``{"error": NAME, "text": TEXT}``, and ``ecc`` ->
+        ``TYPE/COUNTER`` -> the same, turned into the ``calls`` of from_health_capture()."""
+        def answer(entry):
+            return {"error": entry.get("text") or entry["error"]} if "error" in entry else entry["value"]
+        gpus = []
+        for g in dump["gpus"]:
+            calls = {}
+            for key, entry in g.items():
+                if key == "ecc":
+                    for pair, counted in entry.items():
+                        kind, counter = pair.split("/")
+                        calls.setdefault("nvmlDeviceGetTotalEccErrors", {})[
+                            f"{cls.DUMP_ENUMS[kind]},{cls.DUMP_ENUMS[counter]}"] = answer(counted)
+                    continue
+                call, _sep, arg = key.partition("/")
+                if arg:
+                    calls.setdefault(call, {})[str(cls.DUMP_ENUMS[arg])] = answer(entry)
+                else:
+                    calls[call] = answer(entry)
+            pci = calls.pop("nvmlDeviceGetPciInfo")
+            gpus.append({"bus": pci["busId"], "name": calls.pop("nvmlDeviceGetName", None), "calls": calls})
+        return cls(gpus)

@@ -315,3 +315,58 @@ def test_a_gpu_with_a_pending_row_remap_makes_the_change_unstable():
     assert tg.gpu_unstable({"available": False, "findings": [], "dcgm": {"ran": False}}) is None
     with pytest.raises(Failed, match="candidate_gpu_health must be a gpu_health result"):
         tg.gpu_unstable({"gpus": {}})
+
+
+# ---- the real H200 (docs/examples/h200-nvml: a read-only capture on the device tool's H200, 2026-12-04) -----------
+H200 = os.path.join(os.path.dirname(__file__), "..", "..", "..", "..", "docs", "examples", "h200-nvml")
+
+
+def _h200(name):
+    with open(os.path.join(H200, name), encoding="utf-8") as f:
+        return f.read()
+
+
+def test_the_real_h200_reads_as_nvidia_smi_shows_it_and_is_healthy():
+    """Every field from the H200's own NVML answers, checked against nvidia-smi -q -x of the same moment; an idle,
+    healthy GPU: no finding (its one corrected ECC error is in the lifetime count, none since the driver loaded)."""
+    dump = json.loads(_h200("nvml.json"))
+    gpus = readings.read(FakeNVML.from_nvml_dump(dump))
+    assert list(gpus) == ["0000:00:06.0"]
+    g = gpus["0000:00:06.0"]
+    assert g["name"] == "NVIDIA H200" and g["ecc_mode"] == {"current": 1, "pending": 1}
+    assert g["ecc"] == {"volatile": {"corrected": 0, "uncorrected": 0}, "aggregate": {"corrected": 1, "uncorrected": 0}}
+    assert g["retired_pages"] is None and g["retired_pages_pending"] is None  # Hopper remaps rows
+    assert g["remapped_rows"] == {"correctable": 0, "uncorrectable": 0, "pending": False, "failure": False}
+    assert g["throttle_reasons"] == ["gpu_idle"]
+    assert (g["clocks_mhz"], g["max_clocks_mhz"]) == ({"graphics": 345, "sm": 345, "memory": 3201},
+                                                      {"graphics": 1980, "sm": 1980, "memory": 3201})
+    assert (g["power_limit_mw"], g["power_default_limit_mw"], g["power_enforced_limit_mw"]) == (700000,) * 3
+    assert (g["persistence_mode"], g["pcie_replay_counter"], g["temperature_c"]) == (1, 0, 40)
+    assert sorted(g["unsupported"]) == ["retired_pages_pending", "retired_pages_single_bit"]
+    smi = _h200("nvidia-smi-q.xml")
+    for tag, value in (("persistence_mode", "Enabled"), ("current_ecc", "Enabled"), ("replay_counter", "0"),
+                       ("gpu_temp", "40 C"), ("current_power_limit", "700.00 W"), ("default_power_limit", "700.00 W"),
+                       ("clocks_event_reason_gpu_idle", "Active")):
+        assert f"<{tag}>{value}</{tag}>" in smi, tag
+    assert "<sm_clock>345 MHz</sm_clock>" in smi and "<sm_clock>1980 MHz</sm_clock>" in smi
+    assert checks.evaluate(gpus) == []
+    # and what a fault on this GPU would read as: its own answers with a pending row remap and power brake
+    g_calls = FakeNVML.from_nvml_dump(dump).gpus[0]["calls"]
+    g_calls.update(nvmlDeviceGetRemappedRows=[0, 1, 1, 0], nvmlDeviceGetCurrentClocksEventReasons=0x81)
+    faulty = readings.read(FakeNVML([{"bus": "00000000:00:06.0", "name": "NVIDIA H200", "calls": g_calls}]))
+    assert [(f["code"], f["severity"]) for f in checks.evaluate(faulty)] == [
+        ("row_remap_pending", "critical"), ("throttle_hw", "critical"), ("clocks_below_max", "warning")]
+
+
+def test_the_real_h200_kernel_log_has_no_xid_and_no_dcgmi():
+    from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.health import parse_xids
+    lines = json.loads(_h200("dmesg-xid.json"))["lines"]
+    assert "dcgmi: not installed" in lines
+    assert parse_xids(lines) == []
+
+
+def test_the_dump_enum_values_are_nvml_s():
+    """FakeNVML's enum table against the real nvidia-ml-py's constants, where it is installed."""
+    pynvml = pytest.importorskip("pynvml")
+    for name, value in FakeNVML.DUMP_ENUMS.items():
+        assert getattr(pynvml, name) == value, name
