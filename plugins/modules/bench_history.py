@@ -8,14 +8,19 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 ---
 module: bench_history
-short_description: Keep every benchmark result in one throughput history (SQLite) and report on it
+short_description: Keep every benchmark result in one throughput history (SQLite or PostgreSQL) and report on it
 version_added: 0.2.0
 description:
-  - Stores benchmark result documents of M(gpufleet.inference.inference_benchmark) in an SQLite file, with the host, time,
+  - Stores benchmark result documents of M(gpufleet.inference.inference_benchmark) in an SQLite file (O(path)) or a
+    PostgreSQL database (O(url)), with the host, time,
     kernel, GPU driver, vLLM version, model, tuning state, benchmark profile, the tuning stage and the full result JSON.
     Meant to run on the controller (C(delegate_to=localhost)); the site benchmark, measured tuning, the kernel upgrade,
     the health check and on-demand runs all feed the same file.
-  - The schema is versioned; an older file is migrated in place. The same document stored twice is kept once.
+  - The schema is versioned; an older file or database is migrated in place, with the same schema and migrations on
+    both back ends. The same document stored twice is kept once, also when several controllers store it at once.
+  - SQLite is the embedded default. A fleet run from AWX or Ansible Automation Platform (a fresh execution environment
+    container per job, whose files are gone after it) or from several controllers keeps its history in PostgreSQL
+    instead; the reports read either and come out the same for the same history.
   - O(state=report) renders per-host curves over time, annotated with what changed between runs (kernel, driver, vLLM,
     tuning), and flags drops between consecutive runs of the same configuration (the throughput gate against the previous
     run) and downward level shifts (E-divisive means with a permutation test), as Markdown and a self-contained HTML page
@@ -30,6 +35,8 @@ author:
   - gpufleet.inference contributors (@gpufleet)
 requirements:
   - Python 3.8 or later with the standard library's sqlite3.
+  - For O(url), the Python library pg8000 (pure Python) on the controller or in the execution environment, and a
+    PostgreSQL 12 or later database the user may create tables in.
 attributes:
   check_mode:
     description: Can run in check_mode and return changed status prediction without modifying target.
@@ -44,9 +51,24 @@ attributes:
     platforms: posix
 options:
   path:
-    description: The history file (created with its directory when missing, for O(state=append)).
+    description:
+      - The SQLite history file (created with its directory when missing, for O(state=append)).
+      - One of O(path) and O(url) is required.
     type: path
-    required: true
+  url:
+    description:
+      - The PostgreSQL history instead of a file, C(postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE), optionally with
+        C(?sslmode=disable|prefer|require|verify-ca|verify-full) (libpq's meanings, default V(prefer)),
+        C(sslrootcert=FILE) and C(connect_timeout=SECONDS) (default 10).
+      - The tables are created (and migrated) in the database's default schema on first use.
+      - Kept out of Ansible's output and logs (C(no_log)); actions and messages name the database, host, port and user
+        only.
+    type: str
+  password:
+    description:
+      - The PostgreSQL user's password, when the O(url) does not hold it (for example from Ansible Vault or an AWX
+        credential); it wins over one in the URL.
+    type: str
   state:
     description: V(append) stores results, V(report) writes the report, V(query) returns the series.
     type: str
@@ -137,6 +159,16 @@ EXAMPLES = r"""
   delegate_to: localhost
   become: false
 
+- name: Store it in the fleet's PostgreSQL history instead (AWX/AAP, several controllers)
+  gpufleet.inference.bench_history:
+    url: "postgresql://gpufleet@db.example.com/gpufleet?sslmode=verify-full"
+    password: "{{ vault_gpufleet_history_password }}"
+    results: ["{{ fetched.dest }}"]
+    host: "{{ inventory_hostname }}"
+    source: site
+  delegate_to: localhost
+  become: false
+
 - name: Render the per-host curves and the flagged drops
   gpufleet.inference.bench_history:
     path: reports/history.sqlite
@@ -213,7 +245,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_sett
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history import SOURCES
 
 ARGUMENT_SPEC = dict(
-    path=dict(type="path", required=True),
+    path=dict(type="path"),
+    url=dict(type="str", no_log=True),
+    password=dict(type="str", no_log=True),
     state=dict(type="str", choices=["append", "report", "query"], default="append"),
     results=dict(type="list", elements="path", default=[]),
     skip_invalid=dict(type="bool", default=False),
@@ -235,8 +269,10 @@ ARGUMENT_SPEC = dict(
 
 
 def main():
-    run_module(ModuleSpec("bench_history", ARGUMENT_SPEC, "keeps the history database at path and writes its report under dest",
-                          checks={"required_if": [("state", "report", ["dest"])]}), execute)
+    run_module(ModuleSpec("bench_history", ARGUMENT_SPEC,
+                          "keeps the history (the SQLite file at path, or the PostgreSQL database at url) and writes its report under dest",
+                          checks={"required_if": [("state", "report", ["dest"])], "required_one_of": [("path", "url")],
+                                  "mutually_exclusive": [("path", "url")]}), execute)
 
 
 if __name__ == "__main__":

@@ -189,6 +189,16 @@ kernel_path:
       description: "Linear, MoE and quantization kernels the log names (C(kernel), C(for))."
       type: list
       elements: dict
+    mla_prefill_backend:
+      description: "The prefill backend of MLA attention (DeepSeek-V2/V3-class models), e.g. C(FLASH_ATTN); null otherwise."
+      type: str
+    moe:
+      description:
+        - "The fused-MoE path (MoE models): C(backend) and C(candidates) (vLLM's order of preference), C(quantization),
+          C(experts) (the experts' kernel, e.g. C(TritonExperts)), C(config) (V(default) when no tuned config for this GPU
+          and expert shape was found, with its expected path in C(config_missing)), C(jit_kernels) (Triton kernels compiled
+          while serving). All null or empty for a dense model."
+      type: dict
     kv_cache:
       description: "C(tokens), C(memory_gib), C(max_concurrency) at C(for_tokens) tokens per request."
       type: dict
@@ -202,7 +212,11 @@ kernel_path:
       description: "The exception that stopped the start, or null."
       type: str
     findings:
-      description: "Fallbacks, emulations and failures, each with C(id), C(severity) (info, warning, error), C(message), C(fix), C(line)."
+      description:
+        - "Fallbacks, emulations and failures, each with C(id), C(severity) (info, warning, error), C(message), C(fix), C(line)."
+        - "Among the ids: C(moe_config_missing) (no tuned fused-MoE config for this GPU; the fix names vLLM's
+          benchmark_moe.py --tune and VLLM_TUNED_CONFIG_FOLDER), C(moe_backend_fallback), C(jit_while_serving),
+          C(kv_cache_fp8) (judge the outputs with output_equivalence), C(attention_fallback), C(cuda_graphs_off)."
       type: list
       elements: dict
   sample:

@@ -87,6 +87,11 @@ stash)
   echo "== probe $(date -u)"; uname -r; nproc; free -g | head -2; df -h /tmp | tail -1
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version,clocks.sm,clocks.mem,pcie.link.gen.current,pcie.link.width.current --format=csv
   python3 -c 'import torch, transformers, tokenizers; print("torch", torch.__version__, torch.version.cuda, "transformers", transformers.__version__, "tokenizers", tokenizers.__version__)' 2>&1 | tail -1
+  # GPU health as NVML reports it (issue 37's fields), read-only: queries only, nothing set or reset
+  python3 tests/tools/h200_nvml_capture.py "$W/nvml.json" 2>&1 | tail -3
+  nvidia-smi -q -x > "$OUT/nvidia-smi-q.xml" 2> /dev/null; echo "nvidia-smi -q -x rc=$? $(wc -c < "$OUT/nvidia-smi-q.xml") B"
+  { command -v dcgmi || echo "dcgmi: not installed"; dmesg 2>&1 | grep -i -E "xid|NVRM" | tail -20 || true; } > "$W/xid.json.txt"
+  python3 -c 'import json,sys; json.dump({"lines": open(sys.argv[1]).read().splitlines()}, open(sys.argv[2], "w"))' "$W/xid.json.txt" "$W/dmesg-xid.json"
   stash
   if [ "${MODEL7B:-0}" = 1 ]; then make7b; fi   # the model needs only the image's torch and transformers, not the payload
   ;;
@@ -99,18 +104,29 @@ restarts)
     python3 - "$W/rendered" "$W/rendered.json" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-json.dump({f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.startswith("qwen7b")},
+json.dump({f[:-5]: json.load(open(os.path.join(d, f))) for f in sorted(os.listdir(d)) if f.startswith(("qwen7b", "dsv2"))},
           open(sys.argv[2], "w"), indent=1)
 PY
   fi
   read -r -a PL <<< "${PLAN:-qwen7b qwen7b qwen7b qwen7b qwen7b_seqs48}"
+  # what the plan's starts need beyond the 7B model: its corrupted copy (one layer's weights x2, the rest hard-linked),
+  # DeepSeek-V2-Lite's config and tokenizer (weights drawn by vLLM: --load-format dummy)
+  if [[ " ${PL[*]} " == *"swap=/tmp/model7b.bad"* ]] && [ ! -f /tmp/model7b.bad/corrupt.json ] && [ ! -f /tmp/model7b/corrupt.json ]; then
+    python3 tests/tools/device_vllm/corrupt_model.py /tmp/model7b /tmp/model7b.bad 14 2.0 | cut -c1-400 || exit 2
+    cp /tmp/model7b.bad/corrupt.json "$W/corrupt.json"
+  fi
+  if [[ " ${PL[*]} " == *" dsv2lite"* ]] && [ ! -f /tmp/dsv2lite/config.json ]; then
+    python3 tests/tools/device_vllm/make_dsv2lite.py /tmp/dsv2lite /tmp/tokds | cut -c1-400 || exit 2
+    cp /tmp/dsv2lite.made.json "$W/dsv2lite.json"
+  fi
+  read -r -a CE <<< "${CELLS-}"
   read -r -a GP <<< "${GATES:-0:1 2:3 3:4}"
   read -r -a XL <<< "${EXTRA_LEVELS-16}"
   read -r -a P <<< "${PCU---no-per-chunk-usage}"
   timeout $((DL - $(date +%s) + 10)) taskset -c "${CLIENT_CPUS:-12-15}" "${D[@]}" restarts --out "$W/restarts.json" "${P[@]}" \
     --rendered-dir "$W/rendered" --logdir "$W" --plan "${PL[@]}" --gates "${GP[@]}" --concurrency "${LEVEL:-64}" \
     --requests-per-slot "${SLOTS:-4}" --prompt-tokens "${PROMPT:-512}" --output-tokens "${OUTPUT:-256}" --runs "${RUNS:-8}" \
-    --extra-levels "${XL[@]}" --extra-runs "${EXTRA_RUNS:-6}" --start-timeout 400 --deadline "$DL" --warmup 0
+    --extra-levels "${XL[@]}" --cells "${CE[@]}" --extra-runs "${EXTRA_RUNS:-6}" --start-timeout 400 --deadline "$DL" --warmup 0
   echo "restarts rc=$? at t=$(( $(date +%s) - S ))"
   ;;
 run|verify|tune)

@@ -218,24 +218,47 @@ def restart_files(folder: str) -> list[str]:
     return sorted(f for f in os.listdir(folder) if f.startswith("restarts") and f.endswith(".json"))
 
 
+def cell_key(key: str, settings: dict) -> tuple[int, int, int]:
+    """A start's level key as (concurrency, prompt tokens, output tokens): "64" is the gate level at the settings'
+    lengths, "16x2048/256" a --cells cell (h200_vllm.py cell_args)."""
+    if "x" not in key:
+        return int(key), settings["prompt_tokens"], settings["output_tokens"]
+    level, _, lengths = key.partition("x")
+    prompt, _, output = lengths.partition("/")
+    return int(level), int(prompt), int(output)
+
+
+def _cell_order(item) -> tuple:
+    (level, prompt, output), _ = item
+    return (prompt, output, -level)
+
+
 def restart_rows(data: dict) -> list[dict]:
-    """One row per server start and level: runs, mean, CV, range, the start's ready time."""
+    """One row per server start and cell: runs, mean, CV, range, the start's ready time."""
     rows = []
     for st in data["starts"]:
-        for level, runs in sorted(st["levels"].items(), key=lambda kv: -int(kv[0])):
+        cells = sorted(((cell_key(k, data["settings"]), v) for k, v in st["levels"].items()), key=_cell_order)
+        for (level, prompt, output), runs in cells:
             values = [r["output_throughput"] for r in runs]
             if not values:
                 continue
-            rows.append({"start": st["index"], "profile": st["profile"], "level": int(level), "runs": len(values),
-                         "requests": runs[0]["requests"], "run_s": sorted(r["duration_s"] for r in runs)[len(runs) // 2],
+            rows.append({"start": st["index"], "profile": st["profile"], "level": level, "prompt": prompt, "output": output,
+                         "runs": len(values), "requests": runs[0]["requests"],
+                         "run_s": sorted(r["duration_s"] for r in runs)[len(runs) // 2],
                          "mean": sum(values) / len(values), "cv": _cv_sample(values), "min": min(values), "max": max(values),
                          "errors": sum(r["errors"] for r in runs),
                          "ready_s": (st.get("ready") or {}).get("since_start_s")})
     return rows
 
 
-def restart_noise(data: dict, level: int, profile: str) -> dict | None:
-    """h200_restarts.between_starts over the starts of ``profile`` at ``level`` (two or more, two runs each)."""
+def restart_cells(data: dict) -> list[tuple[str, tuple[int, int, int]]]:
+    """Every level key the starts hold, with its cell, in table order."""
+    keys = {k for st in data["starts"] for k in st["levels"]}
+    return sorted(((k, cell_key(k, data["settings"])) for k in keys), key=lambda kc: _cell_order((kc[1], None)))
+
+
+def restart_noise(data: dict, level, profile: str) -> dict | None:
+    """h200_restarts.between_starts over the starts of ``profile`` at one level key (two or more, two runs each)."""
     import h200_restarts as hr
     starts = [[r["output_throughput"] for r in st["levels"].get(str(level), [])] for st in data["starts"]
               if st["profile"] == profile]
@@ -267,25 +290,34 @@ def restarts_markdown(folder: str) -> str:
     for name in restart_files(folder):
         data = load(name, folder)
         s = data["settings"]
-        out += [f"### {name}: server starts, {s['prompt_tokens']}/{s['output_tokens']} tokens, "
-                f"{s['requests_per_slot']} requests per slot", "",
-                "| start | profile | ready after | c | requests/run | run length | runs | mean tok/s | CV | min-max | errors |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        cells = restart_cells(data)
+        lengths = sorted({(p, o) for _k, (_c, p, o) in cells})
+        head = (f"{s['prompt_tokens']}/{s['output_tokens']} tokens" if len(lengths) == 1 else
+                "prompt/output tokens " + ", ".join(f"{p}/{o}" for p, o in lengths))
+        out += [f"### {name}: server starts, {head}, {s['requests_per_slot']} requests per slot", ""]
+        multi = len(lengths) > 1
+        out += ["| start | profile | ready after | " + ("tokens | " if multi else "") +
+                "c | requests/run | run length | runs | mean tok/s | CV | min-max | errors |",
+                "|---|---|---|" + ("---|" if multi else "") + "---|---|---|---|---|---|---|---|"]
         for r in restart_rows(data):
-            out.append(f"| {r['start']} | {r['profile']} | {r['ready_s']:.0f} s | {r['level']} | {r['requests']} | "
+            tok = f"{r['prompt']}/{r['output']} | " if multi else ""
+            out.append(f"| {r['start']} | {r['profile']} | {r['ready_s']:.0f} s | {tok}{r['level']} | {r['requests']} | "
                        f"{r['run_s']:.1f} s | {r['runs']} | {r['mean']:,.0f} | {r['cv']:.2%} | {r['min']:,.0f}-{r['max']:,.0f} | "
                        f"{r['errors']} |")
-        out += ["", "| c | starts (runs) | sd within a start | sd between starts | F test p (no between-start variance) | "
-                    "start means (spread) | smallest detectable drop, within-start noise only | the same with the between-start sd |",
-                "|---|---|---|---|---|---|---|---|"]
-        profile = data["starts"][0]["profile"]
-        for level in sorted({int(k) for st in data["starts"] for k in st["levels"]}, reverse=True):
-            n = restart_noise(data, level, profile)
-            if not n:
-                continue
-            out.append(f"| {level} | {n['starts']} ({n['runs']}) | {n['sd_within']:.2%} | {n['sd_between']:.2%} | "
-                       f"{n['p_between']:.2g} | {', '.join(format(m, ',.0f') for m in n['start_means'])} "
-                       f"({n['spread_of_means']:.1%}) | {n['sdd_within_only']:.1%} | {n['sdd_across_restart']:.1%} |")
+        out += ["", "| " + ("profile | tokens | " if multi else "") + "c | starts (runs) | sd within a start | "
+                "sd between starts | F test p (no between-start variance) | start means (spread) | smallest detectable drop, "
+                "within-start noise only | the same with the between-start sd |",
+                "|" + ("---|---|" if multi else "") + "---|---|---|---|---|---|---|---|"]
+        profiles = list(dict.fromkeys(st["profile"] for st in data["starts"])) if multi else [data["starts"][0]["profile"]]
+        for profile in profiles:
+            for key, (level, prompt, output) in cells:
+                n = restart_noise(data, key, profile)
+                if not n:
+                    continue
+                lead = f"| {profile} | {prompt}/{output} " if multi else ""
+                out.append(f"{lead}| {level} | {n['starts']} ({n['runs']}) | {n['sd_within']:.2%} | {n['sd_between']:.2%} | "
+                           f"{n['p_between']:.2g} | {', '.join(format(m, ',.0f') for m in n['start_means'])} "
+                           f"({n['spread_of_means']:.1%}) | {n['sdd_within_only']:.1%} | {n['sdd_across_restart']:.1%} |")
         out += ["", "| baseline start -> candidate start | verdict | decided_by | ratio | interval | p (drop) | p (pass) | "
                     "runs used (baseline + candidate) | baseline CV, smallest detectable drop |",
                 "|---|---|---|---|---|---|---|---|---|"]
@@ -307,6 +339,7 @@ def restarts_markdown(folder: str) -> str:
                        f"{'%.4f-%.4f' % tuple(iv) if iv else '-'} | {gg['p_value']:.2g} | {gg['p_value_pass']:.2g} | "
                        f"{g['baseline_runs_used']} + {g['candidate_runs_used']} | {base} |")
         out.append("")
+        out += equivalence_markdown(folder, data)
     prow = pcie_rows(folder)
     if prow:
         out += ["### pcie_facts with the bandwidth probe, at rest and during two c=64 runs", "",
@@ -329,6 +362,53 @@ def restarts_markdown(folder: str) -> str:
                        f"({n['spread_of_means']:.1%}) | {n['sdd_within_only']:.1%} | {n['sdd_across_restart']:.1%} |")
         out.append("")
     return "\n".join(out)
+
+
+def equivalence_rows(folder: str, data: dict) -> list[dict]:
+    """The output_equivalence module's answer at each start that ran it (equiv-start<i>.json), with the overall top-1
+    agreement and mean absolute logprob difference recomputed from its per-prompt figures."""
+    rows = []
+    for st in data["starts"]:
+        path = os.path.join(folder, f"equiv-start{st['index']}.json")
+        if not os.path.exists(path):
+            continue
+        doc = load(os.path.basename(path), folder)
+        per = doc["per_prompt"]
+        tokens = sum(p["tokens"] for p in per)
+        rows.append({"start": st["index"], "profile": st["profile"], "mode": doc["mode"], "verdict": doc.get("verdict"),
+                     "reason": doc.get("reason"), "figures": doc["figures"], "band": doc.get("band"),
+                     "tolerance": doc.get("tolerance"), "seconds": doc.get("seconds"),
+                     "top1": sum(p["top1_agree"] for p in per) / tokens,
+                     "mean_abs": sum(p["mean_abs_logprob_diff"] * p["tokens"] for p in per) / tokens,
+                     "prompts": len(per), "tokens": tokens,
+                     "swapped": next((e.split("swap=", 1)[1] for e in [data["settings"]["plan"][st["index"]]]
+                                      if "swap=" in e), None)})
+    return rows
+
+
+def equivalence_markdown(folder: str, data: dict) -> list[str]:
+    rows = equivalence_rows(folder, data)
+    if not rows:
+        return []
+    out = ["| start | served | mode | verdict | top-1 agreement (95% CI) | mean abs logprob diff (95% CI) | p99 | max | "
+           "prompts forked | seconds |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        f = r["figures"]
+        t1, mn = f["top1_agreement_ci95"], f["mean_abs_logprob_diff_ci95"]
+        served = r["profile"] + (f" ({r['swapped']} at its path)" if r["swapped"] else "")
+        out.append(f"| {r['start']} | {served} | {r['mode']} | {('**' + r['verdict'] + '**') if r['verdict'] else 'A/A (the band)'} | "
+                   f"{r['top1']:.4f} ({t1[0]:.4f}-{t1[1]:.4f}) | {r['mean_abs']:.4f} ({mn[0]:.4f}-{mn[1]:.4f}) | "
+                   f"{f['p99_abs_logprob_diff']:.4f} | {f['max_abs_logprob_diff']:.4f} | {f['prompts_forked']} of {r['prompts']} | "
+                   f"{r['seconds']:.0f} |")
+    band = next((r["band"] for r in rows if r["mode"] == "record"), None)
+    tol = next((r["tolerance"] for r in rows if r["tolerance"]), None)
+    if band:
+        out += ["", f"The band stored with the reference (the A/A at start {rows[0]['start']}): top-1 agreement at least "
+                f"{band['top1_agreement_min']:.4f}, mean abs logprob diff at most {band['mean_abs_logprob_diff_max']:.4f}, "
+                f"p99 at most {band['p99_abs_logprob_diff_max']:.4f}" + (
+                    f"; the tolerance (drifted, not diverged): top-1 at least {tol['top1_agreement_min']}, mean at most "
+                    f"{tol['mean_abs_logprob_diff_max']}, p99 at most {tol['p99_abs_logprob_diff_max']}." if tol else ".")]
+    return out + [""]
 
 
 def pcie_rows(folder: str) -> list[dict]:

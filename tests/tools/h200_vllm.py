@@ -653,7 +653,7 @@ def cmd_tune(args) -> int:
 
 
 # ---- noise between server starts, and the kernel upgrade's gate across a restart ----------------------------------
-def server_roundtrip(url: str, model: str, words: str = "w5 w77 w31999 w152063") -> dict:
+def server_roundtrip(url: str, model: str, words: str = "w5 w77 w31999 w100000") -> dict:
     """The server's own tokenizer, asked through /tokenize and /detokenize: a prompt of words must come back as a
     non-empty ID list and decode to itself (a Qwen2Tokenizer built from a word-level vocabulary encodes every word
     to nothing, and the server then refuses every text prompt)."""
@@ -672,6 +672,71 @@ def server_roundtrip(url: str, model: str, words: str = "w5 w77 w31999 w152063")
     return out
 
 
+def plan_entry(entry: str) -> dict:
+    """A --plan entry: PROFILE[/OPTION,OPTION...], options eq=record|compare, runs=N, cells=0|1, swap=/DIR.
+
+    eq: the output-equivalence module against this start (record: the reference and its A/A; compare: against the
+    reference recorded earlier). runs: runs at the gate level (default --runs; more while a gate asks). cells: the
+    --cells after them (default 1). swap: DIR is served at the profile's model path for this start (renamed in, and
+    back once the start is done), so that the reference's model identity (served name, path, tokenizer) matches a
+    corrupted copy of the same model."""
+    profile, _, rest = entry.partition("/")
+    opts = rest.split(",") if rest else []
+    out: dict = {"profile": profile, "eq": None, "runs": None, "cells": True, "swap": None}
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        if key == "eq" and value in ("record", "compare"):
+            out["eq"] = value
+        elif key == "runs" and value.isdigit():
+            out["runs"] = int(value)
+        elif key == "cells" and value in ("0", "1"):
+            out["cells"] = value == "1"
+        elif key == "swap" and value.startswith("/"):
+            out["swap"] = value
+        else:
+            raise SystemExit(f"--plan {entry!r}: option {opt!r} is not eq=record|compare, runs=N, cells=0|1 or swap=/DIR")
+    return out
+
+
+def cell_args(args, cell: str):
+    """LEVELxPROMPT/OUTPUT (e.g. 16x2048/256) as (level, a copy of args with those lengths)."""
+    level, _, lengths = cell.partition("x")
+    prompt, _, output = lengths.partition("/")
+    if not (level.isdigit() and prompt.isdigit() and output.isdigit()):
+        raise SystemExit(f"--cells {cell!r}: not LEVELxPROMPT/OUTPUT, e.g. 16x2048/256")
+    return int(level), argparse.Namespace(**{**vars(args), "prompt_tokens": int(prompt), "output_tokens": int(output)})
+
+
+def swap_model(model: str, other: str, back: bool) -> None:
+    """Serve ``other`` at ``model``'s path (rename both), or put them back."""
+    aside = model.rstrip("/") + ".aside"
+    if not back and not os.path.exists(aside):
+        os.rename(model, aside)
+        os.rename(other, model)
+    elif back and os.path.exists(aside):
+        os.rename(model, other)
+        os.rename(aside, model)
+
+
+def equivalence(st: dict, mode: str, logdir: str) -> dict:
+    """The collection's output_equivalence module against a start's server, run as Ansible runs it (its args file)."""
+    args_file = os.path.join(logdir, f"equiv-args-start{st['index']}.json")
+    params = {"url": st["url"], "model": st["served_model_name"], "mode": mode, "reference": os.path.join(logdir, "equiv-reference.json"),
+              "overwrite": mode == "record", "timeout": 120}
+    dump(args_file, {"ANSIBLE_MODULE_ARGS": params})
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "plugins", "modules", "output_equivalence.py"), args_file],
+                          capture_output=True, text=True, timeout=900, check=False)
+    try:
+        result = json.loads(proc.stdout)
+    except ValueError:
+        result = {"failed": True, "msg": "no JSON from the module", "stdout": proc.stdout[-4000:], "stderr": proc.stderr[-4000:]}
+    result["seconds"] = round(time.time() - t0, 1)
+    result["params"] = params
+    dump(os.path.join(logdir, f"equiv-start{st['index']}.json"), result)
+    return result
+
+
 def cmd_restarts(args) -> int:
     """Server starts one after another (one server on the GPU at a time, as on a host with one model), each with whole
     runs at the gate's level (and, time permitting, at --extra-levels); resumable from --out.
@@ -686,19 +751,24 @@ def cmd_restarts(args) -> int:
     if out["settings"].get("plan") != args.plan[:len(out["settings"].get("plan") or [])]:
         raise SystemExit(f"--plan {args.plan} does not extend the stored plan {out['settings'].get('plan')}")
     out["settings"].update(plan=args.plan, gates=args.gates)
+    entries = [plan_entry(e) for e in args.plan]
+    cells = [cell_args(args, c) for c in args.cells]
     level = args.concurrency[0]
     requests = args.requests_per_slot * level
     pairs = [tuple(int(x) for x in g.split(":")) for g in args.gates]
     cap = max(hr.UPGRADE_GATE["max_runs"], args.runs)
+
+    def runs_wanted(i: int) -> int:
+        return args.runs if entries[i]["runs"] is None else entries[i]["runs"]
 
     def runs_of(i: int) -> list[float]:
         return [r["output_throughput"] for r in out["starts"][i]["levels"].get(str(level), [])] if i < len(out["starts"]) else []
 
     def wants_more(i: int) -> bool:
         n = len(runs_of(i))
-        if n < args.runs:
+        if n < runs_wanted(i):
             return True
-        if n >= cap:
+        if n >= cap or runs_wanted(i) == 0:
             return False
         for b, c in pairs:
             if i in (b, c) and max(b, c) <= i:  # both sides' starts exist by now (this one is the later)
@@ -721,7 +791,8 @@ def cmd_restarts(args) -> int:
     def left() -> float:
         return args.deadline - time.time()
 
-    for i, profile in enumerate(args.plan):
+    for i, entry in enumerate(entries):
+        profile = entry["profile"]
         if i < len(out["starts"]) and out["starts"][i].get("done"):
             continue
         if i == len(out["starts"]):
@@ -732,6 +803,8 @@ def cmd_restarts(args) -> int:
                 return 3
             stop_others(i)
             rendered = load(os.path.join(args.rendered_dir, f"{profile}.json"))
+            if entry["swap"]:
+                swap_model(rendered["argv"][rendered["argv"].index("--model") + 1], entry["swap"], back=False)
             rec = serve(rendered, os.path.join(args.logdir, f"server-start{i}-{profile}.log"))
             out["starts"].append({"index": i, "profile": profile, "argv": rendered["argv"], "pid": rec["pid"],
                                   "url": rendered["ready_url"], "served_model_name": rendered["served_model_name"],
@@ -749,6 +822,8 @@ def cmd_restarts(args) -> int:
                 st.update(done=True, error=st["ready"].get("why"))
                 stop(st["pid"])
                 st["stopped"] = True
+                if entry["swap"]:
+                    swap_model(st["argv"][st["argv"].index("--model") + 1], entry["swap"], back=True)
                 dump(args.out, out)
                 continue
             st["ready"]["since_start_s"] = round(time.time() - st["started"], 1)
@@ -761,6 +836,11 @@ def cmd_restarts(args) -> int:
             st.update(stopped=True, done=True, error="the server's tokenizer does not round-trip: nothing measured")
             dump(args.out, out)
             raise SystemExit(f"start {i}: {st['error']}: {st['roundtrip']}")
+        if entry["eq"] and "equivalence" not in st:
+            eq = equivalence(st, entry["eq"], args.logdir)
+            st["equivalence"] = {k: eq.get(k) for k in ("verdict", "reason", "failed", "msg", "seconds", "figures", "band", "aa", "tolerance", "params")}
+            dump(args.out, out)
+            print("restarts: start", i, profile, "equivalence", entry["eq"], json.dumps(st["equivalence"])[:600], flush=True)
         if "warmup" not in st:
             st["warmup"] = run_once(st["url"], level, 2 * level, 7, args, warmup=0)["runs"][0]
             dump(args.out, out)
@@ -776,23 +856,28 @@ def cmd_restarts(args) -> int:
             dump(args.out, out)
             print("restarts: start", i, profile, "c", level, len(runs), runs[-1]["output_throughput"], runs[-1]["errors"],
                   flush=True)
-        for extra in args.extra_levels:
-            runs = st["levels"].setdefault(str(extra), [])
+        # the cells (LEVELxPROMPT/OUTPUT) and the extra levels (at the gate level's lengths), each to --extra-runs
+        work = [(f"{lv}x{ca.prompt_tokens}/{ca.output_tokens}", lv, ca, 70) for lv, ca in (cells if entry["cells"] else [])]
+        work += [(str(lv), lv, args, 50) for lv in args.extra_levels]
+        for key, extra, cargs, offset in work:
+            runs = st["levels"].setdefault(key, [])
             while len(runs) < args.extra_runs:
-                need_s = (runs[-1]["duration_s"] * 1.2 + 3) if runs else 20
+                need_s = (runs[-1]["duration_s"] * 1.2 + 3) if runs else 30
                 if left() < need_s + args.reserve_s:
                     break
-                runs.append(run_once(st["url"], extra, args.requests_per_slot * extra, seed + 50 + len(runs), args,
+                runs.append(run_once(st["url"], extra, args.requests_per_slot * extra, seed + offset + len(runs), cargs,
                                      warmup=extra if not runs else 0)["runs"][0])
                 dump(args.out, out)
-                print("restarts: start", i, profile, "c", extra, len(runs), runs[-1]["output_throughput"], flush=True)
+                print("restarts: start", i, profile, "cell", key, len(runs), runs[-1]["output_throughput"], flush=True)
         st["done"] = True
         if i < len(args.plan) - 1:
             stop(st["pid"])
             st["stopped"] = True
+        if entry["swap"]:
+            swap_model(st["argv"][st["argv"].index("--model") + 1], entry["swap"], back=True)
         dump(args.out, out)
     # the summaries (h200_report.py recomputes them from the runs)
-    base_starts = [runs_of(i) for i, p in enumerate(args.plan) if p == args.plan[0] and i < len(out["starts"])]
+    base_starts = [runs_of(i) for i, e in enumerate(entries) if e["profile"] == entries[0]["profile"] and i < len(out["starts"])]
     if len([s for s in base_starts if len(s) >= 2]) >= 2:
         out["between_starts"] = hr.between_starts([s for s in base_starts if len(s) >= 2])
     out["gates"] = [{"baseline_start": b, "candidate_start": c, **hr.upgrade_gate(runs_of(b), runs_of(c))} for b, c in pairs
@@ -870,6 +955,7 @@ def main() -> int:
             q.add_argument("--runs", type=int, default=8, help="runs of each start at the gate level (more while a gate asks)")
             q.add_argument("--extra-levels", type=int, nargs="*", default=[], help="levels measured after the gate level")
             q.add_argument("--extra-runs", type=int, default=6)
+            q.add_argument("--cells", nargs="*", default=[], help="LEVELxPROMPT/OUTPUT cells after the gate level (e.g. 16x2048/256)")
             q.add_argument("--start-budget", type=float, default=170, help="seconds left needed to start another server")
             q.add_argument("--reserve-s", type=float, default=0, help="seconds kept back from the extra levels")
     sub.add_parser("vllmbench-worker", help="vllm bench serve runs from stdin (compare starts it)")

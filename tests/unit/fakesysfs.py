@@ -612,3 +612,40 @@ class SimKernel:
         """The driver lets go and takes the function again (rmmod/modprobe, a reset): new IRQ numbers."""
         self.unbind(bdf)
         self.probe(bdf)
+
+
+INTEL_IDLE_STATES = (("POLL", 0), ("C1", 2), ("C1E", 10), ("C6", 170))
+EPP_WORDS = "default performance balance_performance balance_power power"
+
+
+def cpu_knobs(host: FakeHost, cpus: int = 4, driver: str | None = "intel_pstate", governor: str = "powersave",
+              governors: str = "performance powersave", epp: str | None = "balance_performance",
+              idle_driver: str | None = "intel_idle", idle_states=INTEL_IDLE_STATES, thp=("always", "madvise")) -> None:
+    """The CPU side of a host as the kernel shows it: one cpufreq policy per CPU (``driver`` None: no cpufreq, as in
+    a VM), its governor and EPP (``epp`` None: none, as with acpi-cpufreq), cpuidle states ``(name, exit latency in
+    us)`` per online CPU (``idle_driver`` None: no cpuidle, as under QEMU TCG), and the THP words in force
+    (``thp`` None: no transparent hugepages)."""
+    base = "/sys/devices/system/cpu"
+    host.write(f"{base}/online", f"0-{cpus - 1}")
+    for cpu in range(cpus):
+        host.mkdir(f"{base}/cpu{cpu}")
+        if driver is not None:
+            pol = f"{base}/cpufreq/policy{cpu}"
+            for name, text in (("affected_cpus", str(cpu)), ("related_cpus", str(cpu)), ("scaling_driver", driver),
+                               ("scaling_governor", governor), ("scaling_available_governors", governors)):
+                host.write(f"{pol}/{name}", text)
+            if epp is not None:
+                host.write(f"{pol}/energy_performance_preference", epp)
+                host.write(f"{pol}/energy_performance_available_preferences", EPP_WORDS)
+            host.link(f"{base}/cpu{cpu}/cpufreq", pol)
+        if idle_driver is not None:
+            for i, (name, latency) in enumerate(idle_states):
+                st = f"{base}/cpu{cpu}/cpuidle/state{i}"
+                for attr, text in (("name", name), ("latency", str(latency)), ("disable", "0")):
+                    host.write(f"{st}/{attr}", text)
+    host.write(f"{base}/cpuidle/current_driver", idle_driver or "none")
+    if thp is not None:
+        host.write("/sys/kernel/mm/transparent_hugepage/enabled",
+                   " ".join(f"[{w}]" if w == thp[0] else w for w in ("always", "madvise", "never")))
+        host.write("/sys/kernel/mm/transparent_hugepage/defrag",
+                   " ".join(f"[{w}]" if w == thp[1] else w for w in ("always", "defer", "defer+madvise", "madvise", "never")))

@@ -2,7 +2,8 @@
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What gpufleet.inference.bench_history executes (``execute()``): store result documents in the history
-(bench/history.py), or read the series and render the report (bench/history_report.py) and write its files
+(bench/history.py; an SQLite ``path`` or a PostgreSQL ``url``, bench/history_db.py), or read the series and render
+the report (bench/history_report.py) and write its files
 through the host's files (_host/files.py HostFS). Failures are raised as _host/result.py Failed with the result so
 far, never fail_json-ed here.
 """
@@ -14,14 +15,40 @@ from typing import Any, Callable
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history_db import (
+    DatabaseError, db_errors, is_url, parse_url, pg_error_text)
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 
 
+def location(p: dict) -> tuple[str, str | None]:
+    """Where the history is (the SQLite ``path`` or the PostgreSQL ``url``) and the password to give. A URL given as
+    ``path`` is refused: ``path`` is logged (and expanded as a path), ``url`` is not."""
+    if not p.get("url") and is_url(p["path"]):
+        raise bh.HistoryError("path holds a postgresql:// URL: give it as url (which Ansible keeps out of its output "
+                              "and logs, the password with it), and path only for an SQLite file")
+    return (p.get("url") or p["path"]), p.get("password")
+
+
+def where(p: dict) -> str:
+    """The history named for messages: the file, or the database, host, port and user (no password)."""
+    if p.get("url"):
+        try:
+            return f"in the {parse_url(p['url']).where}"
+        except DatabaseError:
+            return "(PostgreSQL)"
+    return p["path"]
+
+
 def _store_action(p: dict, doc: dict, run_id: int | None = None) -> dict[str, Any]:
-    action = {"action": "store", "path": p["path"], "host": p["host"] or doc.get("host"), "source": p["source"],
+    if p.get("url"):
+        loc = parse_url(p["url"])
+        target = {"database": loc.database, "server": f"{loc.host}:{loc.port}"}
+    else:
+        target = {"path": p["path"]}
+    action = {"action": "store", **target, "host": p["host"] or doc.get("host"), "source": p["source"],
               "finished_at": doc.get("finished_at")}
     if run_id is not None:
         action["run_id"] = run_id
@@ -48,7 +75,8 @@ def append(p: dict, check_mode: bool, warn: Callable[[str], None], result: dict)
         result["actions"] = [_store_action(p, doc) for _w, doc in docs]
         result["schema_version"] = bh.SCHEMA_VERSION
         return
-    conn = bh.connect(p["path"])
+    path, password = location(p)
+    conn = bh.connect(path, password=password)
     try:
         for where, doc in docs:
             run_id, added = bh.append(conn, doc, host=p["host"], source=p["source"], gpu_driver=p["gpu_driver"],
@@ -65,7 +93,8 @@ def append(p: dict, check_mode: bool, warn: Callable[[str], None], result: dict)
 
 def series(p: dict) -> tuple[list[dict[str, Any]], int]:
     """Every series of the hosts asked for (all hosts when none), and the file's schema version."""
-    conn = bh.connect(p["path"], create=False)
+    path, password = location(p)
+    conn = bh.connect(path, create=False, password=password)
     try:
         out = []
         for host in (p["hosts"] or bh.hosts(conn)):
@@ -107,7 +136,7 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict[str, Any]:
         if p["state"] == "append":
             result.update(added=[], run_ids=[])
             append(p, check_mode, warn, result)
-        elif p["state"] == "report" and check_mode and not os.path.exists(p["path"]):
+        elif p["state"] == "report" and check_mode and not p.get("url") and not os.path.exists(p["path"]):
             result.update(actions=[{"action": "write", "path": f"{p['dest']}/history.md"},
                                    {"action": "write", "path": f"{p['dest']}/history.html"}],
                           drops=[], link_findings=[], files=[], schema_version=bh.SCHEMA_VERSION, changed=True)
@@ -115,7 +144,13 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict[str, Any]:
         else:
             report(p, fs, check_mode, result)
     except bh.HistoryError as err:
-        raise Failed(f"Throughput history {p['path']}: {err}", **result) from None
+        raise Failed(f"Throughput history{'' if p.get('url') else ' ' + p['path']}: {err}", **result) from None
+    except db_errors() as err:  # a statement after the history was opened: a lost connection, a revoked right
+        text = pg_error_text(err)
+        if p.get("url"):
+            text = parse_url(p["url"], p.get("password")).scrub(text)
+        raise Failed(f"Throughput history {where(p)}: {text}. What was stored before it is kept (each result is stored "
+                     "in one transaction); run the task again.", **result) from None
     except HostFSError as err:
         raise Failed(f"Cannot write the history report under {p['dest']}: {err}. Check the directory's permissions.",
                      **result) from None

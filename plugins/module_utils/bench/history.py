@@ -1,7 +1,8 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The throughput history: every benchmark result document the collection produces, in one SQLite file.
+"""The throughput history: every benchmark result document the collection produces, in one SQLite file or one
+PostgreSQL database (bench/history_db.py: the same statements, schema and migrations on both).
 
 One row per benchmark (``runs``) with where and under what it was taken (host, time, kernel, GPU
 driver, vLLM version, model, tuning state, the benchmark profile and source) and the full result
@@ -21,7 +22,7 @@ links were sampled at all, so that "no finding" and "not looked" differ.
 The schema is versioned (``schema_version``); ``MIGRATIONS`` upgrade an older file in place in one
 transaction each, so a history written by an earlier release keeps its rows. Appends are
 idempotent: a document's SHA-256 is unique, so feeding the same result file twice stores it once.
-Standard library only (sqlite3); runs on the controller.
+Standard library only for SQLite (sqlite3); pg8000 for PostgreSQL. Runs on the controller.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sqlite3
 import time
 from typing import Any, Callable, Iterable, Union
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history_db import (
+    Database, DatabaseError, db_errors, is_url, open_database, pg_error_text)
 
 FORMAT = "gpufleet.bench_history/1"
 SOURCES = ("site", "tune_measured", "kernel_upgrade", "health", "on_demand")
@@ -72,34 +75,40 @@ def _link_finding(verdict: dict[str, Any]) -> dict[str, str] | None:
     return None
 
 
-def _insert_link_findings(conn: sqlite3.Connection, run_id: int, doc: dict[str, Any]) -> None:
+def _insert_link_findings(db: Database, run_id: int, doc: dict[str, Any]) -> None:
     sampled, findings = link_findings(doc)
-    conn.execute("UPDATE runs SET links_sampled = ? WHERE id = ?", (int(sampled), run_id))
+    db.execute("UPDATE runs SET links_sampled = ? WHERE id = ?", (int(sampled), run_id))
     for f in findings:
-        conn.execute("INSERT OR REPLACE INTO link_findings (run_id, concurrency, repetition, device, code, severity, "
-                     "top_speed_gts, top_width, changes, output_tps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                     (run_id, f["concurrency"], f["repetition"], f["device"], f["code"], f["severity"],
-                      f["top_speed_gts"], f["top_width"], f["changes"], f["output_tps"]))
+        db.execute("INSERT INTO link_findings (run_id, concurrency, repetition, device, code, severity, top_speed_gts, "
+                   "top_width, changes, output_tps) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                   "ON CONFLICT (run_id, concurrency, repetition, device) DO UPDATE SET code = excluded.code, "
+                   "severity = excluded.severity, top_speed_gts = excluded.top_speed_gts, top_width = excluded.top_width, "
+                   "changes = excluded.changes, output_tps = excluded.output_tps",
+                   (run_id, f["concurrency"], f["repetition"], f["device"], f["code"], f["severity"],
+                    _real(f["top_speed_gts"]), f["top_width"], f["changes"], _real(f["output_tps"])))
 
 
-def _backfill_link_findings(conn: sqlite3.Connection) -> None:
+def _backfill_link_findings(db: Database) -> None:
     """Migration 3: the link findings of the runs already stored, from their result JSON (monitor_links results
     stored before the history kept them)."""
-    for run_id, text in conn.execute("SELECT id, result_json FROM runs").fetchall():
+    for row in db.query("SELECT id, result_json FROM runs ORDER BY id"):
         try:
-            doc = json.loads(text)
+            doc = json.loads(row["result_json"])
         except ValueError:
             continue
         if isinstance(doc, dict):
-            _insert_link_findings(conn, int(run_id), doc)
+            _insert_link_findings(db, int(row["id"]), doc)
 
 
-# (version, steps): SQL statements, or functions of the connection that run inside the step's transaction.
+# (version, steps): SQL statements, or functions of the database that run inside the step's transaction.
+# Statements are in bench/history_db.py's common form: ``{id}`` the run id column, ``{real}`` a double precision
+# number (SQLite's REAL, PostgreSQL's DOUBLE PRECISION: PostgreSQL's REAL is single precision), ``?`` placeholders.
+# On SQLite they render to the statements released before PostgreSQL was supported, byte for byte.
 # Never edit a released step; add the next one.
-MIGRATIONS: list[tuple[int, list[Union[str, Callable[[sqlite3.Connection], None]]]]] = [
+MIGRATIONS: list[tuple[int, list[Union[str, Callable[[Database], None]]]]] = [
     (1, [
         """CREATE TABLE runs (
-            id INTEGER PRIMARY KEY,
+            {id},
             digest TEXT NOT NULL UNIQUE,
             host TEXT NOT NULL,
             started_at TEXT,
@@ -119,10 +128,10 @@ MIGRATIONS: list[tuple[int, list[Union[str, Callable[[sqlite3.Connection], None]
         """CREATE TABLE levels (
             run_id INTEGER NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
             concurrency INTEGER NOT NULL,
-            output_tps_median REAL,
-            output_tps_cv REAL,
+            output_tps_median {real},
+            output_tps_cv {real},
             samples_json TEXT NOT NULL,
-            ttft_p50_ms REAL, ttft_p99_ms REAL, tpot_p50_ms REAL, tpot_p99_ms REAL,
+            ttft_p50_ms {real}, ttft_p99_ms {real}, tpot_p50_ms {real}, tpot_p99_ms {real},
             errors INTEGER,
             PRIMARY KEY (run_id, concurrency))""",
     ]),
@@ -142,10 +151,10 @@ MIGRATIONS: list[tuple[int, list[Union[str, Callable[[sqlite3.Connection], None]
             device TEXT NOT NULL,
             code TEXT NOT NULL,
             severity TEXT NOT NULL,
-            top_speed_gts REAL,
+            top_speed_gts {real},
             top_width INTEGER,
             changes INTEGER,
-            output_tps REAL,
+            output_tps {real},
             PRIMARY KEY (run_id, concurrency, repetition, device))""",
         _backfill_link_findings,
     ]),
@@ -167,88 +176,75 @@ def _key(value: Any) -> str:
     return hashlib.sha256(_canonical(value).encode()).hexdigest()[:16]
 
 
-def schema_version(conn: sqlite3.Connection) -> int:
-    """The file's schema version; 0 for a new file."""
-    have = conn.execute("SELECT name FROM sqlite_master WHERE type='table' AND name='schema_version'").fetchone()
-    if not have:
+def schema_version(db: Database) -> int:
+    """The history's schema version; 0 for a new one."""
+    if not db.has_table("schema_version"):
         return 0
-    row = conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-    return int(row[0] or 0)
+    return int(db.scalar("SELECT MAX(version) AS version FROM schema_version") or 0)
 
 
-def migrate(conn: sqlite3.Connection) -> list[int]:
-    """Bring the file to SCHEMA_VERSION in one write transaction; returns the steps applied.
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
-    The version is read under SQLite's write lock (BEGIN IMMEDIATE): the hosts of a play append to
-    one controller file at once (delegate_to: localhost), and two of them migrating a new file side
-    by side failed with "duplicate column name" when each read version 0 before the other wrote."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        current = schema_version(conn)
+
+def migrate(db: Database) -> list[int]:
+    """Bring the history to SCHEMA_VERSION in one write transaction; returns the steps applied.
+
+    The version is read under the writers' lock (SQLite's BEGIN IMMEDIATE, PostgreSQL's advisory lock): the hosts of
+    a play append to one history at once (delegate_to: localhost), and two of them migrating a new file side by side
+    failed with "duplicate column name" when each read version 0 before the other wrote."""
+    applied = []
+    with db.write():
+        current = schema_version(db)
         if current > SCHEMA_VERSION:
-            raise HistoryError(f"the history file has schema version {current}, newer than this collection's "
+            raise HistoryError(f"the history has schema version {current}, newer than this collection's "
                                f"{SCHEMA_VERSION}: update gpufleet.inference on the controller, or point the history at "
-                               "another file")
-        applied = []
+                               "another file or database")
         for version, statements in MIGRATIONS:
             if version <= current:
                 continue
             if version == 1:
-                conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at TEXT)")
+                db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at TEXT)")
             for step in statements:
                 if callable(step):
-                    step(conn)
+                    step(db)
                 else:
-                    conn.execute(step)
-            conn.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, strftime('%Y-%m-%dT%H:%M:%SZ'))",
-                         (version,))
+                    db.execute(step)
+            db.execute("INSERT INTO schema_version (version, applied_at) VALUES (?, ?)", (version, _now()))
             applied.append(version)
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
     return applied
 
 
-BUSY_TIMEOUT_S = 30.0
-
-
-def wal_mode(conn: sqlite3.Connection, timeout: float = BUSY_TIMEOUT_S) -> None:
-    """Put the file in WAL mode (it stays so), waiting for the other processes that open it at the same moment.
-
-    The switch takes the file's exclusive lock, and while another connection is opening the same new file (the
-    hosts of one play, delegated to the controller) SQLite answers "database is locked" at once, without its busy
-    handler: 6 of 40 new files opened by 16 processes failed so. Retried here, a few ms apart, up to ``timeout``."""
-    deadline = time.monotonic() + timeout
-    pause = 0.005
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as err:
-            if "locked" not in str(err) or time.monotonic() + pause > deadline:
-                raise
-        time.sleep(pause)
-        pause = min(pause * 2, 0.2)
-
-
-def connect(path: str, create: bool = True) -> sqlite3.Connection:
-    """Open (and migrate) the history at ``path``; HistoryError saying why it cannot be used."""
-    if not create and not os.path.exists(path):
-        raise HistoryError(f"no throughput history at {path}: run a benchmark with the history enabled first")
-    parent = os.path.dirname(os.path.abspath(path))
-    if create and not os.path.isdir(parent):
-        os.makedirs(parent, exist_ok=True)
+def connect(location: str, create: bool = True, password: str | None = None) -> Database:
+    """Open (and migrate) the history: the SQLite file at ``location``, or the PostgreSQL database its
+    ``postgresql://`` URL names (``password`` wins over the URL's); HistoryError saying why it cannot be used, naming
+    the file, or the host and database, never a password."""
+    sqlite = not is_url(location)
+    if sqlite and not create and not os.path.exists(location):
+        raise HistoryError(f"no throughput history at {location}: run a benchmark with the history enabled first")
+    if sqlite and create:
+        os.makedirs(os.path.dirname(os.path.abspath(location)), exist_ok=True)
     try:
-        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
-        conn.execute("PRAGMA foreign_keys = ON")
-        wal_mode(conn)
-        migrate(conn)
-    except sqlite3.DatabaseError as err:
-        raise HistoryError(f"cannot use {path} as the throughput history: {err}. Is it an SQLite file written by "
-                           "gpufleet.inference? Move it away to start a new history.") from err
-    conn.row_factory = sqlite3.Row
-    return conn
+        db = open_database(location, password)
+    except DatabaseError as err:
+        raise HistoryError(str(err)) from None
+    try:
+        if not create and not db.has_table("schema_version"):
+            raise HistoryError(f"no throughput history in {db.where if sqlite else 'the ' + db.where}: run a benchmark "
+                               "with the history enabled first")
+        db.ready()
+        migrate(db)
+    except db_errors() as err:
+        db.close()
+        hint = ("Is it an SQLite file written by gpufleet.inference? Move it away to start a new history." if sqlite else
+                "Does the user own the database, or hold CREATE on its schema? Give the history a database of its own.")
+        text = str(err) if sqlite else db.loc.scrub(pg_error_text(err))
+        named = db.where if sqlite else f"the {db.where}"
+        raise HistoryError(f"cannot use {named} as the throughput history: {text}. {hint}") from None
+    except BaseException:
+        db.close()
+        raise
+    return db
 
 
 def config_of(doc: dict[str, Any], profile: str = "") -> dict[str, Any]:
@@ -274,10 +270,11 @@ def check_document(doc: Any, where: str = "document") -> dict[str, Any]:
     return doc
 
 
-def append(conn: sqlite3.Connection, doc: dict[str, Any], host: str | None = None, source: str = "on_demand",
+def append(db: Database, doc: dict[str, Any], host: str | None = None, source: str = "on_demand",
            gpu_driver: str | None = None, vllm_version: str | None = None, profile: str = "", stage: str = "",
            kernel: str | None = None, where: str = "document") -> tuple[int, bool]:
-    """Store one result document; returns (run id, added). The same document twice is stored once."""
+    """Store one result document; returns (run id, added). The same document twice is stored once (also when two
+    controllers or the hosts of a play store it at the same moment: the look-up and the insert hold the writers' lock)."""
     check_document(doc, where)
     if source not in SOURCES:
         raise HistoryError(f"source {source!r} is not one of {', '.join(SOURCES)}")
@@ -285,41 +282,47 @@ def append(conn: sqlite3.Connection, doc: dict[str, Any], host: str | None = Non
     if not host:
         raise HistoryError(f"{where} names no host and none was given")
     digest = hashlib.sha256(_canonical(doc).encode()).hexdigest()
-    row = conn.execute("SELECT id FROM runs WHERE digest = ?", (digest,)).fetchone()
-    if row:
-        return int(row[0]), False
     tuning = doc.get("tuning") or {}
     config = config_of(doc, profile)
-    with conn:
-        cur = conn.execute(
+    with db.write():
+        row = db.one("SELECT id FROM runs WHERE digest = ?", (digest,))
+        if row:
+            return int(row["id"]), False
+        run_id = db.insert(
             "INSERT INTO runs (digest, host, started_at, finished_at, source, label, kernel, gpu_driver, vllm_version, "
             "model, tuning_json, tuning_key, config_json, config_key, result_json, profile, stage) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (digest, host, doc.get("started_at"), doc["finished_at"], source, doc.get("label"),
              kernel or doc.get("kernel"), gpu_driver or None, vllm_version or None, config["model"],
              _canonical(tuning), _key(tuning), _canonical(config), _key(config), _canonical(doc), profile, stage))
-        run_id = int(cur.lastrowid)
         for lv in doc["levels"]:
             out = lv.get("output_throughput") or {}
             ttft, tpot = lv.get("ttft_ms") or {}, lv.get("tpot_ms") or {}
-            conn.execute(
+            db.execute(
                 "INSERT INTO levels (run_id, concurrency, output_tps_median, output_tps_cv, samples_json, ttft_p50_ms, "
                 "ttft_p99_ms, tpot_p50_ms, tpot_p99_ms, errors) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (run_id, int(lv["concurrency"]), out.get("median"), out.get("cv"), json.dumps(list(out.get("values") or [])),
-                 ttft.get("p50"), ttft.get("p99"), tpot.get("p50"), tpot.get("p99"), lv.get("errors")))
-        _insert_link_findings(conn, run_id, doc)
+                (run_id, int(lv["concurrency"]), _real(out.get("median")), _real(out.get("cv")),
+                 json.dumps(list(out.get("values") or [])), _real(ttft.get("p50")), _real(ttft.get("p99")),
+                 _real(tpot.get("p50")), _real(tpot.get("p99")), lv.get("errors")))
+        _insert_link_findings(db, run_id, doc)
     return run_id, True
 
 
-def hosts(conn: sqlite3.Connection) -> list[str]:
-    return [r[0] for r in conn.execute("SELECT DISTINCT host FROM runs ORDER BY host")]
+def _real(value: Any) -> Any:
+    """A number for a ``{real}`` column as a float (SQLite's REAL affinity turns 1000 into 1000.0; PostgreSQL is
+    given a float, so that both give back the same value), anything else as it is."""
+    return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-def series(conn: sqlite3.Connection, host: str | None = None, config_key: str | None = None,
+def hosts(db: Database) -> list[str]:
+    return [r["host"] for r in db.query("SELECT host FROM runs GROUP BY host ORDER BY host {bin}")]
+
+
+def series(db: Database, host: str | None = None, config_key: str | None = None,
            profile: str | None = None) -> list[dict[str, Any]]:
     """Per (host, configuration, concurrency) the runs in time order, each with its samples, what it ran under,
     whether its links were sampled (``links_sampled``) and the link findings of its measured runs at that level
-    (``link_findings``, each with the run's tok/s)."""
+    (``link_findings``, each with the run's tok/s). Text sorts by bytes on both back ends ({bin})."""
     where, args = [], []
     for column, value in (("r.host", host), ("r.config_key", config_key), ("r.profile", profile)):
         if value is not None:
@@ -330,10 +333,10 @@ def series(conn: sqlite3.Connection, host: str | None = None, config_key: str | 
            "l.output_tps_median, l.output_tps_cv, l.samples_json, l.ttft_p50_ms, l.ttft_p99_ms, l.tpot_p50_ms, "
            "l.tpot_p99_ms, l.errors FROM runs r JOIN levels l ON l.run_id = r.id"
            + (" WHERE " + " AND ".join(where) if where else "")
-           + " ORDER BY r.host, r.config_key, l.concurrency, r.finished_at, r.id")
+           + " ORDER BY r.host {bin}, r.config_key {bin}, l.concurrency, r.finished_at {bin}, r.id")
     grouped: dict[tuple[str, str, int], dict[str, Any]] = {}
-    links = _link_findings_by_level(conn)
-    for row in conn.execute(sql, args):
+    links = _link_findings_by_level(db)
+    for row in db.query(sql, args):
         key = (row["host"], row["config_key"], int(row["concurrency"]))
         entry = grouped.setdefault(key, {"host": row["host"], "config_key": row["config_key"],
                                          "config": json.loads(row["config_json"]), "concurrency": key[2], "runs": []})
@@ -349,26 +352,26 @@ def series(conn: sqlite3.Connection, host: str | None = None, config_key: str | 
     return list(grouped.values())
 
 
-def _link_findings_by_level(conn: sqlite3.Connection) -> dict[tuple[int, int], list[dict[str, Any]]]:
+def _link_findings_by_level(db: Database) -> dict[tuple[int, int], list[dict[str, Any]]]:
     out: dict[tuple[int, int], list[dict[str, Any]]] = {}
-    for row in conn.execute("SELECT run_id, concurrency, repetition, device, code, severity, top_speed_gts, top_width, "
-                            "changes, output_tps FROM link_findings ORDER BY run_id, concurrency, repetition, device"):
+    for row in db.query("SELECT run_id, concurrency, repetition, device, code, severity, top_speed_gts, top_width, "
+                        "changes, output_tps FROM link_findings ORDER BY run_id, concurrency, repetition, device {bin}"):
         out.setdefault((row["run_id"], row["concurrency"]), []).append(
             {k: row[k] for k in ("repetition", "device", "code", "severity", "top_speed_gts", "top_width", "changes",
                                  "output_tps")})
     return out
 
 
-def result_document(conn: sqlite3.Connection, run_id: int) -> dict[str, Any]:
+def result_document(db: Database, run_id: int) -> dict[str, Any]:
     """The full result JSON of one stored run."""
-    row = conn.execute("SELECT result_json FROM runs WHERE id = ?", (run_id,)).fetchone()
+    row = db.one("SELECT result_json FROM runs WHERE id = ?", (run_id,))
     if not row:
         raise HistoryError(f"no run {run_id} in the history")
-    return json.loads(row[0])
+    return json.loads(row["result_json"])
 
 
-def count(conn: sqlite3.Connection) -> int:
-    return int(conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+def count(db: Database) -> int:
+    return int(db.scalar("SELECT COUNT(*) AS n FROM runs"))
 
 
 def load_documents(paths: Iterable[str]) -> list[tuple[str, dict[str, Any]]]:

@@ -47,6 +47,12 @@ _PLATFORM = re.compile(r"Automatically detected platform (?P<p>\w+)")
 _NO_MODULE = re.compile(r"No module named '(?P<m>[\w.]+)'")
 _PRELOAD = re.compile(r"(?P<lib>lib\w+) is not found in LD_PRELOAD")
 _ULIMIT = re.compile(r"Found ulimit of (?P<n>\d+) and failed to automatically increase")
+_MLA_PREFILL = re.compile(r"Using (?P<b>[\w ]+?) MLA prefill backend")
+_MOE_BACKEND = re.compile(r"Using (?P<b>[\w ]+?) (?P<q>\w+) MoE backend out of potential backends: (?P<pot>\[[^\]]*\])")
+_MOE_EXPERTS = re.compile(r"^Using (?P<e>\w+) MoE backend$")
+_MOE_DEFAULT_CONFIG = re.compile(r"Using default MoE config\. .*Config file not found at (?P<path>\S+)")
+_JIT = re.compile(r"Triton kernel JIT compilation during inference: (?P<k>\w+)")
+_FP8_KV = re.compile(r"Using fp8 data type to store kv cache")
 
 # messages that are a fallback, an emulation or a disabled fast path, even at INFO
 _SOFT = re.compile(r"fall(?:ing)? ?back|emulat|instead|not (?:available|supported)|unsupported|disabl|slow|will be ignored|"
@@ -88,6 +94,9 @@ def _empty(starts: int) -> dict[str, Any]:
         "cuda_graphs": {"mode": None, "captured": False, "capture_modes": [], "capture_sizes": None, "seconds": None,
                         "memory_gib": None},
         "torch_compile_s": None, "quantization": None, "kv_cache_dtype": None, "kernels": [],
+        "mla_prefill_backend": None,
+        "moe": {"backend": None, "candidates": None, "quantization": None, "experts": None, "config": None,
+                "config_missing": None, "jit_kernels": []},
         "kv_cache": {"tokens": None, "memory_gib": None, "max_concurrency": None, "for_tokens": None},
         "started": False, "failed": False, "error": None, "findings": []}
 
@@ -120,6 +129,7 @@ def _path_line(ln: dict[str, Any], res: dict[str, Any], errors: list[str]) -> No
         res["attention_backend"] = m["b"]
     if (m := _FA_VERSION.search(msg)):
         res["flash_attention_version"] = int(m["v"])
+    _moe_line(msg, res)
     for m in _CAPTURING.finditer(raw):
         if m["m"] not in cg["capture_modes"]:
             cg["capture_modes"].append(m["m"])
@@ -143,6 +153,24 @@ def _path_line(ln: dict[str, Any], res: dict[str, Any], errors: list[str]) -> No
         res["failed"] = True
     if re.match(r"[\w.]*(Error|Exception): ", msg.strip()) and not msg.startswith("Traceback"):
         errors.append(msg.strip())
+
+
+def _moe_line(msg: str, res: dict[str, Any]) -> None:
+    """The MLA prefill backend and the fused-MoE path: backend and its candidates, the experts' kernel, whether a
+    tuned config for this GPU was found, and Triton kernels compiled while serving."""
+    moe = res["moe"]
+    if (m := _MLA_PREFILL.search(msg)):
+        res["mla_prefill_backend"] = m["b"].strip()
+    if (m := _MOE_BACKEND.search(msg)):
+        moe.update(backend=m["b"].strip(), quantization=m["q"].lower(), candidates=ast.literal_eval(m["pot"]))
+    if (m := _MOE_EXPERTS.search(msg.strip())):
+        moe["experts"] = m["e"]
+    if (m := _MOE_DEFAULT_CONFIG.search(msg)):
+        moe.update(config="default", config_missing=m["path"])
+    if (m := _JIT.search(msg)) and m["k"] not in moe["jit_kernels"]:
+        moe["jit_kernels"].append(m["k"])
+    if moe["backend"] and moe["config"] is None and "Using configuration from" in msg and "fused_moe" in msg:
+        moe["config"] = "tuned"
 
 
 def parse(text: str) -> dict[str, Any]:
@@ -205,6 +233,8 @@ def _line_findings(ln: dict[str, Any], add) -> None:
                      f"preload it through vllm_service_env (LD_PRELOAD: the path of {m['lib']}, e.g. from the "
                      "libtcmalloc-minimal4 / libomp packages), as vLLM's CPU install guide asks", ln["raw"]))
         return
+    if _moe_finding(ln, add) or _kv_finding(ln, add):
+        return
     if "FlashInfer top-p/top-k sampling disabled" in msg:
         add(_finding("sampler_flashinfer_off", "info", "top-p/top-k sampling runs in PyTorch, not FlashInfer",
                      "install flashinfer and unset VLLM_USE_FLASHINFER_SAMPLER for the faster sampler (only matters "
@@ -224,6 +254,40 @@ def _line_findings(ln: dict[str, Any], add) -> None:
     add(_finding(fid, "warning" if level == "WARNING" and soft else "info", f"{ln['src']}: {msg}", fix, ln["raw"]))
 
 
+def _moe_finding(ln: dict[str, Any], add) -> bool:
+    """A fused-MoE layer without a tuned config for this GPU, or a Triton kernel compiled while serving."""
+    msg = ln["msg"]
+    if (m := _MOE_DEFAULT_CONFIG.search(msg)):
+        name = m["path"].rsplit("/", 1)[-1]
+        add(_finding("moe_config_missing", "warning",
+                     f"the fused-MoE layers run on vLLM's default Triton config: no tuned {name} for this GPU and expert "
+                     "shape (sub-optimal, vLLM says)",
+                     f"tune it on this GPU with vLLM's benchmarks/kernels/benchmark_moe.py --tune (from the source tree of "
+                     f"the installed vLLM version), then put {name} in a folder and set vllm_service_env "
+                     "{VLLM_TUNED_CONFIG_FOLDER: that folder}; re-run the benchmark to keep it only if it helps", ln["raw"]))
+        return True
+    if (m := _JIT.search(msg)):
+        add(_finding("jit_while_serving", "info",
+                     f"Triton compiled {m['k']} while serving: the first requests of a new shape wait for it (a latency "
+                     "spike, and a slow first benchmark run)",
+                     "warm the server up on the shapes it will serve before measuring (inference_benchmark's warm-up "
+                     "requests; the gate's first runs), and tune the MoE config for this GPU", ln["raw"]))
+        return True
+    return False
+
+
+def _kv_finding(ln: dict[str, Any], add) -> bool:
+    """An FP8 KV cache without calibrated scales: outputs can move; judge them before keeping it."""
+    if not _FP8_KV.search(ln["msg"]):
+        return False
+    add(_finding("kv_cache_fp8", "info",
+                 "the KV cache is stored in FP8; vLLM warns it may cost accuracy without a proper scaling factor",
+                 "judge the outputs with gpufleet.inference.output_equivalence against a reference recorded with the "
+                 "KV cache at auto (a checkpoint with calibrated k/v scales moves them least); keep it only within "
+                 "the tolerance you accept", ln["raw"]))
+    return True
+
+
 def _config_findings(res: dict[str, Any], add) -> None:
     cg = res["cuda_graphs"]
     gpu = res["platform"] == "cuda"
@@ -240,6 +304,11 @@ def _config_findings(res: dict[str, Any], add) -> None:
         add(_finding("attention_fallback", "warning",
                      f"attention runs on {res['attention_backend']}, not {cands[0]} (the first of {cands})",
                      f"check why {cands[0]} was skipped (the lines before the choice); install its kernels"))
+    moe = res["moe"]
+    if gpu and moe["backend"] and moe["candidates"] and moe["backend"] != moe["candidates"][0]:
+        add(_finding("moe_backend_fallback", "warning",
+                     f"the fused-MoE layers run on {moe['backend']}, not {moe['candidates'][0]} (the first of "
+                     f"{moe['candidates']})", f"check why {moe['candidates'][0]} was skipped (the lines before the choice)"))
     if gpu and res["attention_backend"] in ("TRITON_ATTN", "FLEX_ATTENTION", "TORCH_SDPA"):
         add(_finding("attention_slow_backend", "warning", f"attention runs on {res['attention_backend']} on a GPU",
                      "install vLLM's FlashAttention build for this GPU (vllm_flash_attn) or FlashInfer"))

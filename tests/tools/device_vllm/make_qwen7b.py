@@ -3,41 +3,25 @@
 # Qwen2ForCausalLM: hidden 3584, intermediate 18944, 28 layers, 28 heads, 4 KV heads, vocab 152064, bf16, rope theta
 # 10000, tied embeddings off (the distill's config.json). Weights are random (std 0.02): the figures are the
 # architecture's speed, never a model's quality.
-# The tokenizer goes into its own folder WITHOUT config.json and is passed to vLLM with --tokenizer: loaded from the
-# model folder, under model_type qwen2, transformers makes it a Qwen2Tokenizer that encodes every word to nothing
-# (the server then answers "The decoder prompt cannot be empty"). Its vocabulary covers every model ID (w3 ..
-# w152063), so random token-ID prompts decode and text prompts encode. The script ends non-zero unless the
-# tokenizer, loaded the way vLLM loads it (AutoTokenizer from the tokenizer folder), encodes a prompt to the
-# expected non-empty IDs and decodes them back.
+# The tokenizer (wordtok.py) goes into its own folder WITHOUT config.json and is passed to vLLM with --tokenizer; its
+# vocabulary covers every model ID (w3 .. and, at the top, the words of the collection's output-equivalence prompt
+# set), so random token-ID prompts decode and the prompt set's text encodes. The script ends non-zero unless the
+# tokenizer, loaded the way vLLM loads it, round-trips IDs and encodes every prompt-set word.
 import json
 import os
 import sys
 import time
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import wordtok  # noqa: E402
 
 OUT, TOK = sys.argv[1], sys.argv[2]
 V = 152064
 t0 = time.time()
-specials = ["<unk>", "<s>", "</s>"]
-vocab = {t: i for i, t in enumerate(specials)}
-vocab.update({f"w{i}": i for i in range(len(specials), V)})
-tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins the words with spaces
-fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
-fast.model_max_length = 4096
-fast.save_pretrained(TOK)
-assert not os.path.exists(os.path.join(TOK, "config.json")), "the tokenizer folder must not hold a config.json"
-
-prompt = "w5 w77 w31999 w152063"
-loaded = AutoTokenizer.from_pretrained(TOK)
-ids = loaded(prompt, add_special_tokens=False).input_ids
-back = loaded.decode(ids)
-check = {"tokenizer_class": type(loaded).__name__, "prompt": prompt, "ids": ids, "decoded": back,
-         "ok": ids == [5, 77, 31999, 152063] and back == prompt}
+check = wordtok.make(TOK, V, 4096)
 print("tokenizer round trip", json.dumps(check))
 if not check["ok"]:
     sys.exit("tokenizer round trip failed: refusing to make a model nobody can benchmark")

@@ -16,11 +16,12 @@ from typing import Callable
 
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
 from ansible_collections.gpufleet.inference.plugins.modules import (
-    bench_history, gpu_health, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity, kernel_boot_entry, kernel_boot_health, kernel_cmdline,
-    kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight, maintenance_gate, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload,
-    output_equivalence, throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
+    bench_history, cpu_placement, cpu_tuning, gpu_health, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity,
+    kernel_boot_entry, kernel_boot_health, kernel_cmdline, kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight,
+    maintenance_gate, metrics_textfile, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload, output_equivalence,
+    throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
 )
-from tests.unit.fakesysfs import node_memory, two_gpus_one_switch
+from tests.unit.fakesysfs import FakeHost, cpu_knobs, cpus_online, node_memory, two_gpus_one_switch, two_numa_nodes
 from tests.unit.plugins.module_utils.test_vfio import gpu_host
 from tests.unit.plugins.modules.uthelper import UTHelper, substitute
 
@@ -85,6 +86,16 @@ def _aspm(root: Path) -> None:
     path.write_text("[default] performance powersave powersupersave\n")
 
 
+def _cpu_host(root: Path) -> None:
+    cpu_knobs(FakeHost(root))
+
+
+def _placement_host(root: Path) -> None:
+    host = two_numa_nodes(root, remote_irqs=False)
+    cpus_online(host, "0-15")
+    host.write("/etc/gpufleet/irq_affinity.json", '{"devices": {"%s": {"cpus": "0-1"}}}' % GPU)
+
+
 def _nothing(root: Path) -> None:
     (root / "etc").mkdir(parents=True, exist_ok=True)
 
@@ -130,6 +141,11 @@ def specs(vllm_url: str) -> dict[str, Spec]:
     return {
         "bench_history": Spec(bench_history, _nothing, lambda r: {"path": f"{r}/var/lib/gpufleet/history.jsonl", "state": "query"},
                               ["/var/lib/gpufleet/history.jsonl"], root_option=False),
+        "cpu_placement": Spec(cpu_placement, _placement_host, lambda r: {"root": r, "gpus": [GPU], "unit": "vllm.service"},
+                              ["/etc/gpufleet/irq_affinity.json"]),
+        "cpu_tuning": Spec(cpu_tuning, _cpu_host, lambda r: {
+            "root": r, "governor": "performance", "cstate_max_latency_us": 10, "thp_enabled": "madvise", "persist": False},
+            ["/var/lib/gpufleet/cpu_tuning.json", "/etc/gpufleet/cpu_tuning.json"]),
         "gpu_health": Spec(gpu_health, _gpu_host, lambda r: {"root": r, "dcgm_timeout": 60, "clock_ratio": 0.9}),
         "host_lease": Spec(host_lease, lease_build, lease_base, ["/var/lib/gpufleet/lease.json"]),
         "host_lint": Spec(host_lint, _copied_guide, lambda r: {"root": r}, ["/etc/nccl.conf", "/etc/default/grub", "/proc/cmdline"]),
@@ -148,6 +164,10 @@ def specs(vllm_url: str) -> dict[str, Spec]:
         "kernel_cmdline_info": Spec(kernel_cmdline_info, cmd_build, lambda r: {"root": r}, ["/etc/default/grub", "/proc/cmdline"]),
         "kernel_rollout_step": Spec(kernel_rollout_step, step_build, step_base, ["/var/lib/gpufleet/kernel_upgrade/journal.json"]),
         "kernel_upgrade_preflight": Spec(kernel_upgrade_preflight, pre_build, pre_base, ["/var/lib/dpkg/status", "/boot/grub/grubenv"]),
+        "metrics_textfile": Spec(metrics_textfile, _nothing, lambda r: {
+            "root": r, "host": "gpu-01", "stage": "kernel_upgrade", "verdict": {
+                "verdict": {"verdict": "regression"}, "ratio": 0.91, "p_value": 0.001, "runs_needed": 0}},
+            ["/var/lib/prometheus/node-exporter/gpufleet_verdict.prom"]),
         "nccl_env_files": Spec(nccl_env_files, _nothing, lambda r: {
             "root": r, "conf_content": NCCL["nccl_conf"], "env_content": NCCL["env_file"], "settings": NCCL["settings"]},
             ["/etc/nccl.conf", "/etc/gpufleet/nccl.env"]),

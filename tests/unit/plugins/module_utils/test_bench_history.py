@@ -21,6 +21,7 @@ import pytest
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import changepoint as cp
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history_db import render
 from ansible_collections.gpufleet.inference.plugins.modules import bench_history as bench_history_module
 from ansible_collections.gpufleet.inference.plugins.modules import inference_benchmark
 from tests.unit.plugins.modules.uthelper import run_module, target_side
@@ -48,7 +49,7 @@ def test_new_file_gets_the_latest_schema_and_an_old_one_is_migrated(tmp_path):
     conn = sqlite3.connect(path)
     conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TEXT)")
     for sql in bh.MIGRATIONS[0][1]:
-        conn.execute(sql)
+        conn.execute(render(sql, "sqlite"))
     conn.execute("INSERT INTO schema_version VALUES (1, 'then')")
     conn.execute("INSERT INTO runs (digest, host, finished_at, source, tuning_json, tuning_key, config_json, config_key, "
                  "result_json) VALUES ('d', 'old-host', '2026-01-01T00:00:00Z', 'site', '{}', 'k', '{}', 'c', '{}')")
@@ -56,8 +57,8 @@ def test_new_file_gets_the_latest_schema_and_an_old_one_is_migrated(tmp_path):
     conn.close()
     conn = bh.connect(path)
     assert bh.schema_version(conn) == bh.SCHEMA_VERSION == 3
-    row = conn.execute("SELECT host, profile, stage FROM runs").fetchone()
-    assert tuple(row) == ("old-host", "", "")
+    row = conn.one("SELECT host, profile, stage FROM runs")
+    assert tuple(row.values()) == ("old-host", "", "")
     assert bh.migrate(conn) == []
     conn.close()
 
@@ -89,7 +90,7 @@ def test_hosts_opening_a_new_file_at_once_migrate_it_once(tmp_path):
 
 def test_a_newer_file_is_refused(tmp_path):
     path = str(tmp_path / "h.sqlite")
-    bh.connect(path).execute("INSERT INTO schema_version VALUES (99, 'future')").connection.commit()
+    bh.connect(path).execute("INSERT INTO schema_version VALUES (99, 'future')")
     with pytest.raises(bh.HistoryError, match="schema version 99, newer"):
         bh.connect(path)
 

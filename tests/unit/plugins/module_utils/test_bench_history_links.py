@@ -11,6 +11,7 @@ import sqlite3
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history_db import render
 from tests.unit.plugins.module_utils.test_bench_history import STEADY, doc
 
 GPU, PORT = "0000:01:00.0", "0000:00:01.0"
@@ -37,9 +38,9 @@ def test_flapping_run_is_stored_with_its_tok_s(tmp_path):
     conn = bh.connect(str(tmp_path / "h.sqlite"))
     values = [1000.0, 1004.0, 812.0, 1002.0, 1001.0]
     run_id, _count = bh.append(conn, monitored("2026-12-01T00:00:00Z", [STABLE, STABLE, FLAPPED, STABLE, STABLE], values))
-    rows = conn.execute("SELECT run_id, concurrency, repetition, device, code, severity, top_speed_gts, top_width, "
-                        "changes, output_tps FROM link_findings").fetchall()
-    assert [tuple(r) for r in rows] == [(run_id, 8, 2, GPU, "link_flapping", "critical", 32.0, 16, 4, 812.0)]
+    rows = conn.query("SELECT run_id, concurrency, repetition, device, code, severity, top_speed_gts, top_width, "
+                      "changes, output_tps FROM link_findings")
+    assert [tuple(r.values()) for r in rows] == [(run_id, 8, 2, GPU, "link_flapping", "critical", 32.0, 16, 4, 812.0)]
     run = bh.series(conn)[0]["runs"][0]
     assert run["links_sampled"] is True
     assert [(f["repetition"], f["code"], f["output_tps"]) for f in run["link_findings"]] == [(2, "link_flapping", 812.0)]
@@ -68,7 +69,7 @@ def _version_2_file(path, stored):
     conn.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TEXT)")
     for version, statements in bh.MIGRATIONS[:2]:
         for sql in statements:
-            conn.execute(sql)
+            conn.execute(render(sql, "sqlite"))
         conn.execute("INSERT INTO schema_version VALUES (?, 'then')", (version,))
     for i, d in enumerate(stored):
         conn.execute("INSERT INTO runs (digest, host, finished_at, source, tuning_json, tuning_key, config_json, "
@@ -85,8 +86,8 @@ def test_an_old_file_is_migrated_and_its_monitored_runs_backfilled(tmp_path):
     _version_2_file(path, [doc("2026-11-01T00:00:00Z", STEADY), monitored("2026-11-02T00:00:00Z", [STABLE, FLAPPED])])
     conn = bh.connect(path)
     assert bh.schema_version(conn) == 3
-    assert [tuple(r) for r in conn.execute("SELECT id, links_sampled FROM runs ORDER BY id")] == [(1, 0), (2, 1)]
-    assert [tuple(r) for r in conn.execute("SELECT run_id, repetition, device, code, output_tps FROM link_findings")] == [
+    assert [tuple(r.values()) for r in conn.query("SELECT id, links_sampled FROM runs ORDER BY id")] == [(1, 0), (2, 1)]
+    assert [tuple(r.values()) for r in conn.query("SELECT run_id, repetition, device, code, output_tps FROM link_findings")] == [
         (2, 1, GPU, "link_flapping", 1004.0)]
     assert bh.migrate(conn) == []
 

@@ -592,7 +592,7 @@ def test_upgrade_gate_replay_asks_for_runs_it_lacks_and_stops_a_noisy_baseline()
     assert n["sd_between"] == 0.0 and n["p_between"] == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("ids,decoded,ok", [([5, 77, 31999, 152063], "w5 w77 w31999 w152063", True),
+@pytest.mark.parametrize("ids,decoded,ok", [([5, 77, 31999, 100000], "w5 w77 w31999 w100000", True),
                                             ([], None, False),  # a Qwen2Tokenizer over a word vocabulary
                                             ([0, 0, 0, 0], "<unk> <unk> <unk> <unk>", False)])
 def test_server_roundtrip_refuses_a_tokenizer_that_encodes_to_nothing(ids, decoded, ok):
@@ -622,3 +622,87 @@ def test_server_roundtrip_refuses_a_tokenizer_that_encodes_to_nothing(ids, decod
     finally:
         server.shutdown()
     assert got["ok"] is ok and got["ids"] == ids
+
+
+# ---- the eighth session (docs/examples/h200-deepseek/): cells of two lengths, output equivalence, DeepSeek-V2-Lite ----
+BDS = os.path.join(REPO, "docs", "examples", "h200-deepseek")
+with open(os.path.join(BDS, "expected.yml"), encoding="utf-8") as _fh:
+    EXPECTED_DS = yaml.safe_load(_fh)
+
+
+def _load_ds(name):
+    return h200_report.load(name, BDS)
+
+
+def test_deepseek_starts_cells_and_noise_recomputed():
+    """Each start's runs per cell (concurrency x prompt/output tokens) and the noise within and between starts."""
+    data = _load_ds("restarts.json")
+    got = {}
+    for r in h200_report.restart_rows(data):
+        got.setdefault(r["start"], {"profile": r["profile"]})[f"c{r['level']}x{r['prompt']}/{r['output']}"] = r
+    assert sorted(got) == sorted(EXPECTED_DS["starts"])
+    for start, want in EXPECTED_DS["starts"].items():
+        assert got[start]["profile"] == want["profile"]
+        for key, cell in ((k, v) for k, v in want.items() if k != "profile"):
+            assert (got[start][key]["runs"], got[start][key]["errors"]) == (cell["runs"], 0)
+            assert got[start][key]["mean"] == pytest.approx(cell["mean"], abs=0.05)
+            assert got[start][key]["cv"] == pytest.approx(cell["cv"], abs=5e-6)
+    cells = {f"c{lv}x{p}/{o}": key for key, (lv, p, o) in h200_report.restart_cells(data)}
+    for label, want in EXPECTED_DS["noise"].items():
+        profile, cell = label.split()
+        n = h200_report.restart_noise(data, cells[cell], profile)
+        assert (n["starts"], n["runs"]) == (want["starts"], want["runs"])
+        for key in ("sd_within", "sd_between", "sdd_within_only", "sdd_across_restart"):
+            assert n[key] == pytest.approx(want[key], abs=6e-5), (label, key)
+
+
+@pytest.mark.parametrize("pair", sorted(EXPECTED_DS["gates"]))
+def test_deepseek_gate_across_a_restart_recomputed(pair):
+    """The kernel upgrade's gate loop at the role's defaults over two starts of one model: 7B A/A across a restart with
+    two other starts between them (the corrupted copy and the FP8 KV cache) passes, and so does DeepSeek-V2-Lite's."""
+    want = EXPECTED_DS["gates"][pair]
+    got = {f"{g['baseline_start']}:{g['candidate_start']}": g for g in h200_report.restart_gates(_load_ds("restarts.json"))}[pair]
+    assert (got["decision"], got["gate"]["decided_by"]) == (want["decision"], want["decided_by"])
+    assert got["gate"]["ratio"] == pytest.approx(want["ratio"], abs=5e-5)
+    assert (got["baseline_runs_used"], got["candidate_runs_used"]) == (want["baseline_runs"], want["candidate_runs"])
+    assert got["baseline_gate"]["smallest_detectable_drop"] == pytest.approx(want["baseline_sdd"], abs=5e-5)
+
+
+def test_deepseek_output_equivalence_recomputed_from_the_per_prompt_figures():
+    """Issue 33 on the H200: the reference and its A/A at start 0; after a restart the same model is `equivalent`; a copy
+    with one layer's weights doubled, served at the same path, is `diverged`; the FP8 KV cache moves the outputs beyond
+    the default tolerance on this random-weight model. Overall figures are recomputed from the per-prompt ones, and the
+    verdict from the collection's own rule (bench/equivalence.verdict) on them."""
+    from ansible_collections.gpufleet.inference.plugins.module_utils.bench import equivalence as eq
+    data = _load_ds("restarts.json")
+    rows = {r["start"]: r for r in h200_report.equivalence_rows(BDS, data)}
+    assert sorted(rows) == sorted(EXPECTED_DS["equivalence"])
+    band = _load_ds("equiv-reference.json")["band"]
+    for start, want in EXPECTED_DS["equivalence"].items():
+        r = rows[start]
+        assert (r["mode"], r["verdict"], r["figures"]["prompts_forked"]) == (want["mode"], want["verdict"], want["forked"])
+        assert r["top1"] == pytest.approx(want["top1"], abs=5e-6)
+        assert r["top1"] == pytest.approx(r["figures"]["top1_agreement"], abs=1e-9)
+        assert r["mean_abs"] == pytest.approx(want["mean_abs"], abs=5e-6)
+        assert r["figures"]["p99_abs_logprob_diff"] == pytest.approx(want["p99"], abs=5e-5)
+        assert (r["prompts"], r["tokens"]) == (64, 64 * 32)
+        if r["mode"] == "compare":
+            assert r["band"] == band
+            assert eq.verdict(r["figures"], band, r["tolerance"])[0] == want["verdict"]
+    assert rows[1]["swapped"] == "/tmp/model7b.bad" and _load_ds("corrupt.json")["factor"] == 2.0
+
+
+def test_deepseek_runs_are_real_and_the_models_are_the_architectures():
+    """Every start's tokenizer round-tripped; the 7B model and DeepSeek-V2-Lite's architecture (15.7 B parameters,
+    MLA, 64 routed experts, 6 per token) served through the role's rendered argv; no run had an error."""
+    data = _load_ds("restarts.json")
+    for st in data["starts"]:
+        assert st["roundtrip"]["ok"] and st["roundtrip"]["ids"] == [5, 77, 31999, 100000]
+        assert st["argv"][st["argv"].index("--gpu-memory-utilization") + 1] == "0.85"
+    by = {st["index"]: st for st in data["starts"]}
+    assert by[2]["argv"][by[2]["argv"].index("--kv-cache-dtype") + 1] == "fp8"
+    assert by[4]["argv"][by[4]["argv"].index("--load-format") + 1] == "dummy"
+    ds = _load_ds("dsv2lite.json")
+    assert ds["parameters"]["total"] == 15706484224 and ds["tokenizer"]["ok"] and ds["tokenizer"]["prompt_set_unknown"] == 0
+    assert (ds["config"]["n_routed_experts"], ds["config"]["num_experts_per_tok"], ds["config"]["kv_lora_rank"]) == (64, 6, 512)
+    assert _load_ds("model7b.json")["parameters"] == 7615616512

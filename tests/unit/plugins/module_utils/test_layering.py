@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import bundle
+from ansible_collections.gpufleet.inference.plugins.module_utils.cpu import reapply as cpu_reapply
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq import reapply as irq_reapply
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import reapply as pcie_reapply
 
@@ -48,6 +49,7 @@ ALLOWED = {
     "tuning": {"bench"},        # measured stages are judged by the gate
     "vllm": {"bench"},          # readiness speaks the benchmark's HTTP transport
     "irq": {"vfio"},            # a device bound to vfio-pci keeps no IRQ pinning
+    "metrics": {"bench", "pcie"},  # the metrics read the audit's links, a benchmark's link findings and the verdicts
 }
 
 
@@ -215,6 +217,7 @@ def test_the_folder_map_in_the_development_guide_names_every_folder():
 SCRIPTS = {
     "pcie.reapply": (pcie_reapply.render_script, ["pcie_payload", "pcie_acs"]),
     "irq.reapply": (irq_reapply.render_script, ["irq_affinity"]),
+    "cpu.reapply": (cpu_reapply.render_script, ["cpu_tuning"]),
 }
 
 

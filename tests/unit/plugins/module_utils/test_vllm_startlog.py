@@ -113,3 +113,57 @@ def test_journal_prefix_and_empty_text():
     assert found["emulation"]["severity"] == "warning" and "8.9" in found["emulation"]["fix"]
     empty = vs.parse("")
     assert empty["starts"] == 0 and empty["findings"] == [] and not empty["started"]
+
+
+# ---- the eighth H200 session (docs/examples/h200-deepseek/): DeepSeek-V2-Lite's architecture (MLA, fused MoE) and
+# the 7B-distill architecture with an FP8 KV cache, vLLM 0.26.0 --------------------------------------------------
+DS = os.path.join(REPO, "docs", "examples", "h200-deepseek")
+
+
+@pytest.mark.parametrize("name, jit", [("server-start4-dsv2lite.log", ["fused_moe_kernel"]),
+                                       ("server-start5-dsv2lite.log", ["fused_moe_kernel", "mask_empty_context_kernel"])])
+def test_deepseek_v2_lite_mla_and_fused_moe_path(name, jit):
+    res = vs.parse(read(os.path.join(DS, name)))
+    assert res["started"] and not res["failed"] and res["platform"] == "cuda"
+    assert res["attention_backend"] == "FLASH_ATTN_MLA"
+    assert res["attention_candidates"] == ["FLASH_ATTN_MLA", "FLASHMLA", "TRITON_MLA"]
+    assert res["mla_prefill_backend"] == "FLASH_ATTN"
+    moe = res["moe"]
+    assert (moe["backend"], moe["quantization"], moe["experts"]) == ("TRITON", "unquantized", "TritonExperts")
+    assert moe["candidates"] == ["TRITON", "BATCHED_TRITON", "FlashInfer TRTLLM", "FlashInfer CUTLASS"]
+    assert moe["config"] == "default" and moe["config_missing"].endswith("/E=64,N=1408,device_name=NVIDIA_H200.json")
+    assert moe["jit_kernels"] == jit
+    assert res["kv_cache"]["tokens"] == 3043712 and res["cuda_graphs"]["captured"]
+    found = ids(res)
+    missing = found["moe_config_missing"]
+    assert missing["severity"] == "warning" and "E=64,N=1408,device_name=NVIDIA_H200.json" in missing["message"]
+    assert "benchmark_moe.py --tune" in missing["fix"] and "VLLM_TUNED_CONFIG_FOLDER" in missing["fix"]
+    assert found["jit_while_serving"]["severity"] == "info" and "warm" in found["jit_while_serving"]["fix"]
+    # the first candidate was taken: no fallback finding for attention or MoE, and the MoE warning is not also a
+    # generic one
+    assert "attention_fallback" not in found and "moe_backend_fallback" not in found
+    assert not [f for f in res["findings"] if f["id"] == "warning" and "MoE config" in f["message"]]
+
+
+def test_moe_backend_not_first_candidate_is_a_fallback():
+    text = read(os.path.join(DS, "server-start4-dsv2lite.log")).replace(
+        "Using TRITON Unquantized MoE backend", "Using BATCHED_TRITON Unquantized MoE backend")
+    res = vs.parse(text)
+    assert res["moe"]["backend"] == "BATCHED_TRITON"
+    assert "TRITON (the first of" in ids(res)["moe_backend_fallback"]["message"]
+
+
+def test_dense_model_has_no_moe_path():
+    res = vs.parse(read(os.path.join(DS, "server-start0-qwen7b.log")))
+    assert res["attention_backend"] == "FLASH_ATTN" and res["mla_prefill_backend"] is None
+    assert res["moe"]["backend"] is None and res["moe"]["config"] is None and "moe_config_missing" not in ids(res)
+    assert res["kv_cache_dtype"] == "auto" and "kv_cache_fp8" not in ids(res)
+
+
+def test_fp8_kv_cache_is_named_with_the_check_that_judges_it():
+    res = vs.parse(read(os.path.join(DS, "server-start2-qwen7b_fp8kv.log")))
+    assert res["kv_cache_dtype"] == "fp8" and res["attention_candidates"] == ["FLASH_ATTN", "TRITON_ATTN"]
+    # twice the tokens of the same memory at auto (bf16): 3.86 M against 1.93 M at start 0
+    assert res["kv_cache"]["tokens"] == 3862368
+    fp8 = ids(res)["kv_cache_fp8"]
+    assert fp8["severity"] == "info" and "output_equivalence" in fp8["fix"]

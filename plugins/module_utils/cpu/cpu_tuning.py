@@ -1,0 +1,148 @@
+# -*- coding: utf-8 -*-
+# Copyright: gpufleet.inference contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""What gpufleet.inference.cpu_tuning executes (``execute``): the CPU governor, energy-performance preference,
+C-state limit and transparent-hugepage policy (cpu/knobs.py), their record of originals and their boot unit
+(cpu/boot.py, applier cpu/reapply.py).
+
+``state: present``: the knobs given are checked (every one, before any write), the originals of the files the
+run changes are added to the record (``state_dir/cpu_tuning.json``, written before the first sysfs write), the
+values written and read back (a write that does not take undoes the others and puts the record back), and the
+settings kept for the boot unit. Knobs not given are left alone, in sysfs and in the boot file.
+``state: absent``: the recorded originals of the knobs in ``restore`` (default all) are written back and read
+back, and those knobs leave the record and the boot file; the unit and its files go when nothing is left.
+"""
+
+from __future__ import annotations
+
+from ansible_collections.gpufleet.inference.plugins.module_utils._host import managed_files
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.managed_files import wanted_absent, wanted_file
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
+from ansible_collections.gpufleet.inference.plugins.module_utils.cpu import boot, knobs
+from ansible_collections.gpufleet.inference.plugins.module_utils.cpu.knobs import CpuTuningError
+from ansible_collections.gpufleet.inference.plugins.module_utils.cpu.reapply import render_script
+
+RECORD_FILE = "cpu_tuning.json"
+
+
+def _record_files(path: str, record: dict) -> list[dict]:
+    if not record:
+        return [wanted_absent(path)]
+    return [wanted_file(path, knobs.render_record(record), 0o644, owner=None)]
+
+
+def _decide(params: dict, fs, tree: dict, record: dict, persisted: dict) -> dict:
+    """What the run does: sysfs steps, the record after, the settings the boot file keeps, skips and gone paths."""
+    if params["state"] == "present":
+        settings = knobs.check_settings({k: params.get(k) for k in knobs.SETTINGS})
+        steps, skips = knobs.plan(tree, settings, record)
+        kept = dict(persisted)
+        for key, value in settings.items():
+            if knobs.SETTINGS[key] in skips:
+                kept.pop(key, None)
+            else:
+                kept[key] = value
+        return {"steps": steps, "skips": skips, "gone": [], "kept": kept, "record": knobs.record_after(record, steps)}
+    restore = list(params.get("restore") or knobs.KNOBS)
+    steps, gone = knobs.restore_plan(fs, record, restore)
+    return {"steps": steps, "skips": {}, "gone": gone,
+            "kept": {k: v for k, v in persisted.items() if knobs.SETTINGS.get(k) not in restore},
+            "record": {p: v for p, v in record.items() if knobs.knob_of(p) not in restore or p in gone}}
+
+
+def _apply_sysfs(fs, steps: list[dict], record_files: list[dict], old_record_files: list[dict], present: bool) -> list:
+    """Record first (present) or last (absent), the writes in between; a failure undoes them and puts the record back."""
+    actions: list[dict] = []
+    if present:
+        actions += managed_files.converge(fs, [], record_files, False)[0]
+    outcome = knobs.apply(fs, steps)
+    if outcome["failures"]:
+        managed_files.converge(fs, [], old_record_files, False)
+        undone = not outcome["rollback_failed"]
+        raise Failed(f"Setting the CPU knobs failed: {knobs.failure_text(outcome)}. "
+                     + ("The values written before it were put back; nothing changed." if undone else
+                        f"Putting back failed too ({knobs.failure_text({'failures': outcome['rollback_failed'], 'ignored': []})}): "
+                        "fix those by hand.") + " A value the kernel refuses is often held by another tool (tuned, "
+                     "power-profiles-daemon, a BIOS setting): find it and stop it.",
+                     changed=not undone, actions=[a["step"] for a in outcome["rollback_failed"]])
+    if not present:
+        actions += managed_files.converge(fs, [], record_files, False)[0]
+    return actions
+
+
+def _unit_steps(host: Host, want: bool, unit_changed: bool) -> list[dict]:
+    """systemctl enable/disable/daemon-reload that make the boot unit follow ``want``."""
+    enabled = host.fs.exists(boot.UNIT_WANTS)
+    steps = []
+    if want and not enabled:
+        steps.append({"action": "enable_unit", "unit": boot.UNIT_NAME, "argv": host.cmd.systemctl("enable", boot.UNIT_NAME)})
+    if not want and enabled:
+        steps.append({"action": "disable_unit", "unit": boot.UNIT_NAME, "argv": host.cmd.systemctl("disable", boot.UNIT_NAME)})
+    if unit_changed and not host.cmd.chrooted:
+        steps.append({"action": "daemon_reload", "argv": host.cmd.systemctl("daemon-reload")})
+    return steps
+
+
+def _persist(host: Host, kept: dict, persist: bool, check_mode: bool) -> tuple[list[dict], list[dict]]:
+    """The boot files and unit: (actions, diff). Disable runs before the files go, enable after they are written."""
+    want = bool(persist and kept)
+    script = render_script(host.cmd.script_python()) if want else ""
+    files = [wanted_file(p, c, m) if c is not None else wanted_absent(p) for p, c, m in boot.wanted_files(script, kept, persist)]
+    file_actions, diff = managed_files.plan(host.fs, [], files)
+    units = _unit_steps(host, want, any(a["path"] == boot.UNIT_PATH for a in file_actions))
+    if check_mode:
+        return file_actions + units, diff
+    ordered = [u for u in units if u["action"] == "disable_unit"] + ["files"] + [u for u in units if u["action"] != "disable_unit"]
+    for step in ordered:
+        if step == "files":
+            if file_actions:
+                managed_files.apply(host.fs, [], files, file_actions)
+            continue
+        problem = host.cmd.unit_step(step["argv"], "The CPU settings are set; only their boot persistence failed",
+                                     "Check that systemd manages this host, or set persist: false.",
+                                     wants=boot.UNIT_WANTS if step["action"] == "enable_unit" else None)
+        if problem:
+            raise Failed(problem.pop("msg"), changed=True, **problem)
+    return file_actions + units, diff
+
+
+def _value_diff(steps: list[dict]) -> list[dict]:
+    if not steps:
+        return []
+    return [{"before": "".join(f"{s['path']}: {s['before']}\n" for s in steps),
+             "after": "".join(f"{s['path']}: {s['after']}\n" for s in steps),
+             "before_header": "CPU settings (sysfs)", "after_header": "CPU settings (sysfs)"}]
+
+
+def execute(params: dict, host: Host, check_mode: bool) -> dict:
+    """The cpu_tuning module's run (see the file's docstring). Raises CpuTuningError (nothing changed) or Failed."""
+    fs = host.fs
+    record_path = params["state_dir"].rstrip("/") + "/" + RECORD_FILE
+    record = knobs.load_record(fs.read_exact(record_path), fs.path(record_path))
+    persisted = boot.load_persist(fs.read_exact(boot.PERSIST_CONFIG))
+    if persisted is None:
+        raise CpuTuningError(f"{fs.path(boot.PERSIST_CONFIG)} is not a {boot.PERSIST_FORMAT} file: move it away and run again.")
+    tree = knobs.read_tree(fs)
+    plan = _decide(params, fs, tree, record, persisted)
+    for knob, why in plan["skips"].items():
+        host.warn(f"cpu_tuning: {knob} skipped: {why}.")
+    for path in plan["gone"]:
+        host.warn(f"cpu_tuning: {path} was recorded but is gone (CPU offline, driver changed): its original stays recorded.")
+    record_files = _record_files(record_path, plan["record"]) if plan["record"] != record else []
+    actions: list[dict] = [dict(s) for s in plan["steps"]]
+    diff = _value_diff(plan["steps"])
+    if record_files:
+        rec_actions, rec_diff = managed_files.plan(fs, [], record_files)
+        diff += rec_diff
+        if check_mode:
+            actions += rec_actions
+    if not check_mode:
+        actions += _apply_sysfs(fs, plan["steps"], record_files, _record_files(record_path, record),
+                                params["state"] == "present")
+    persist_actions, persist_diff = _persist(host, plan["kept"], params["persist"], check_mode)
+    after = knobs.simulate(tree, plan["steps"]) if check_mode else knobs.read_tree(fs)
+    return {"changed": bool(actions + persist_actions), "actions": actions + persist_actions,
+            "unavailable": plan["skips"], "before": knobs.summary(tree), "after": knobs.summary(after),
+            "persisted": plan["kept"] if params["persist"] else {},
+            "originals": dict(plan["record"]), "diff": diff + persist_diff}
