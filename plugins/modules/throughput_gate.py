@@ -251,6 +251,14 @@ options:
         fell, AER errors that grew and NVRM Xid events in O(kernel_log) make the verdict V(unstable); so does a candidate
         that failed a larger share of its requests than the baseline (O(baseline_failed) and the other counts).
     type: dict
+  candidate_gpu_health:
+    description:
+      - The M(gpufleet.inference.gpu_health) result read with the change in force. Its uncorrectable ECC errors since the
+        driver loaded, pending or failed row remaps or page retirements, hardware throttling, a grown PCIe replay counter
+        and a failed or warned DCGM test make the verdict V(unstable).
+      - Not given (or with neither NVML nor DCGM read), the GPU part of stability is not measured.
+    type: dict
+    version_added: 0.3.0
   kernel_log:
     description: The kernel log lines since O(baseline_health) was taken, read for NVRM Xid events.
     type: list
@@ -522,6 +530,7 @@ ARGUMENT_SPEC = dict(
     outputs=dict(type="dict"),
     baseline_health=dict(type="dict"),
     candidate_health=dict(type="dict"),
+    candidate_gpu_health=dict(type="dict"),
     kernel_log=dict(type="list", elements="str", default=[]),
     baseline_latency=dict(type="dict"),
     candidate_latency=dict(type="dict"),

@@ -65,7 +65,14 @@ SETTINGS = {
     "inference_benchmark_warmup": 4,
     "inference_benchmark_settle_runs": 0,
     "inference_benchmark_timeout": 120,
+    # Drain and undrain hooks (playbooks/tasks/disruptive.yml) that write, on the host, the boot they ran in: the
+    # rollout test reads from their own log that the drain ran before the reboot and the undrain after it.
+    "gpufleet_drain": [{"name": "lab drain", "command": ["sh", "-c", 'echo "drain $(cat /proc/sys/kernel/random/boot_id) '
+                                                                     '$(uname -r)" >> /var/log/gpufleet-lab-hooks.log']}],
+    "gpufleet_undrain": [{"name": "lab undrain", "command": ["sh", "-c", 'echo "undrain $(cat /proc/sys/kernel/random/boot_id) '
+                                                                         '$(uname -r)" >> /var/log/gpufleet-lab-hooks.log']}],
 }
+HOOK_LOG = "/var/log/gpufleet-lab-hooks.log"
 
 SETUP = f"""
 - name: The lab inference server under the vllm_service unit, and lab3's regression in waiting
@@ -260,6 +267,31 @@ def test_a_failing_canary_stops_the_rollout(servers, work):
         assert lab_ssh(name, f"test -e /boot/vmlinuz-{NEW} && echo installed || echo absent").strip() == "absent"
 
 
+def hook_log(name: str) -> list[str]:
+    return lab_ssh(name, f"cat {HOOK_LOG} 2>/dev/null || true").splitlines()
+
+
+def test_outside_its_window_the_upgrade_is_refused_before_anything_changes(servers, settings_file, work):
+    """Every VM's only maintenance window is a minute three days from now (in the VM's own time zone): the
+    maintenance gate refuses each host before its lease, its drain hook or its preflight touched anything; same boot,
+    old kernel, nothing installed, no hook ran."""
+    day = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")[(time.gmtime().tm_wday + 3) % 7]
+    windows = {"gpufleet_maintenance_windows": [{"days": [day], "start": "00:00", "end": "00:01"}],
+               "kernel_upgrade_serial": [3], "kernel_upgrade_max_fail_percentage": 100}
+    before, logs = boot_ids(), {n: hook_log(n) for n in ("lab1", "lab2", "lab3")}
+    r = ansible_playbook(REPO / "playbooks" / "kernel_upgrade.yml", "-e", f"@{settings_file}", "-e", json.dumps(windows),
+                         "-e", f"kernel_upgrade_fleet_report_dir={work / 'outside'}", timeout=1800)
+    (work / "outside.log").write_text(r.stdout)
+    assert r.returncode != 0, r.stdout[-6000:]
+    for name in ("lab1", "lab2", "lab3"):
+        assert re.search(rf"fatal: \[{name}\]: FAILED! => .*kernel upgrade refused: outside the maintenance windows "
+                         rf"\({day} 00:00-00:01, time zone [^)]+\): it is ", r.stdout), (name, r.stdout[-6000:])
+        assert lab_ssh(name, f"uname -r; test -e /boot/vmlinuz-{NEW} && echo installed || echo absent").split() == [OLD, "absent"]
+        assert hook_log(name) == logs[name], name
+    assert "TASK [gpufleet.inference.kernel_upgrade" not in r.stdout
+    assert boot_ids() == before
+
+
 def test_check_mode_previews_without_changing(servers, settings_file, work):
     """--check: preflight and plan for every host, nothing installed, nothing rebooted."""
     before = boot_ids()
@@ -278,13 +310,27 @@ def test_check_mode_previews_without_changing(servers, settings_file, work):
 def rollout(servers, settings_file, work):
     """One rollout over the three VMs in two waves (lab1, then lab2 and lab3)."""
     report = work / "report"
+    for name in ("lab1", "lab2", "lab3"):
+        lab_ssh(name, f"rm -f {HOOK_LOG}")
+    before = boot_ids()
     t0 = time.time()
     r = ansible_playbook(REPO / "playbooks" / "kernel_upgrade.yml", "-e", f"@{settings_file}",
                          "-e", f"kernel_upgrade_fleet_report_dir={report}", timeout=5400)
     t_rollout = time.time() - t0
     (work / "rollout.log").write_text(r.stdout)
     print(f"kernel upgrade lab: rollout {t_rollout:.0f} s (log {work / 'rollout.log'})")
-    return {"rc": r.returncode, "out": r.stdout, "report": report, "t_rollout": t_rollout}
+    return {"rc": r.returncode, "out": r.stdout, "report": report, "t_rollout": t_rollout, "boots_before": before}
+
+
+def test_the_drain_hook_runs_before_the_reboot_and_the_undrain_after(rollout):
+    """Read from the hooks' own log on each VM: one drain, in the boot before the rollout, then one undrain, in a later
+    boot (the upgrade rebooted in between) - also on lab3, whose upgrade regressed and rolled back."""
+    for name in ("lab1", "lab2", "lab3"):
+        lines = [line.split() for line in hook_log(name)]
+        assert [line[0] for line in lines] == ["drain", "undrain"], (name, lines)
+        assert lines[0][1:] == [rollout["boots_before"][name], OLD], (name, lines)
+        assert lines[1][1] != rollout["boots_before"][name], (name, lines)
+        assert lines[1][2] == (OLD if name == "lab3" else NEW), (name, lines)
 
 
 def test_rollout_two_pass_one_regresses_and_rolls_back(rollout):

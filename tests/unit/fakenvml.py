@@ -3,7 +3,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """FakeNVML: a stand-in for the pynvml LIBRARY ONLY (no test machine has an NVIDIA GPU).
 
-It answers the few calls nvml.collect() makes, with the value conventions of nvidia-ml-py (busId
+It answers the calls nvml.collect() and gpu/readings.py make, with the value conventions of nvidia-ml-py (busId
 with an 8-digit domain, topology levels 0-50, P2P status codes), either from values a test gives or
 from the readings of a real host (from_readings). Everything else in the tests is real code.
 """
@@ -61,12 +61,36 @@ class FakeNVML:
                  "nvmlDeviceGetMaxPcieLinkWidth": "width_max", "nvmlDeviceGetPcieReplayCounter": "replays",
                  "nvmlDeviceGetNumaNodeId": "numa"}.get(name)
         if field is None:
+            if name.startswith("nvmlDevice"):
+                return lambda h, *args: self._recorded(name, h, args)
             raise AttributeError(name)
 
         def call(h):
             self._check(name)
+            if field not in self.gpus[h]:
+                return self._recorded(name, h, ())
             return self.gpus[h][field]
         return call
+
+    def _recorded(self, name, h, args):
+        """A health call answered from the GPU's ``calls`` (the format of tests/unit/plugins/module_utils/fixtures/
+        nvml_health/*.json and of tests/tools/capture_nvml_health.py): the value, or {"ARG,ARG": value} for a call
+        with arguments, or {"error": "..."}; a call not recorded is Not Supported, as on a GPU without it."""
+        self._check(name)
+        calls = self.gpus[h].get("calls") or {}
+        if name not in calls:
+            raise self.NVMLError("Not Supported")
+        value = calls[name]
+        if isinstance(value, dict) and "error" in value:
+            raise self.NVMLError(value["error"])
+        if args:
+            key = ",".join(str(a) for a in args)
+            if not isinstance(value, dict) or key not in value:
+                raise self.NVMLError("Not Supported")
+            value = value[key]
+            if isinstance(value, dict) and "error" in value:
+                raise self.NVMLError(value["error"])
+        return value
 
     def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
         return self.levels[(a, b)]
@@ -113,3 +137,40 @@ class FakeNVML:
         if not answer_remote_types:
             remote_types = None
         return cls(gpus, levels=levels, p2p=p2p, nvlinks=nvlinks, remote_types=remote_types or None)
+
+    @classmethod
+    def from_health_capture(cls, capture):
+        """The fake for a health capture (tests/tools/capture_nvml_health.py's output): each GPU's recorded calls."""
+        return cls([{"bus": g["bus"], "name": g.get("name"), "calls": g["calls"]} for g in capture["gpus"]])
+
+    # nvml.h's enum values, by the names a raw NVML dump (docs/examples/h200-nvml/nvml.json) keys its calls with.
+    DUMP_ENUMS = {"NVML_CLOCK_GRAPHICS": 0, "NVML_CLOCK_SM": 1, "NVML_CLOCK_MEM": 2, "NVML_TEMPERATURE_GPU": 0,
+                  "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS": 0,
+                  "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR": 1, "NVML_MEMORY_ERROR_TYPE_CORRECTED": 0,
+                  "NVML_MEMORY_ERROR_TYPE_UNCORRECTED": 1, "NVML_VOLATILE_ECC": 0, "NVML_AGGREGATE_ECC": 1}
+
+    @classmethod
+    def from_nvml_dump(cls, dump):
+        """The fake for a raw NVML dump (tests/tools/h200_nvml_capture.py's nvml.json): per GPU, ``CALL`` or
+        ``CALL/ENUM_NAME`` -> ``{"value": V}`` or ``{"error": NAME, "text": TEXT}``, and ``ecc`` ->
+        ``TYPE/COUNTER`` -> the same, turned into the ``calls`` of from_health_capture()."""
+        def answer(entry):
+            return {"error": entry.get("text") or entry["error"]} if "error" in entry else entry["value"]
+        gpus = []
+        for g in dump["gpus"]:
+            calls = {}
+            for key, entry in g.items():
+                if key == "ecc":
+                    for pair, counted in entry.items():
+                        kind, counter = pair.split("/")
+                        calls.setdefault("nvmlDeviceGetTotalEccErrors", {})[
+                            f"{cls.DUMP_ENUMS[kind]},{cls.DUMP_ENUMS[counter]}"] = answer(counted)
+                    continue
+                call, _sep, arg = key.partition("/")
+                if arg:
+                    calls.setdefault(call, {})[str(cls.DUMP_ENUMS[arg])] = answer(entry)
+                else:
+                    calls[call] = answer(entry)
+            pci = calls.pop("nvmlDeviceGetPciInfo")
+            gpus.append({"bus": pci["busId"], "name": calls.pop("nvmlDeviceGetName", None), "calls": calls})
+        return cls(gpus)

@@ -96,6 +96,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats imp
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import VerdictError, serving_verdict
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import check_workloads, side_workload
+from ansible_collections.gpufleet.inference.plugins.module_utils.gpu.checks import unstable
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.health import stability
 
 
@@ -912,6 +913,19 @@ def execute(params: dict, host: Host, check_mode: bool) -> dict[str, Any]:
     return result
 
 
+def gpu_unstable(result: Any) -> list[dict[str, Any]] | None:
+    """The findings of a gpu_health result (``candidate_gpu_health``) that make the change unstable; None when none was
+    given or NVML was not read. Failed for a value that is no gpu_health result."""
+    if result is None:
+        return None
+    if not isinstance(result, dict) or not isinstance(result.get("findings"), list):
+        raise Failed("candidate_gpu_health must be a gpu_health result (with its findings); nothing was judged.",
+                     changed=False)
+    if not result.get("available") and not (result.get("dcgm") or {}).get("ran"):
+        return None
+    return unstable(result["findings"])
+
+
 def module_verdict(p: dict, gate: dict[str, Any]) -> dict[str, Any]:
     """The serving verdict of the module's options: the gate's answer, the outputs compared (``outputs``) and the
     stability of the host between ``baseline_health`` and ``candidate_health`` (with ``kernel_log`` and each side's
@@ -920,7 +934,7 @@ def module_verdict(p: dict, gate: dict[str, Any]) -> dict[str, Any]:
     counted = all(sides[side]["requests"] for side in sides)
     try:
         steady = stability(p.get("baseline_health"), p.get("candidate_health"), p.get("kernel_log") or [],
-                           requests=sides if counted else None)
+                           requests=sides if counted else None, gpu_findings=gpu_unstable(p.get("candidate_gpu_health")))
         return serving_verdict(gate, p.get("outputs"), steady)
     except (VerdictError, ValueError) as err:
         raise Failed(f"Cannot give the serving verdict: {err}", changed=False) from None

@@ -10,7 +10,8 @@ Four parts, each answered by its own machinery and reported with its figures:
 * ``outputs``: output_equivalence's compare (bench/equivalence.py): ``equivalent``, ``drifted`` (beyond the A/A band,
   within the user's tolerance: a yes, said) or ``diverged``;
 * ``stability``: pcie/health.py's stability(): ``stable`` or ``unstable`` (a GPU gone, a link trained down, new AER
-  errors, Xid events, more failed requests).
+  errors, Xid events, more failed requests, and from gpu_health: uncorrectable ECC errors, a pending or failed row remap,
+  hardware throttling, a grown PCIe replay counter, a failed DCGM test).
 
 A part that was not measured does not say no, and the verdict says it was not measured. The verdict is the first
 no in the order ``unstable``, ``diverged``, ``regression``, ``inconclusive`` (a host that lost a GPU is unstable

@@ -242,14 +242,17 @@ UNSTABLE_CODES = ("gpu_missing", "link_degraded", "link_cap_reduced", "aer_new",
 
 
 def stability(before: dict[str, Any] | None, after: dict[str, Any] | None, kernel_log: Sequence[str] | str = (),
-              requests: dict[str, Any] | None = None) -> dict[str, Any]:
+              requests: dict[str, Any] | None = None, gpu_findings: Sequence[dict[str, Any]] | None = None
+              ) -> dict[str, Any]:
     """The stability part of the serving verdict: ``stable``, ``unstable`` or ``not measured``.
 
     ``before``/``after``: the audit's ``pcie`` documents taken before the change and with it in force; ``kernel_log``:
     the kernel log lines since ``before``; ``requests``: each side's failed and sent requests
     (``{"baseline": {"failed": F, "requests": N}, "candidate": {...}}``). Unstable when compare() finds one of
     UNSTABLE_CODES, or when the candidate failed a larger share of its requests than the baseline. Without an audit
-    on either side the host part is ``not measured``; the request part still counts."""
+    on either side the host part is ``not measured``; the request part still counts. ``gpu_findings``: the GPU health
+    read with the change in force (gpu_health's ``unstable`` findings, gpu/checks.py's unstable()): each one makes the
+    change unstable (a list, even empty, counts as the ``gpu`` part measured; None: not measured)."""
     reasons: list[str] = []
     findings: list[dict[str, Any]] = []
     measured = []
@@ -257,13 +260,18 @@ def stability(before: dict[str, Any] | None, after: dict[str, Any] | None, kerne
         measured.append("host")
         findings = [f for f in compare(before, after, kernel_log) if f["code"] in UNSTABLE_CODES]
         reasons += [f["message"] for f in findings]
+    if gpu_findings is not None:
+        measured.append("gpu")
+        findings += list(gpu_findings)
+        reasons += [str(f.get("message", f.get("code"))) for f in gpu_findings]
     rates = _failure_rates(requests)
     if rates:
         measured.append("requests")
         if rates[1] > rates[0]:
             reasons.append(f"the candidate failed {rates[1]:.1%} of its requests, the baseline {rates[0]:.1%}")
     if not measured:
-        return {"status": "not measured", "findings": [], "reason": "no audit before and after the change, no request counts"}
+        return {"status": "not measured", "findings": [],
+                "reason": "no audit before and after the change, no GPU health, no request counts"}
     status = "unstable" if reasons else "stable"
     reason = "; ".join(reasons) if reasons else f"nothing got worse ({' and '.join(measured)} checked)"
     return {"status": status, "findings": findings, "measured": measured, "reason": reason}

@@ -11,7 +11,7 @@ pure. Every NVML call may be unsupported (VMs, older GPUs): such a field is None
 from __future__ import annotations
 
 import traceback
-from typing import Any
+from typing import Any, Callable
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import normalize_bdf
 
@@ -55,6 +55,12 @@ def _text(value) -> str:
 
 def collect(lib=None) -> dict[str, Any]:
     """Read per-GPU PCIe data and every pair's topology level and P2P status, keyed by BDF."""
+    return session(lib, _collect)
+
+
+def session(lib, job: Callable[[Any], Any]) -> Any:
+    """``job(nv)`` with NVML initialised (``lib``, else pynvml), shut down after; NvmlUnavailable when it cannot
+    start. The one place that opens NVML (the PCIe reader above, gpu/readings.py's health reader)."""
     nv = lib if lib is not None else pynvml
     if nv is None:
         raise NvmlUnavailable("the Python library nvidia-ml-py (pynvml) is not installed for this interpreter")
@@ -63,7 +69,7 @@ def collect(lib=None) -> dict[str, Any]:
     except Exception as err:  # pylint: disable=broad-except  # NVMLError or OSError: library or driver missing
         raise NvmlUnavailable(f"nvmlInit failed: {err}") from None
     try:
-        return _collect(nv)
+        return job(nv)
     finally:
         try:
             nv.nvmlShutdown()

@@ -16,10 +16,10 @@ from typing import Callable
 
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
 from ansible_collections.gpufleet.inference.plugins.modules import (
-    bench_history, cpu_placement, cpu_tuning, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity, kernel_boot_entry,
-    kernel_boot_health, kernel_cmdline, kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight, metrics_textfile,
-    nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload, output_equivalence, throughput_gate, tune_measured, vfio_bind,
-    vllm_preflight, vllm_ready, vllm_service_files,
+    bench_history, cpu_placement, cpu_tuning, gpu_health, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity,
+    kernel_boot_entry, kernel_boot_health, kernel_cmdline, kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight,
+    maintenance_gate, metrics_textfile, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload, output_equivalence,
+    throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
 )
 from tests.unit.fakesysfs import FakeHost, cpu_knobs, cpus_online, node_memory, two_gpus_one_switch, two_numa_nodes
 from tests.unit.plugins.module_utils.test_vfio import gpu_host
@@ -146,8 +146,12 @@ def specs(vllm_url: str) -> dict[str, Spec]:
         "cpu_tuning": Spec(cpu_tuning, _cpu_host, lambda r: {
             "root": r, "governor": "performance", "cstate_max_latency_us": 10, "thp_enabled": "madvise", "persist": False},
             ["/var/lib/gpufleet/cpu_tuning.json", "/etc/gpufleet/cpu_tuning.json"]),
+        "gpu_health": Spec(gpu_health, _gpu_host, lambda r: {"root": r, "dcgm_timeout": 60, "clock_ratio": 0.9}),
         "host_lease": Spec(host_lease, lease_build, lease_base, ["/var/lib/gpufleet/lease.json"]),
         "host_lint": Spec(host_lint, _copied_guide, lambda r: {"root": r}, ["/etc/nccl.conf", "/etc/default/grub", "/proc/cmdline"]),
+        "maintenance_gate": Spec(maintenance_gate, _nothing, lambda r: {
+            "root": r, "windows": [{"days": ["mon-fri"], "start": "22:00", "end": "04:00"}], "timezone": "UTC",
+            "now": 1796400000.0, "refuse": False, "blockers": [{"command": ["true"], "timeout": 5}]}),
         "hugepages": Spec(hugepages, _gpu_host, lambda r: {"root": r, "pages_2m": 16}),
         "inference_benchmark": Spec(inference_benchmark, _nothing, lambda r: {
             "url": vllm_url, "model": "tiny", "requests": 2, "warmup": 0, "repetitions": 1, "settle_runs": 1, "concurrency": [1],

@@ -41,8 +41,10 @@ PREFIX = "ansible_collections.gpufleet.inference.plugins.module_utils"
 SHARED = {"_host": set(), "_pci": {"_host"}}
 # The topics a topic may import besides the shared packages and itself.
 ALLOWED = {
-    "bench": {"pcie"},          # a benchmark samples the PCIe links under load
+    "bench": {"pcie", "gpu"},   # a benchmark samples the PCIe links under load; the verdict weighs GPU health
+    "gpu": {"pcie"},            # GPU health opens NVML where the PCIe reader does (pcie/nvml.py's session())
     "kernel": {"bench", "lease"},  # the rollout judges with the gate and renews the host lease
+    "maintenance": {"bench"},   # a URL blocker speaks the benchmark's HTTP transport
     "pcie": {"lint"},           # the audit runs the host lint
     "tuning": {"bench"},        # measured stages are judged by the gate
     "vllm": {"bench"},          # readiness speaks the benchmark's HTTP transport

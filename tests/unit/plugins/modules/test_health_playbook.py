@@ -4,7 +4,8 @@
 """playbooks/health.yml run for real by ansible-playbook on this machine (its first PCI function as the
 audited device, the lab stand-in on 127.0.0.1 as the server), twice: the second run's previous record is
 edited to list a GPU that is not there and another kernel command line, which it must report, with fixes,
-in the fleet report; both short benchmarks land in the throughput history."""
+in the fleet report; both short benchmarks land in the throughput history. Drain hooks (a command each, writing
+to a log) run around each benchmark, and health_drain drains the host on the second run for its missing GPU."""
 
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def test_health_playbook_reports_a_missing_gpu_and_a_changed_cmdline(tmp_path):
                 "health_benchmark_url": f"http://127.0.0.1:{port}", "health_benchmark_prompt_tokens": 16,
                 "health_benchmark_output_tokens": 16, "health_benchmark_requests": 16,
                 "health_benchmark_concurrency": [4], "gpufleet_report_dir": str(reports),
-                "gpufleet_history_dir": str(reports / "history")}
+                "gpufleet_history_dir": str(reports / "history"), "health_drain": True,
+                "gpufleet_drain": [{"command": ["sh", "-c", f'echo "drain $GPUFLEET_HOOK_STEP" >> {tmp_path}/hooks.log']}],
+                "gpufleet_undrain": [{"command": ["sh", "-c", f'echo "undrain $GPUFLEET_HOOK_STEP" >> {tmp_path}/hooks.log']}]}
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": hostvars}}}))
     env = {"ANSIBLE_COLLECTIONS_PATH": os.path.join(REPO, ".collections"), "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"),
@@ -69,6 +72,13 @@ def test_health_playbook_reports_a_missing_gpu_and_a_changed_cmdline(tmp_path):
     assert "GPU 0000:7f:00.0 (GH100 [H200]) was in the previous audit but is not on the PCI bus now" in fleet
     assert "-iommu=pt" in fleet and "reseat the card" in fleet
     assert "<table>" in (reports / "health" / "fleet.html").read_text()
+    # the benchmark ran between the hooks both times; the second run drained the host for its missing GPU
+    assert (tmp_path / "hooks.log").read_text().splitlines() == [
+        "drain health benchmark", "undrain health benchmark", "drain health benchmark", "undrain health benchmark",
+        "drain health drain"]
+    assert "health.yml drained the host: critical: GPU 0000:7f:00.0 (GH100 [H200]) was in the previous audit" in fleet
+    assert "playbooks/undrain.yml --limit localhost" in fleet
+    assert second["gpu_health"]["dcgm"]["ran"] in (True, False) and "gpus" in second["gpu_health"]
     rows = sqlite3.connect(str(reports / "history" / "history.sqlite")).execute(
         "SELECT source, profile, vllm_version FROM runs").fetchall()
     assert rows == [("health", "health", "gpufleet-lab-1")] * 2
