@@ -223,13 +223,13 @@ def cell_key(key: str, settings: dict) -> tuple[int, int, int]:
     lengths, "16x2048/256" a --cells cell (h200_vllm.py cell_args)."""
     if "x" not in key:
         return int(key), settings["prompt_tokens"], settings["output_tokens"]
-    level, _, lengths = key.partition("x")
-    prompt, _, output = lengths.partition("/")
+    level, lengths = key.split("x", 1)
+    prompt, output = lengths.split("/", 1)
     return int(level), int(prompt), int(output)
 
 
 def _cell_order(item) -> tuple:
-    (level, prompt, output), _ = item
+    level, prompt, output = item[0]
     return (prompt, output, -level)
 
 

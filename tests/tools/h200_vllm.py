@@ -680,11 +680,11 @@ def plan_entry(entry: str) -> dict:
     --cells after them (default 1). swap: DIR is served at the profile's model path for this start (renamed in, and
     back once the start is done), so that the reference's model identity (served name, path, tokenizer) matches a
     corrupted copy of the same model."""
-    profile, _, rest = entry.partition("/")
+    profile, rest = (entry.split("/", 1) + [""])[:2]
     opts = rest.split(",") if rest else []
     out: dict = {"profile": profile, "eq": None, "runs": None, "cells": True, "swap": None}
     for opt in opts:
-        key, _, value = opt.partition("=")
+        key, value = (opt.split("=", 1) + [""])[:2]
         if key == "eq" and value in ("record", "compare"):
             out["eq"] = value
         elif key == "runs" and value.isdigit():
@@ -700,8 +700,8 @@ def plan_entry(entry: str) -> dict:
 
 def cell_args(args, cell: str):
     """LEVELxPROMPT/OUTPUT (e.g. 16x2048/256) as (level, a copy of args with those lengths)."""
-    level, _, lengths = cell.partition("x")
-    prompt, _, output = lengths.partition("/")
+    level, lengths = (cell.split("x", 1) + [""])[:2]
+    prompt, output = (lengths.split("/", 1) + [""])[:2]
     if not (level.isdigit() and prompt.isdigit() and output.isdigit()):
         raise SystemExit(f"--cells {cell!r}: not LEVELxPROMPT/OUTPUT, e.g. 16x2048/256")
     return int(level), argparse.Namespace(**{**vars(args), "prompt_tokens": int(prompt), "output_tokens": int(output)})

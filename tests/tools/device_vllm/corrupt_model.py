@@ -8,7 +8,6 @@ import json
 import os
 import sys
 
-import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 

@@ -60,11 +60,11 @@ def main() -> int:
         json.dump(CONFIG, fh, indent=1)
     from transformers import AutoConfig  # the config must load as vLLM will load it
     loaded = AutoConfig.from_pretrained(out)
+    shown = ("hidden_size", "num_hidden_layers", "n_routed_experts", "num_experts_per_tok", "n_shared_experts",
+             "kv_lora_rank", "vocab_size")
     summary = {"architecture": CONFIG["architectures"][0], "config_class": type(loaded).__name__,
                "parameters": parameters(CONFIG), "weights": "vLLM --load-format dummy", "seconds": round(time.time() - t0, 1),
-               "tokenizer": check, "config": {k: CONFIG[k] for k in ("hidden_size", "num_hidden_layers", "n_routed_experts",
-                                                                      "num_experts_per_tok", "n_shared_experts",
-                                                                      "kv_lora_rank", "vocab_size")}}
+               "tokenizer": check, "config": {k: CONFIG[k] for k in shown}}
     with open(os.path.join(out, "..", os.path.basename(out.rstrip("/")) + ".made.json"), "w", encoding="utf-8") as fh:
         json.dump(summary, fh, indent=1)
     print("model", json.dumps(summary))
