@@ -132,3 +132,36 @@ def _says(decision: Any, final: bool) -> str:
     if decision == "regression":
         return "no"
     return "no" if final else "wait"
+
+
+def part_summary(name: str, part: dict[str, Any] | None) -> dict[str, Any]:
+    """What a report shows of one part: its answer, what it says, why, and its main figures (the throughput ratio, the
+    outputs' top-1 agreement and logprob differences, the stability findings as ``code@device``); {} for no part."""
+    if not isinstance(part, dict):
+        return {}
+    out = {"answer": part.get("answer"), "says": part.get("says"), "reason": part.get("reason") or ""}
+    if name == "throughput" and part.get("ratio") is not None:
+        out["figures"] = {"ratio": part["ratio"]}
+    elif name == "outputs" and isinstance(part.get("figures"), dict):
+        out["figures"] = {k: part["figures"][k] for k in ("top1_agreement", "mean_abs_logprob_diff", "p99_abs_logprob_diff")
+                          if k in part["figures"]}
+    elif name == "stability" and part.get("findings"):
+        out["figures"] = {"findings": [f"{f.get('code')}@{f.get('device')}" for f in part["findings"] if isinstance(f, dict)]}
+    return out
+
+
+def part_cell(name: str, summary: dict[str, Any] | None) -> str:
+    """One part in a table cell: what it says (and its answer where that is more than yes), with its main figure."""
+    if not summary:
+        return "-"
+    figures = summary.get("figures") or {}
+    says = str(summary.get("says"))
+    if summary.get("says") == "no" and summary.get("answer"):
+        says += f" ({summary['answer']})"
+    if name == "throughput" and isinstance(figures.get("ratio"), (int, float)):
+        return f"{says} {figures['ratio']:.3f}"
+    if name == "outputs" and isinstance(figures.get("top1_agreement"), (int, float)):
+        return f"{says} top-1 {figures['top1_agreement']:.3f}"
+    if name == "stability" and figures.get("findings"):
+        return f"{says} " + ", ".join(figures["findings"])
+    return says

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import PARTS
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import PARTS, part_cell, part_summary
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import OK_DECISIONS
 
 FORMAT = "gpufleet.kernel_upgrade_fleet/1"
@@ -37,25 +37,10 @@ def gate_summary(gate: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def verdict_parts(verdict: dict[str, Any] | None) -> dict[str, Any]:
-    """Each part of the serving verdict as the report shows it: its answer, what it says, why, and its figures (the
-    throughput ratio, the latency metrics' ratios, the outputs' top-1 agreement and logprob differences, the
-    stability findings); {} for a record without parts (a stop before the gate, or a record from before them)."""
+    """Each part of the serving verdict as the report shows it (bench/verdict.py part_summary()); {} for a record
+    without parts (a stop before the gate, or a record from before them)."""
     parts = (verdict or {}).get("parts") or {}
-    out = {}
-    for name in PARTS:
-        part = parts.get(name)
-        if not isinstance(part, dict):
-            continue
-        row = {"answer": part.get("answer"), "says": part.get("says"), "reason": part.get("reason") or ""}
-        if name == "throughput" and part.get("ratio") is not None:
-            row["figures"] = {"ratio": part["ratio"]}
-        elif name == "outputs" and isinstance(part.get("figures"), dict):
-            row["figures"] = {k: part["figures"][k] for k in ("top1_agreement", "mean_abs_logprob_diff",
-                                                               "p99_abs_logprob_diff") if k in part["figures"]}
-        elif name == "stability" and part.get("findings"):
-            row["figures"] = {"findings": [f"{f.get('code')}@{f.get('device')}" for f in part["findings"]]}
-        out[name] = row
-    return out
+    return {name: part_summary(name, parts[name]) for name in PARTS if isinstance(parts.get(name), dict)}
 
 
 def _median(values: list[float]) -> float | None:
@@ -147,7 +132,7 @@ def render_markdown(report: dict[str, Any]) -> str:
                          bm=_fmt(r.get("baseline_median")), bn=r.get("baseline_runs", 0), cm=_fmt(r.get("candidate_median")),
                          cn=r.get("candidate_runs", 0), ratio=_fmt(r.get("ratio"), 3), p=_fmt(r.get("p_value"), 4),
                          pp=_fmt(r.get("p_value_pass"), 4), by=_fmt(r.get("decided_by")),
-                         says=" | ".join(_part_cell(name, (r.get("parts") or {}).get(name)) for name in PARTS),
+                         says=" | ".join(part_cell(name, (r.get("parts") or {}).get(name)) for name in PARTS),
                          locked=", ".join(r.get("locked") or []) or "-",
                          total=_fmt((r.get("timings") or {}).get("total_s"))))
     lines += ["", "## Why", ""]
@@ -159,21 +144,6 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- **{r['host']}** ({r['decision']}): {r.get('reason') or '-'}{extra}")
         for name, part in (r.get("parts") or {}).items():
             if part.get("says") != "yes":  # each part that said no, waited or was not measured, and why
-                lines.append(f"  - {name}: {part.get('says')}"
-                             + (f" ({part['answer']})" if part.get("answer") else "") + f": {part.get('reason') or '-'}")
+                lines.append(f"  - {name}: {part_cell(name, {**part, 'figures': {}})}: {part.get('reason') or '-'}")
     return "\n".join(lines) + "\n"
 
-
-def _part_cell(name: str, part: dict[str, Any] | None) -> str:
-    """One part in the table: what it says, with its main figure."""
-    if not part:
-        return "-"
-    figures = part.get("figures") or {}
-    figure = ""
-    if name == "throughput" and "ratio" in figures:
-        figure = f" {figures['ratio']:.3f}"
-    elif name == "outputs" and "top1_agreement" in figures:
-        figure = f" top-1 {figures['top1_agreement']:.3f}"
-    elif name == "stability" and figures.get("findings"):
-        figure = " " + ", ".join(figures["findings"])
-    return f"{part.get('says')}{figure}"

@@ -385,7 +385,7 @@ def test_fleet_report_shows_each_part_of_the_serving_verdict_and_why_one_said_no
     assert row["parts"]["throughput"]["says"] == "yes" and row["parts"]["throughput"]["figures"]["ratio"] > 0.9
     assert rep["hosts"][1]["parts"] == {} and rep["failed"] == ["lab1"] and rep["counts"] == {"diverged": 1, "pass": 1}
     md = kr.render_markdown(rep)
-    assert "| throughput | latency | outputs | stability |" in md and "no top-1 0.800" in md
+    assert "| throughput | latency | outputs | stability |" in md and "no (diverged) top-1 0.800" in md
     assert "  - outputs: no (diverged): diverged (simulated)" in md
     assert "  - latency: not measured: no per-run latency was given to the gate" in md
     assert md.startswith("# Kernel rollout r1\n\nOutcome: 1 diverged, 1 pass;")
