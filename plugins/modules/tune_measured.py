@@ -231,6 +231,14 @@ stages:
   returned: always
   type: list
   elements: dict
+verdicts:
+  description:
+    - Each decided stage's serving verdict as M(gpufleet.inference.bench_history) stores it (its O(verdicts) option) -
+      C(verdict), C(keep), C(reason), C(parts), C(stage) and C(decided_at).
+  returned: always
+  type: list
+  elements: dict
+  version_added: 0.3.0
 state:
   description: The whole state document (stages with measurements, gate verdicts, recorded readings).
   returned: always

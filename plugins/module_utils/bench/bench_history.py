@@ -44,8 +44,12 @@ def append(p: dict, check_mode: bool, warn: Callable[[str], None], result: dict)
             continue
         checked.append((where, doc))
     docs = checked
+    records = [bh.check_verdict(v, f"verdicts[{i}]") for i, v in enumerate(p.get("verdicts") or [])]
+    if records and not p["host"]:
+        raise bh.HistoryError("verdicts need host: the host whose change they judged")
     if check_mode:
         result["actions"] = [_store_action(p, doc) for _w, doc in docs]
+        result["actions"] += [_verdict_action(p, v) for v in records]
         result["schema_version"] = bh.SCHEMA_VERSION
         return
     conn = bh.connect(p["path"])
@@ -58,9 +62,22 @@ def append(p: dict, check_mode: bool, warn: Callable[[str], None], result: dict)
             if added:
                 result["added"].append(run_id)
                 result["actions"].append(_store_action(p, doc, run_id))
+        for i, record in enumerate(records):
+            verdict_id, added = bh.append_verdict(conn, record, p["host"], p["source"], f"verdicts[{i}]")
+            if added:
+                result["verdicts_added"].append(verdict_id)
+                result["actions"].append(_verdict_action(p, record, verdict_id))
         result["schema_version"] = bh.schema_version(conn)
     finally:
         conn.close()
+
+
+def _verdict_action(p: dict, record: dict, verdict_id: int | None = None) -> dict[str, Any]:
+    action = {"action": "store_verdict", "path": p["path"], "host": p["host"], "source": p["source"],
+              "stage": record["stage"], "verdict": record["verdict"]}
+    if verdict_id is not None:
+        action["verdict_id"] = verdict_id
+    return action
 
 
 def series(p: dict) -> tuple[list[dict[str, Any]], int]:
@@ -83,6 +100,11 @@ def report(p: dict, fs: HostFS, check_mode: bool, result: dict) -> None:
     result.update(schema_version=version, drops=model["drops"], link_findings=model["links"])
     if p["state"] == "query":
         result["series"] = found
+        conn = bh.connect(p["path"], create=False)
+        try:
+            result["verdicts"] = [v for host in (p["hosts"] or [None]) for v in bh.verdicts(conn, host)]
+        finally:
+            conn.close()
         return
     files = {"history.md": hr.render_markdown(model, p["title"]), "history.html": hr.render_html(model, p["title"])}
     result["files"] = []
@@ -105,7 +127,7 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"changed": False, "actions": []}
     try:
         if p["state"] == "append":
-            result.update(added=[], run_ids=[])
+            result.update(added=[], run_ids=[], verdicts_added=[])
             append(p, check_mode, warn, result)
         elif p["state"] == "report" and check_mode and not os.path.exists(p["path"]):
             result.update(actions=[{"action": "write", "path": f"{p['dest']}/history.md"},

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
@@ -1105,6 +1106,19 @@ def check_journal(journal: Any, path: str) -> dict[str, Any]:
     return journal
 
 
+def serving_record(journal: dict[str, Any]) -> dict[str, Any] | None:
+    """The journal's serving verdict as the history stores it (bench_history ``verdicts``): its answer, reason and
+    parts, the change (``kernel OLD -> TARGET``) and when it was decided (UTC); None without parts."""
+    verdict = journal.get("verdict") or {}
+    if not verdict.get("parts"):
+        return None
+    at = verdict.get("at")
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)) if _num(at) else "unknown"
+    return {"verdict": verdict["decision"], "keep": verdict["decision"] == "pass", "reason": verdict.get("reason", ""),
+            "parts": verdict["parts"], "stage": f"kernel {journal.get('old')} -> {journal.get('target')}",
+            "decided_at": when}
+
+
 def record_facts(journal: dict[str, Any] | None, action: dict[str, Any]) -> dict[str, Any]:
     """What the role's record keeps from the journal and the last action."""
     j = journal or {}
@@ -1113,5 +1127,6 @@ def record_facts(journal: dict[str, Any] | None, action: dict[str, Any]) -> dict
             "candidate": j.get("candidate") or {}, "gate": gate, "locked": j.get("locked") or [],
             "server_after_rollback": j.get("server_after_rollback"), "journal_run_id": j.get("run_id"),
             "resumed": j.get("resumed") or [], "taken_over": j.get("taken_over") or [], "verdict": j.get("verdict") or {},
+            "serving_verdict": serving_record(j) if j else None,
             "decision": action.get("decision", ""),
             "reason": action.get("reason", "")}

@@ -769,6 +769,14 @@ def summary(state: dict[str, Any]) -> list[dict[str, Any]]:
             for e in state["stages"]]
 
 
+def verdict_records(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each decided stage's serving verdict as the history stores it (bench_history ``verdicts``): its answer, reason
+    and parts, the stage, when it was decided."""
+    return [{"verdict": e["serving"]["verdict"], "keep": e["serving"]["keep"], "reason": e["serving"]["reason"],
+             "parts": e["serving"]["parts"], "stage": e["name"], "decided_at": e["decided_at"]}
+            for e in state["stages"] if e.get("serving") and e.get("decided_at")]
+
+
 # ---- what the module reads and restores on the host --------------------------------------------------
 def read_aspm_policy(fs: HostFS) -> str:
     text = fs.read_optional("/sys/module/pcie_aspm/parameters/policy")
@@ -887,7 +895,8 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict:
                 result["actions"].append({"action": "remove", "path": path})
                 if not check_mode:
                     fs.remove(path)
-            result.update(changed=bool(result["actions"]), next={"action": "done"}, stages=[], state={}, diff={})
+            result.update(changed=bool(result["actions"]), next={"action": "done"}, stages=[], state={}, diff={},
+                          verdicts=[])
             return result
         state = load(fs, path)
         before = json.dumps(state, sort_keys=True) if state is not None else None
@@ -897,6 +906,9 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict:
             raise TuneError(f"no measured-tuning state at {path}: run op=start first")
         if p["op"] == "complete":
             complete(state, p["action_id"], p["results"], checks=p.get("checks"))
+            for e in state["stages"]:  # the stage just judged: when (for the history)
+                if e.get("serving") and e.get("status") != "more" and not e.get("decided_at"):
+                    e["decided_at"] = p["now"] or "unknown"
         act = next_action(state)
         prepare(fs, state, act, check_mode, result["actions"])
         if act["action"] == "done" and not state.get("finished_at"):
@@ -907,7 +919,7 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict:
             if not check_mode:
                 # temp file, fsync, rename, fsync of the directory: the state survives a crash or a reboot
                 fs.write_atomic(path, json.dumps(state, indent=1, sort_keys=True) + "\n", mode=0o600)
-        result.update(next=act, stages=summary(state), state=state)
+        result.update(next=act, stages=summary(state), state=state, verdicts=verdict_records(state))
     except TuneError as err:
         raise Failed(f"Measured tuning: {err}", **result) from None
     except HostFSError as err:

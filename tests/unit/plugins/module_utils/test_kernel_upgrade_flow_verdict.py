@@ -69,6 +69,11 @@ def test_a_candidate_that_serves_the_same_commits_with_every_part_journaled():
         "throughput": "yes", "latency": "not measured", "outputs": "yes", "stability": "yes"}
     assert verdict["reason"].endswith("(latency not measured)")  # the simulated benchmarks carry no latency
     assert host.history[0]["checks"]["outputs"]["verdict"] == "equivalent"
+    # the history's record of it (bench_history verdicts): the change named, when, each part
+    from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
+    record = flow.record_facts(host.history[0], result["finish"])["serving_verdict"]
+    assert record["stage"] == f"kernel {OLD} -> {NEW}" and record["verdict"] == "pass" and record["keep"] is True
+    assert bh.check_verdict(record) is record and record["decided_at"].endswith("Z")
 
 
 def test_parts_left_out_are_named_not_measured_and_never_asked_for():

@@ -106,3 +106,7 @@ def test_measured_tuning_playbook_keeps_the_helpful_flag_and_reverts_the_harmful
         "SELECT stage, source FROM runs ORDER BY id").fetchall()
     assert {r[1] for r in runs} == {"tune_measured"} and [r[0] for r in runs][0] == "baseline"
     assert {"seqs_16", "seqs_1"} <= {r[0] for r in runs} and 3 <= len(runs) <= 5
+    # each stage's serving verdict, with each part's word, in the history
+    verdicts = sqlite3.connect(str(tmp_path / "reports" / "history.sqlite")).execute(
+        "SELECT stage, source, outputs, stability FROM verdicts ORDER BY stage").fetchall()
+    assert verdicts == [("seqs_1", "tune_measured", "yes", "not measured"), ("seqs_16", "tune_measured", "yes", "not measured")]
