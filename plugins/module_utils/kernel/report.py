@@ -146,4 +146,3 @@ def render_markdown(report: dict[str, Any]) -> str:
             if part.get("says") != "yes":  # each part that said no, waited or was not measured, and why
                 lines.append(f"  - {name}: {part_cell(name, {**part, 'figures': {}})}: {part.get('reason') or '-'}")
     return "\n".join(lines) + "\n"
-

@@ -86,8 +86,8 @@ def _verdict_table(state: dict[str, Any]) -> list[str]:
     out = ["### Serving verdict", "", "| stage | verdict | " + " | ".join(PARTS) + " | outcome |",
            "|---|---|" + "---|" * len(PARTS) + "---|"]
     for r in table:
-        out.append("| " + " | ".join(_md(c) for c in (r["stage"], r["verdict"], *[part_cell(n, r["parts"][n]) for n in PARTS],
-                                                        r["status"])) + " |")
+        cells = (r["stage"], r["verdict"], *[part_cell(n, r["parts"][n]) for n in PARTS], r["status"])
+        out.append("| " + " | ".join(_md(c) for c in cells) + " |")
     out.append("")
     for r in table:  # each part that did not say yes, and why
         out += [f"- **{r['stage']}** {name}: {_md(part_cell(name, {**p, 'figures': {}}))}: {_md(p.get('reason') or '-')}"
