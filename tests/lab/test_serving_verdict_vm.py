@@ -5,8 +5,8 @@
    throughput stays): the stage is measured, its outputs compared with the reference recorded at the baseline, the
    host audited; the verdict is a latency ``regression`` while the throughput part says yes, and the stage is
    reverted. Checked on the VM: the server's unit runs without the hold again.
-2. ``playbooks/kernel_upgrade.yml`` on lab1 (6.1.0-50 -> 6.1.0-56), the server started through a wrapper that adds
-   ``--output-noise 0.3`` only under the new kernel (a build whose arithmetic went wrong with the kernel): the output
+2. ``playbooks/kernel_upgrade.yml`` on lab1 (6.1.0-50 -> 6.1.0-56), the server started through a Python wrapper that
+   adds ``--output-noise 0.3`` only under the new kernel (a build whose arithmetic went wrong with the kernel): the output
    reference is recorded on the old kernel, the candidate is as fast but ``diverged``, and the upgrade rolls back.
    Checked on the VM: the old kernel runs and is GRUB's saved default with no one-shot entry, it is held again, the
    reference file is there, the server serves.
@@ -47,13 +47,19 @@ PROFILE = {"name": "lab_interactive", "prompt_tokens": 16, "output_tokens": 128,
            "repetitions": 5, "warmup": 4, "settle_runs": 0}
 # the short prompts only (the stand-in's context is 1024 tokens here), 8 tokens each: under a minute under TCG
 OUTPUTS = {"prompt_lengths": ["short"], "max_tokens": 8}
-WRAPPER = f"""#!/bin/sh
+# The server with its outputs perturbed under the new kernel only: a Python wrapper that runs the lab server in its own
+# process (vllm_service checks the live process's argv against the unit's, so no exec to another program)
+WRAPPER = f"""import os
+import runpy
+import sys
+
 # tests/lab/test_serving_verdict_vm.py: the lab server, its outputs perturbed under kernel {NEW} only
-if [ "$(uname -r)" = "{NEW}" ]; then
-    exec /usr/bin/python3 {SERVER} --output-noise 0.3 "$@"
-fi
-exec /usr/bin/python3 {SERVER} "$@"
+if os.uname().release == "{NEW}":
+    sys.argv += ["--output-noise", "0.3"]
+sys.argv[0] = "{SERVER}"
+runpy.run_path("{SERVER}", run_name="__main__")
 """
+NOISY = ["/usr/bin/python3", "/opt/gpufleet/lab/noisy_on_new_kernel.py"]
 KERNEL = {
     "kernel_upgrade_target": NEW, "kernel_upgrade_reboot_ok": True, "kernel_upgrade_serial": [1],
     "kernel_upgrade_reboot_timeout": 1500, "kernel_upgrade_gate_threshold": 0.40, "kernel_upgrade_vllm_timeout": 300,
@@ -144,15 +150,14 @@ def test_a_flag_stage_slower_to_its_first_token_at_equal_throughput_is_reverted(
 
 
 def test_a_kernel_that_changes_the_outputs_is_rolled_back_as_diverged(vm):
-    lab_ssh(VM, "cat > /opt/gpufleet/lab/noisy-on-new-kernel.sh && chmod 0755 /opt/gpufleet/lab/noisy-on-new-kernel.sh",
+    lab_ssh(VM, "cat > /opt/gpufleet/lab/noisy_on_new_kernel.py && chmod 0644 /opt/gpufleet/lab/noisy_on_new_kernel.py",
             stdin=WRAPPER)
     r = playbook("playbooks/serve.yml", "--tags", "vllm_service", "-e", "gpufleet_site_benchmark=never",
-                 "-e", json.dumps({"vllm_service_command": ["/bin/sh", "/opt/gpufleet/lab/noisy-on-new-kernel.sh"]}),
-                 timeout=1800)
+                 "-e", json.dumps({"vllm_service_command": NOISY}), timeout=1800)
     ok(r, "serve.yml with the wrapper")
-    assert "noisy-on-new-kernel.sh" in exec_start() and lab_ssh(VM, "uname -r").strip() == OLD
+    assert "noisy_on_new_kernel.py" in exec_start() and lab_ssh(VM, "uname -r").strip() == OLD
     settings = WORK / "kernel.json"
-    settings.write_text(json.dumps({**KERNEL, "vllm_service_command": ["/bin/sh", "/opt/gpufleet/lab/noisy-on-new-kernel.sh"]}))
+    settings.write_text(json.dumps({**KERNEL, "vllm_service_command": NOISY}))
     report = WORK / "kernel_upgrade"
     t0 = time.time()
     r = playbook("playbooks/kernel_upgrade.yml", "-e", f"@{settings}", "-e", f"kernel_upgrade_fleet_report_dir={report}",
