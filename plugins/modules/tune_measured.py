@@ -123,7 +123,7 @@ options:
     version_added: 0.3.0
   checks:
     description:
-      - For O(op=complete) of a benchmark, what RV(next.checks) asked for - C(health) (the audit's C(pcie) document),
+      - For O(op=complete) of a benchmark, what C(checks) of RV(next) asked for - C(health) (the audit's C(pcie) document),
         C(kernel_log) (lines; only the Xid lines are kept) and C(outputs) (output_equivalence's result, the record at the
         baseline, the comparison after a stage).
     type: dict
@@ -233,8 +233,9 @@ stages:
   elements: dict
 verdicts:
   description:
-    - Each decided stage's serving verdict as M(gpufleet.inference.bench_history) stores it (its O(verdicts) option) -
-      C(verdict), C(keep), C(reason), C(parts), C(stage) and C(decided_at).
+    - Each decided stage's serving verdict as M(gpufleet.inference.bench_history) stores it (its
+      O(gpufleet.inference.bench_history#module:verdicts) option) - C(verdict), C(keep), C(reason), C(parts), C(stage)
+      and C(decided_at).
   returned: always
   type: list
   elements: dict

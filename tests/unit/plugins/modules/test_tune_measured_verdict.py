@@ -52,8 +52,8 @@ def the_stage(result, name="seqs"):
 def test_the_baseline_records_the_reference_and_a_flag_stage_compares_once(tmp_path, capsys):
     answers = run(tmp_path, capsys, document(SAME), base_checks={"outputs": REFERENCE, "health": health()},
                   stage_checks={"outputs": compared("equivalent"), "health": health()})
-    assert answers[0]["next"]["checks"] == {"audit": True, "outputs": "record",
-                                             "reference": "/var/lib/gpufleet/tune_measured/outputs-reference.json"}
+    reference = "/var/lib/gpufleet/tune_measured/outputs-reference.json"
+    assert answers[0]["next"]["checks"] == {"audit": True, "outputs": "record", "reference": reference}
     assert answers[2]["next"]["action"] == "benchmark" and answers[2]["next"]["checks"]["outputs"] == "compare"
     s = the_stage(answers[-1])
     assert s["status"] == "kept" and s["verdict"] == "pass", s["reason"]
