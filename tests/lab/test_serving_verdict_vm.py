@@ -60,7 +60,12 @@ sys.argv[0] = "{SERVER}"
 runpy.run_path("{SERVER}", run_name="__main__")
 """
 NOISY = ["/usr/bin/python3", "/opt/gpufleet/lab/noisy_on_new_kernel.py"]
+# The kernel test is about the outputs: its latency part is left unjudged (margins null), as the emulated VM's TTFT
+# and TPOT vary by 60-90% run to run on a loaded host (a first run, 2026-12-04, stopped before any change with
+# "inconclusive on latency: TTFT p50 too noisy for a +10% margin (CV 73.3%)", honestly); the latency no is the flag
+# stage's test above, where the hold is a 13x change.
 KERNEL = {
+    "kernel_upgrade_gate_latency_margins": {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": None},
     "kernel_upgrade_target": NEW, "kernel_upgrade_reboot_ok": True, "kernel_upgrade_serial": [1],
     "kernel_upgrade_reboot_timeout": 1500, "kernel_upgrade_gate_threshold": 0.40, "kernel_upgrade_vllm_timeout": 300,
     "kernel_upgrade_outputs_prompt_lengths": OUTPUTS["prompt_lengths"], "kernel_upgrade_outputs_max_tokens": OUTPUTS["max_tokens"],
