@@ -28,7 +28,10 @@ The hashing runs in one engine thread (hashlib releases the GIL), the HTTP side 
 are pseudo-words chosen by the lab model: a next-token distribution per position that is a function of
 ``--model-seed`` and the preceding token IDs (a SHA-256 chain), so greedy output is deterministic and
 generation and teacher-forced scoring give the same logprobs; ``--output-noise P`` perturbs it at a
-share P of positions (a subtly broken build), ``--ttft-ms`` delays every request's first token.
+share P of positions (a subtly broken build), ``--ttft-ms`` delays every request's first token (the request waits
+before it joins the batch, so a closed-loop benchmark's tok/s falls too), ``--first-token-hold-ms`` holds a streamed
+request's first chunk back until that many ms after it arrived while its tokens are generated as before (so the
+request ends when it would have: time to first token grows at an equal tok/s).
 ``--cold-steps N --cold-factor F`` make a server that warms up, as vLLM does while it meets batch
 shapes for the first time: the first engine step costs F times its work, falling linearly to the
 normal cost at step N (tests of the benchmark's settle runs use it). ``--step-wait-ms W`` adds W ms
@@ -676,6 +679,7 @@ class Server:
 
     async def completions(self, body: bytes, writer, keep_alive: bool) -> bool:
         req = self._parse(body)
+        hold_until = time.monotonic() + self.args.first_token_hold_ms / 1000.0
         rid = f"cmpl-{uuid.uuid4().hex}"
         seq = Sequence(rid, req["key"], req["prompt_len"], req["max_tokens"], req["ignore_eos"],
                        self.engine.model.context(req["ids"]))
@@ -717,6 +721,12 @@ class Server:
                 seq.pending = []
                 if sent and len(buffered) < interval and not seq.finished:
                     continue  # like vLLM's --stream-interval: the first token goes out at once, then batches
+                if not sent and hold_until > time.monotonic():
+                    # the latency knob at an equal throughput: the first chunk waits, generation goes on meanwhile
+                    await asyncio.sleep(hold_until - time.monotonic())
+                    buffered += seq.pending
+                    seq.pending = []
+                    seq.event.clear()
                 sent = True
                 logprobs = None
                 if req["logprobs"] is not None:
@@ -794,6 +804,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--ttft-ms", type=float, default=0.0,
                         help="ms every request waits before it joins the batch, using no CPU: a time-to-first-token knob "
                              "(default 0; --step-wait-ms is the per-token one)")
+    parser.add_argument("--first-token-hold-ms", type=float, default=0.0,
+                        help="ms after its arrival before a streamed request's first chunk goes out, its tokens generated "
+                             "meanwhile as before: a time-to-first-token knob at an equal throughput (default 0)")
     parser.add_argument("--api-key", help=argparse.SUPPRESS)
     args, unknown = parser.parse_known_args(argv)
     return args, unknown
@@ -814,7 +827,7 @@ def check_args(args: argparse.Namespace) -> str | None:
         return f"--output-noise must be a share between 0 and 1, got {args.output_noise:g}"
     if args.vocab_size <= 2 * CANDIDATES:
         return f"--vocab-size must be above {2 * CANDIDATES} (the lab model gives {CANDIDATES} tokens a logit each)"
-    for name in ("work", "step_work", "prefill_work", "cold_steps", "step_wait_ms", "ttft_ms"):
+    for name in ("work", "step_work", "prefill_work", "cold_steps", "step_wait_ms", "ttft_ms", "first_token_hold_ms"):
         if getattr(args, name) < 0:
             return f"--{name.replace('_', '-')} must not be negative"
     if args.cold_factor < 1:

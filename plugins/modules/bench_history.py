@@ -116,6 +116,16 @@ options:
     description: The measured-tuning stage the run measured (empty for other runs).
     type: str
     default: ""
+  verdicts:
+    description:
+      - For O(state=append), serving verdicts to store (a kernel upgrade's, a tuning stage's) - each with C(verdict)
+        (V(pass), V(unstable), V(diverged), V(regression) or V(inconclusive)), C(reason), C(parts) (throughput, latency,
+        outputs, stability - each with what it C(says) and its figures and reason), C(stage) (the change) and
+        C(decided_at). Stored with O(host) (required with them) and O(source); the same verdict twice is stored once.
+    type: list
+    elements: dict
+    default: []
+    version_added: 0.3.0
   hosts:
     description: For O(state=report) and O(state=query), only these hosts (empty for all).
     type: list
@@ -186,8 +196,9 @@ RETURN = r"""
 actions:
   description:
     - What was or would be stored or written. A document stored is C(action=store) with the C(path) of the history, the
-      C(host), C(source) and C(finished_at) of the run and (not in check mode) its C(run_id); a report file is
-      C(action=write) with its C(path).
+      C(host), C(source) and C(finished_at) of the run and (not in check mode) its C(run_id); a serving verdict stored
+      is C(action=store_verdict) with the C(path), C(host), C(source), C(stage), C(verdict) and (not in check mode) its
+      C(verdict_id); a report file is C(action=write) with its C(path).
   returned: always
   type: list
   elements: dict
@@ -205,11 +216,23 @@ run_ids:
   returned: state=append
   type: list
   elements: int
+verdicts_added:
+  description: Ids of the serving verdicts stored now (one already in the history is not stored again).
+  returned: state=append
+  type: list
+  elements: int
+  version_added: 0.3.0
+verdicts:
+  description: The stored serving verdicts of the hosts asked for, oldest first, each whole with its C(host) and C(source).
+  returned: state=query
+  type: list
+  elements: dict
+  version_added: 0.3.0
 schema_version:
   description: Schema version of the file after the call.
   returned: always
   type: int
-  sample: 3
+  sample: 4
 drops:
   description:
     - Flagged drops (consecutive-run regressions and downward change points), with host, series, time, ratio, p-value,
@@ -262,6 +285,7 @@ ARGUMENT_SPEC = dict(
     vllm_version=dict(type="str"),
     profile=dict(type="str", default=""),
     stage=dict(type="str", default=""),
+    verdicts=dict(type="list", elements="dict", default=[]),
     hosts=dict(type="list", elements="str", default=[]),
     dest=dict(type="path"),
     title=dict(type="str", default="GPU fleet throughput history"),

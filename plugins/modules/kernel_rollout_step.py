@@ -48,14 +48,18 @@ options:
   event:
     description: What the controller just did (V(start) at the beginning of a run).
     type: str
-    choices: [start, locked, benchmarked, audited, pinned, installed, rebooted, verified, committed, rolled_back, error]
+    choices: [start, locked, benchmarked, audited, outputs, pinned, installed, rebooted, verified, checked, committed, rolled_back,
+              error]
     default: start
   data:
     description:
       - The event's data. V(start) - C(preflight) (the result of C(kernel_upgrade_preflight)). V(benchmarked) - C(label),
         C(samples), C(files), C(kernel), C(concurrency), C(contaminated) (indices of contaminated runs), C(failed) (failed
         requests and short outputs), C(requests). V(audited) -
-        C(findings). V(installed) - C(preflight) (phase installed). V(verified) - C(cmdline_missing), C(findings_after),
+        C(findings), C(pcie) (the audit's document, kept for the stability part). V(outputs) - C(reference), C(model),
+        C(band), C(aa) (output_equivalence's record). V(checked) - C(outputs) (output_equivalence's compare result),
+        C(pcie) (the audit after the candidate's benchmark), C(kernel_log) (the kernel log of the candidate's boot).
+        V(installed) - C(preflight) (phase installed). V(verified) - C(cmdline_missing), C(findings_after),
         C(vllm) (C(checked), C(ok), C(msg)). V(committed)/V(rolled_back) - C(locked), C(server). V(error) - C(msg).
     type: dict
     default: {}
@@ -80,6 +84,24 @@ options:
     description: Audit the PCIe path before the upgrade, to compare after the boot.
     type: bool
     default: true
+  outputs:
+    description:
+      - The outputs part of the serving verdict - record an output reference on the old kernel before any change (the
+        V(outputs) action, gpufleet.inference.output_equivalence C(mode=record)), compare the candidate with it once the
+        gate's answer is final (the V(check) action); a V(diverged) candidate is rolled back (decision V(diverged)).
+      - V(false) leaves the part out, and the verdict names it as not measured.
+    type: bool
+    default: true
+    version_added: 0.3.0
+  stability:
+    description:
+      - The stability part of the serving verdict - keep the PCIe audit's document before the change and audit again
+        after the candidate's benchmark (with the kernel log of its boot); a GPU gone, a link trained down, new AER
+        errors, Xid events or more failed requests roll back (decision V(unstable)).
+      - V(false) leaves the host's health out (the verdict names it as not measured; the failed requests still count).
+    type: bool
+    default: true
+    version_added: 0.3.0
   headers:
     description:
       - Install the target's C(linux-headers-<target>) with it - V(auto) where DKMS holds modules (the preflight's
@@ -159,7 +181,9 @@ journal:
   returned: success
   type: dict
 record:
-  description: What the role's record keeps (stage, old kernel, baseline, candidate, gate, decision, reason, locked).
+  description: What the role's record keeps (stage, old kernel, baseline, candidate, gate, decision, reason, locked, and
+    C(verdict) - the journal's verdict with the serving verdict's C(parts) (throughput, latency, outputs, stability, each
+    with its answer, what it says and why)).
   returned: success
   type: dict
 running:
@@ -196,6 +220,8 @@ ARGUMENT_SPEC = dict(
     lock=dict(type="bool", default=True),
     lock_packages=dict(type="list", elements="str", default=[]),
     verify_pcie=dict(type="bool", default=True),
+    outputs=dict(type="bool", default=True),
+    stability=dict(type="bool", default=True),
     headers=dict(type="str", choices=["auto", "always", "never"], default="auto"),
     commit_timeout=dict(type="int", default=1800),
     gate=dict(type="dict", default={}),

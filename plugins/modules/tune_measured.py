@@ -62,8 +62,9 @@ options:
       - For O(op=start), the stages in order. Each has C(name), either C(role) with C(vars) or C(apply) (a list of
         tasks, each with C(role) and C(vars), or C(restart) naming a systemd unit), C(revert) in the same form (values written C(@name) are the readings
         recorded before the stage), C(kind) (V(host) or V(vllm); vLLM stages revert to the kept flags), C(reboot),
-        C(record) (V(aspm_policy), V(hugepages_2m_per_node)), C(files) (paths to copy before and put back on revert)
-        and C(description).
+        C(record) (V(aspm_policy), V(hugepages_2m_per_node)), C(files) (paths to copy before and put back on revert),
+        C(outputs) (compare the outputs after this stage; default true for V(vllm) stages, false otherwise) and
+        C(description).
     type: list
     elements: dict
     default: []
@@ -117,6 +118,28 @@ options:
         at most 1000).
     type: dict
     default: {}
+  verdict:
+    description:
+      - For O(op=start), the parts of the serving verdict beyond the gate (a stage is kept only when throughput,
+        latency, outputs and stability all say yes; docs/benchmark.md, "The serving verdict").
+      - C(outputs) (default true) - record an output reference at the baseline (M(gpufleet.inference.output_equivalence)
+        C(mode=record)) and compare the outputs after each stage that can change them (vLLM flag stages, and any stage
+        with C(outputs=true)); a V(diverged) stage is reverted. C(stability) (default true) - audit the host
+        (M(gpufleet.inference.pcie_facts) and the kernel's Xid lines) after every benchmark and compare each stage's
+        audit with its reference's; an V(unstable) stage is reverted. C(reference) - the reference file on the host
+        (default C(/var/lib/gpufleet/tune_measured/outputs-reference.json)).
+      - A part set false is left out, and each stage's verdict names it as not measured.
+    type: dict
+    default: {}
+    version_added: 0.3.0
+  checks:
+    description:
+      - For O(op=complete) of a benchmark, what C(checks) of RV(next) asked for - C(health) (the audit's C(pcie) document),
+        C(kernel_log) (lines; only the Xid lines are kept) and C(outputs) (output_equivalence's result, the record at the
+        baseline, the comparison after a stage).
+    type: dict
+    default: {}
+    version_added: 0.3.0
   inconclusive:
     description: What to do with a stage the gate cannot decide once the extra rounds are spent.
     type: str
@@ -205,17 +228,29 @@ actions:
 next:
   description:
     - The action to do now, C(id), C(action) (V(benchmark), V(apply), V(revert), V(done)), C(stage), C(tasks) (C({role,
-      vars}) or C({restart})), C(reboot), C(profiles) (complete benchmark settings per profile) and C(repetitions) (set
-      for extra rounds).
+      vars}) or C({restart})), C(reboot), C(profiles) (complete benchmark settings per profile), C(repetitions) (set
+      for extra rounds) and C(checks) (after a benchmark - C(audit) true to audit the host, C(outputs) V(record) or
+      V(compare) or null, C(reference) the reference file).
   returned: always
   type: dict
   sample: {id: 3, action: apply, stage: aspm, reboot: false, profiles: [], repetitions: null,
            tasks: [{role: gpufleet.inference.pcie_link, vars: {pcie_link_aspm_policy: performance}}]}
 stages:
-  description: One line per stage with C(stage), C(status), C(verdict), C(decision), C(reference) and C(reason).
+  description: One line per stage with C(stage), C(status), C(verdict) (the serving verdict - V(pass), V(unstable),
+    V(diverged), V(regression) or V(inconclusive)), C(decision), C(reference), C(reason) and C(parts) (what each part of
+    the verdict said - V(yes), V(no), V(wait) or V(not measured)).
   returned: always
   type: list
   elements: dict
+verdicts:
+  description:
+    - Each decided stage's serving verdict as M(gpufleet.inference.bench_history) stores it (its
+      O(gpufleet.inference.bench_history#module:verdicts) option) - C(verdict), C(keep), C(reason), C(parts), C(stage)
+      and C(decided_at).
+  returned: always
+  type: list
+  elements: dict
+  version_added: 0.3.0
 state:
   description: The whole state document (stages with measurements, gate verdicts, recorded readings).
   returned: always
@@ -239,6 +274,8 @@ ARGUMENT_SPEC = dict(
     profiles=dict(type="list", elements="raw", default=["serving"]),
     max_model_len=dict(type="int"),
     gate=dict(type="dict", default={}),
+    verdict=dict(type="dict", default={}),
+    checks=dict(type="dict", default={}),
     inconclusive=dict(type="str", choices=["keep", "revert"], default="revert"),
     more_rounds=dict(type="int", default=1),
     vllm_defaults=dict(type="dict", default={}),

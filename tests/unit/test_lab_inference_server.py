@@ -445,6 +445,46 @@ def test_ttft_knob_delays_the_first_token(model_dir):
         assert time.perf_counter() - t0 >= 0.3
 
 
+def _streamed(lab: LabServer, max_tokens: int) -> tuple[float, float, int]:
+    """(seconds to the first chunk, seconds to the end, tokens) of one streamed request."""
+    conn = http.client.HTTPConnection("127.0.0.1", lab.port, timeout=30)
+    t0 = time.monotonic()
+    conn.request("POST", "/v1/completions", body=json.dumps({"model": "lab", "prompt": [1000, 1001], "stream": True,
+                                                            "max_tokens": max_tokens, "ignore_eos": True}),
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    first, tokens = None, 0
+    for line in resp:
+        if line.startswith(b"data: {"):
+            first = first if first is not None else time.monotonic() - t0
+            tokens += len(json.loads(line[6:])["choices"][0]["text"].split())
+    end = time.monotonic() - t0
+    conn.close()
+    return first, end, tokens
+
+
+def test_first_token_hold_delays_the_first_token_at_an_equal_throughput(model_dir):
+    """--first-token-hold-ms: the first chunk waits 300 ms while the tokens are generated as before (a 20 ms step
+    wait, 40 tokens: about 0.8 s), so the request ends when it would have and carries as many tokens: the lab's way to
+    show a stage slower to its first token at the same tok/s."""
+    args = ("--work", "1", "--step-work", "1", "--step-wait-ms", "20")
+    with LabServer(model_dir, *args) as plain:
+        _streamed(plain, 4)
+        ttft, end, tokens = _streamed(plain, 40)
+    with LabServer(model_dir, *args, "--first-token-hold-ms", "300") as held:
+        _streamed(held, 4)
+        ttft_held, end_held, tokens_held = _streamed(held, 40)
+    assert tokens == tokens_held == 40
+    assert ttft < 0.15 and ttft_held >= 0.3  # the first token waits
+    assert abs(end_held - end) < 0.25 * end, (end, end_held)  # the request does not: same tokens in the same time
+
+
+def test_a_negative_first_token_hold_is_refused(model_dir):
+    proc = subprocess.run([sys.executable, SERVER, "--model", model_dir, "--first-token-hold-ms", "-1"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 2 and "--first-token-hold-ms must not be negative" in proc.stderr
+
+
 @pytest.mark.parametrize("body, fragment", [
     ({"logprobs": 21}, "greater than max allowed: 20"),
     ({"prompt_logprobs": -2}, "must be a positive value or -1"),

@@ -42,13 +42,16 @@ def where(p: dict) -> str:
     return p["path"]
 
 
-def _store_action(p: dict, doc: dict, run_id: int | None = None) -> dict[str, Any]:
+def _target(p: dict) -> dict[str, Any]:
+    """Where an action writes: the SQLite file's path, or the PostgreSQL database and server (no credentials)."""
     if p.get("url"):
         loc = parse_url(p["url"])
-        target = {"database": loc.database, "server": f"{loc.host}:{loc.port}"}
-    else:
-        target = {"path": p["path"]}
-    action = {"action": "store", **target, "host": p["host"] or doc.get("host"), "source": p["source"],
+        return {"database": loc.database, "server": f"{loc.host}:{loc.port}"}
+    return {"path": p["path"]}
+
+
+def _store_action(p: dict, doc: dict, run_id: int | None = None) -> dict[str, Any]:
+    action = {"action": "store", **_target(p), "host": p["host"] or doc.get("host"), "source": p["source"],
               "finished_at": doc.get("finished_at")}
     if run_id is not None:
         action["run_id"] = run_id
@@ -71,8 +74,12 @@ def append(p: dict, check_mode: bool, warn: Callable[[str], None], result: dict)
             continue
         checked.append((where, doc))
     docs = checked
+    records = [bh.check_verdict(v, f"verdicts[{i}]") for i, v in enumerate(p.get("verdicts") or [])]
+    if records and not p["host"]:
+        raise bh.HistoryError("verdicts need host: the host whose change they judged")
     if check_mode:
         result["actions"] = [_store_action(p, doc) for _w, doc in docs]
+        result["actions"] += [_verdict_action(p, v) for v in records]
         result["schema_version"] = bh.SCHEMA_VERSION
         return
     path, password = location(p)
@@ -86,9 +93,22 @@ def append(p: dict, check_mode: bool, warn: Callable[[str], None], result: dict)
             if added:
                 result["added"].append(run_id)
                 result["actions"].append(_store_action(p, doc, run_id))
+        for i, record in enumerate(records):
+            verdict_id, added = bh.append_verdict(conn, record, p["host"], p["source"], f"verdicts[{i}]")
+            if added:
+                result["verdicts_added"].append(verdict_id)
+                result["actions"].append(_verdict_action(p, record, verdict_id))
         result["schema_version"] = bh.schema_version(conn)
     finally:
         conn.close()
+
+
+def _verdict_action(p: dict, record: dict, verdict_id: int | None = None) -> dict[str, Any]:
+    action = {"action": "store_verdict", **_target(p), "host": p["host"], "source": p["source"],
+              "stage": record["stage"], "verdict": record["verdict"]}
+    if verdict_id is not None:
+        action["verdict_id"] = verdict_id
+    return action
 
 
 def series(p: dict) -> tuple[list[dict[str, Any]], int]:
@@ -112,6 +132,12 @@ def report(p: dict, fs: HostFS, check_mode: bool, result: dict) -> None:
     result.update(schema_version=version, drops=model["drops"], link_findings=model["links"])
     if p["state"] == "query":
         result["series"] = found
+        path, password = location(p)
+        conn = bh.connect(path, create=False, password=password)
+        try:
+            result["verdicts"] = [v for host in (p["hosts"] or [None]) for v in bh.verdicts(conn, host)]
+        finally:
+            conn.close()
         return
     files = {"history.md": hr.render_markdown(model, p["title"]), "history.html": hr.render_html(model, p["title"])}
     result["files"] = []
@@ -134,7 +160,7 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict[str, Any]:
     result: dict[str, Any] = {"changed": False, "actions": []}
     try:
         if p["state"] == "append":
-            result.update(added=[], run_ids=[])
+            result.update(added=[], run_ids=[], verdicts_added=[])
             append(p, check_mode, warn, result)
         elif p["state"] == "report" and check_mode and not p.get("url") and not os.path.exists(p["path"]):
             result.update(actions=[{"action": "write", "path": f"{p['dest']}/history.md"},

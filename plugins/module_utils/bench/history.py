@@ -159,8 +159,26 @@ MIGRATIONS: list[tuple[int, list[Union[str, Callable[[Database], None]]]]] = [
             PRIMARY KEY (run_id, concurrency, repetition, device))""",
         _backfill_link_findings,
     ]),
+    # 4: the serving verdict of each change (a kernel upgrade, a tuning stage): its answer, each part's word, and the
+    # whole verdict with its parts' figures and reasons.
+    (4, [
+        """CREATE TABLE verdicts (
+            {id},
+            digest TEXT NOT NULL UNIQUE,
+            host TEXT NOT NULL,
+            source TEXT NOT NULL,
+            stage TEXT NOT NULL,
+            decided_at TEXT NOT NULL,
+            verdict TEXT NOT NULL,
+            keep INTEGER NOT NULL,
+            reason TEXT NOT NULL,
+            throughput TEXT, latency TEXT, outputs TEXT, stability TEXT,
+            verdict_json TEXT NOT NULL)""",
+        "CREATE INDEX verdicts_host ON verdicts (host, decided_at)",
+    ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
+VERDICT_PARTS = ("throughput", "latency", "outputs", "stability")  # bench/verdict.py PARTS, the table's columns
 
 CONFIG_KEYS = ("model", "prompt_tokens", "output_tokens", "requests", "prompt_mode", "ignore_eos")
 
@@ -325,6 +343,54 @@ def _real(value: Any) -> Any:
     """A number for a ``{real}`` column as a float (SQLite's REAL affinity turns 1000 into 1000.0; PostgreSQL is
     given a float, so that both give back the same value), anything else as it is."""
     return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def check_verdict(record: Any, where: str = "verdict") -> dict[str, Any]:
+    """A serving verdict to store: ``verdict`` (its answer), ``reason``, ``parts`` (each with ``says``), ``stage`` (the
+    change: a tuning stage, or the kernel upgrade's old -> target) and ``decided_at``; HistoryError naming the field."""
+    if not isinstance(record, dict):
+        raise HistoryError(f"{where} is {type(record).__name__}, not a serving verdict (verdict, reason, parts, stage, "
+                           "decided_at)")
+    for key, kind in (("verdict", str), ("reason", str), ("parts", dict), ("stage", str), ("decided_at", str)):
+        if not isinstance(record.get(key), kind) or (kind is str and key != "reason" and not record[key]):
+            raise HistoryError(f"{where} has {key} {record.get(key)!r}: give {'text' if kind is str else 'a dict'} "
+                               "(bench/verdict.py serving_verdict()'s result, with the stage and when it was decided)")
+    bad = [k for k, v in record["parts"].items() if k not in VERDICT_PARTS or not isinstance(v, dict)]
+    if bad:
+        raise HistoryError(f"{where} has parts {', '.join(map(str, bad))}: the parts are {', '.join(VERDICT_PARTS)}, "
+                           "each a dict")
+    return record
+
+
+def append_verdict(db: Database, record: dict[str, Any], host: str, source: str,
+                   where: str = "verdict") -> tuple[int, bool]:
+    """Store one serving verdict; returns (id, added). The same verdict twice is stored once (the look-up and the
+    insert hold the writers' lock)."""
+    check_verdict(record, where)
+    if source not in SOURCES:
+        raise HistoryError(f"source {source!r} is not one of {', '.join(SOURCES)}")
+    if not host:
+        raise HistoryError(f"{where}: no host was given")
+    digest = hashlib.sha256(_canonical([host, source, record]).encode()).hexdigest()
+    says = [(record["parts"].get(p) or {}).get("says") for p in VERDICT_PARTS]
+    with db.write():
+        row = db.one("SELECT id FROM verdicts WHERE digest = ?", (digest,))
+        if row:
+            return int(row["id"]), False
+        vid = db.insert(
+            "INSERT INTO verdicts (digest, host, source, stage, decided_at, verdict, keep, reason, throughput, latency, "
+            "outputs, stability, verdict_json) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (digest, host, source, record["stage"], record["decided_at"], record["verdict"],
+             int(record["verdict"] == "pass"), record["reason"], *says, _canonical(record)))
+    return vid, True
+
+
+def verdicts(db: Database, host: str | None = None) -> list[dict[str, Any]]:
+    """The stored serving verdicts (of ``host``, or all), oldest first, each whole with its host and source."""
+    sql = "SELECT id, host, source, verdict_json FROM verdicts" + (" WHERE host = ?" if host else "") + \
+        " ORDER BY decided_at {bin}, id"
+    return [dict(json.loads(row["verdict_json"]), id=row["id"], host=row["host"], source=row["source"])
+            for row in db.query(sql, (host,) if host else ())]
 
 
 def hosts(db: Database) -> list[str]:

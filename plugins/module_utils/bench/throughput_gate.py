@@ -94,10 +94,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats imp
     GateError, bootstrap_ratio_ci, median, mwu_less, sample_stats, screen_one, slope_test, spent_alpha, t_quantile,
     t_sf, trend,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import VerdictError, serving_verdict
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import VerdictError, judged_verdict
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import check_workloads, side_workload
 from ansible_collections.gpufleet.inference.plugins.module_utils.gpu.checks import unstable
-from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.health import stability
 
 
 # The statistics (bench/stats.py) and the settings (bench/gate_settings.py) stay importable from here (callers and
@@ -933,8 +932,8 @@ def module_verdict(p: dict, gate: dict[str, Any]) -> dict[str, Any]:
     sides = {side: {"failed": p[f"{side}_failed"], "requests": p[f"{side}_requests"]} for side in ("baseline", "candidate")}
     counted = all(sides[side]["requests"] for side in sides)
     try:
-        steady = stability(p.get("baseline_health"), p.get("candidate_health"), p.get("kernel_log") or [],
-                           requests=sides if counted else None, gpu_findings=gpu_unstable(p.get("candidate_gpu_health")))
-        return serving_verdict(gate, p.get("outputs"), steady)
+        return judged_verdict(gate, p.get("outputs"), p.get("baseline_health"), p.get("candidate_health"),
+                              p.get("kernel_log") or [], sides if counted else None,
+                              gpu_findings=gpu_unstable(p.get("candidate_gpu_health")))
     except (VerdictError, ValueError) as err:
         raise Failed(f"Cannot give the serving verdict: {err}", changed=False) from None

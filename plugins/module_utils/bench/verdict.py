@@ -15,12 +15,17 @@ Four parts, each answered by its own machinery and reported with its figures:
 
 A part that was not measured does not say no, and the verdict says it was not measured. The verdict is the first
 no in the order ``unstable``, ``diverged``, ``regression``, ``inconclusive`` (a host that lost a GPU is unstable
-whatever its tok/s), else ``pass``; ``keep`` is true for ``pass`` only. Pure: no I/O.
+whatever its tok/s), else ``pass``; ``keep`` is true for ``pass`` only. A part left out on purpose is given as
+``{"status": "not measured", "reason": why}`` and named so. ``judged_verdict()`` is the one entry of every caller
+(the throughput_gate module, the kernel upgrade, measured tuning): it takes the health documents before and after
+and asks pcie/health.py for the stability part. Pure: no I/O.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
+
+from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.health import stability
 
 PARTS = ("throughput", "latency", "outputs", "stability")
 VERDICTS = ("pass", "unstable", "diverged", "regression", "inconclusive")
@@ -48,6 +53,24 @@ def serving_verdict(gate: dict[str, Any], outputs: dict[str, Any] | None = None,
     head = why if why.startswith(f"{verdict}") else f"{verdict}: {why}"  # the gate's reasons start with their answer
     reason = head + (f" ({', '.join(unmeasured)} not measured)" if unmeasured else "")
     return {"verdict": verdict, "keep": verdict == "pass", "reason": reason, "parts": parts}
+
+
+def judged_verdict(gate: dict[str, Any], outputs: dict[str, Any] | None = None, before: dict[str, Any] | None = None,
+                   after: dict[str, Any] | None = None, kernel_log: Sequence[str] | str = (),
+                   requests: dict[str, Any] | None = None, stability_left_out: str | None = None,
+                   gpu_findings: Sequence[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """serving_verdict() with the stability part computed here: pcie/health.py stability() over the audits ``before``
+    and ``after`` the change, the kernel log since, each side's failed and sent requests (``requests``) and the GPUs'
+    health findings that make a change unstable (``gpu_findings``, gpu/checks.py; None: not read).
+    ``stability_left_out`` says why the host's health was not compared (it is named in the part's reason).
+    VerdictError or ValueError for parts in a shape no part has."""
+    steady = stability(before, after, kernel_log, requests=requests, gpu_findings=gpu_findings)
+    if stability_left_out and "host" not in (steady.get("measured") or []):
+        if steady["status"] == "not measured":
+            steady = {**steady, "reason": f"host health {stability_left_out}"}
+        else:
+            steady = {**steady, "reason": f"{steady['reason']}; host health {stability_left_out}"}
+    return serving_verdict(gate, outputs, steady)
 
 
 def _gate_verdict(gate: dict[str, Any]) -> tuple[str, str]:
@@ -83,8 +106,9 @@ def _latency_part(gate: dict[str, Any]) -> dict[str, Any]:
 
 
 def _outputs_part(outputs: dict[str, Any] | None) -> dict[str, Any]:
-    if not outputs:
-        return {"answer": None, "says": "not measured", "reason": "the outputs were not compared with a reference"}
+    if not outputs or (outputs.get("status") == "not measured" and outputs.get("verdict") is None):
+        return {"answer": None, "says": "not measured",
+                "reason": (outputs or {}).get("reason") or "the outputs were not compared with a reference"}
     answer = outputs.get("verdict")
     if answer not in OUTPUT_ANSWERS:
         raise VerdictError(f"outputs has verdict {answer!r}: give output_equivalence's compare result "
@@ -111,3 +135,36 @@ def _says(decision: Any, final: bool) -> str:
     if decision == "regression":
         return "no"
     return "no" if final else "wait"
+
+
+def part_summary(name: str, part: dict[str, Any] | None) -> dict[str, Any]:
+    """What a report shows of one part: its answer, what it says, why, and its main figures (the throughput ratio, the
+    outputs' top-1 agreement and logprob differences, the stability findings as ``code@device``); {} for no part."""
+    if not isinstance(part, dict):
+        return {}
+    out = {"answer": part.get("answer"), "says": part.get("says"), "reason": part.get("reason") or ""}
+    if name == "throughput" and part.get("ratio") is not None:
+        out["figures"] = {"ratio": part["ratio"]}
+    elif name == "outputs" and isinstance(part.get("figures"), dict):
+        out["figures"] = {k: part["figures"][k] for k in ("top1_agreement", "mean_abs_logprob_diff", "p99_abs_logprob_diff")
+                          if k in part["figures"]}
+    elif name == "stability" and part.get("findings"):
+        out["figures"] = {"findings": [f"{f.get('code')}@{f.get('device')}" for f in part["findings"] if isinstance(f, dict)]}
+    return out
+
+
+def part_cell(name: str, summary: dict[str, Any] | None) -> str:
+    """One part in a table cell: what it says (and its answer where that is more than yes), with its main figure."""
+    if not summary:
+        return "-"
+    figures = summary.get("figures") or {}
+    says = str(summary.get("says"))
+    if summary.get("says") == "no" and summary.get("answer"):
+        says += f" ({summary['answer']})"
+    if name == "throughput" and isinstance(figures.get("ratio"), (int, float)):
+        return f"{says} {figures['ratio']:.3f}"
+    if name == "outputs" and isinstance(figures.get("top1_agreement"), (int, float)):
+        return f"{says} top-1 {figures['top1_agreement']:.3f}"
+    if name == "stability" and figures.get("findings"):
+        return f"{says} " + ", ".join(figures["findings"])
+    return says

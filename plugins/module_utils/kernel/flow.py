@@ -31,10 +31,18 @@ Stages, in order (see docs/roles/kernel_upgrade.md for the diagram):
                (``boot_id`` says from which boot).
 ``booted``     the host came up on the target; verification is next.
 ``candidate``  the target is being benchmarked (runs recorded as they come).
-``verdict``    a verdict is recorded: ``pass`` is committed, anything else rolled back. The verdict has the
-               gate's latency part when both sides carry per-run latency (each side's ``latency``, journaled
-               with its runs): a candidate at the same tok/s with a TTFT/TPOT beyond its margin is a
-               ``regression``; a journal written before (no ``latency``) is judged on throughput alone.
+``verdict``    a verdict is recorded: ``pass`` is committed, anything else rolled back. It is the serving
+               verdict (bench/verdict.py): throughput and latency from the gate (a candidate at the same tok/s
+               with a TTFT/TPOT beyond its margin is a ``regression``), the outputs compared with the reference
+               recorded on the old kernel (``diverged``) and the host's health before and after (``unstable``),
+               each part with its figures in ``verdict.parts``. A part left out (settings ``outputs`` or
+               ``stability`` false) or without its "before" (a journal written before the part existed) is named
+               ``not measured`` in the reason, never passed silently.
+
+The serving verdict's extra steps: after the baseline is ready, the PCIe audit keeps the host's health document
+(``health_before``) and, with ``outputs``, the ``outputs`` action records the output reference on the old kernel
+(``outputs_reference``); once the gate's answer on the candidate is final, the ``check`` action compares the outputs
+and audits the host again (``checks``), and the verdict is given.
 ``committed`` / ``rolled_back`` / ``stopped``  terminal: the journal goes to the history.
 """
 
@@ -42,6 +50,7 @@ from __future__ import annotations
 
 import copy
 import math
+import time
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
@@ -50,6 +59,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughpu
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import LATENCY_METRICS
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import (
+    OUTPUT_ANSWERS, VerdictError, judged_verdict,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import workload, workload_mismatch
 
 JOURNAL_FORMAT = "gpufleet.kernel_upgrade_journal/1"
@@ -58,13 +70,15 @@ STAGES = ("baseline", "pinned", "installed", "boot_once", "booted", "candidate",
 TERMINAL = ("committed", "rolled_back", "stopped")
 # Decisions a host can end with; the first three leave the host fine.
 OK_DECISIONS = ("pass", "already", "planned")
-DECISIONS = OK_DECISIONS + ("preflight_failed", "failed_boot", "reverted", "verify_failed", "regression",
-                            "inconclusive", "error", "refused")
+DECISIONS = OK_DECISIONS + ("preflight_failed", "failed_boot", "reverted", "verify_failed", "unstable", "diverged",
+                            "regression", "inconclusive", "error", "refused")
 # Every way off the happy path after the pin ends in a rollback.
-ROLLBACK_DECISIONS = ("preflight_failed", "failed_boot", "reverted", "verify_failed", "regression", "inconclusive",
-                      "error")
-EVENTS = ("start", "locked", "benchmarked", "audited", "pinned", "installed", "rebooted", "verified",
-          "committed", "rolled_back", "error")
+ROLLBACK_DECISIONS = ("preflight_failed", "failed_boot", "reverted", "verify_failed", "unstable", "diverged", "regression",
+                      "inconclusive", "error")
+EVENTS = ("start", "locked", "benchmarked", "audited", "outputs", "pinned", "installed", "rebooted", "verified",
+          "checked", "committed", "rolled_back", "error")
+# Kernel log lines the journal keeps for the stability part (the Xid events; the rest is not read).
+KERNEL_LOG_KEEP = 200
 
 # Meta-packages that pull a newer kernel in; held where installed (Debian, Ubuntu).
 KERNEL_META = ("linux-image-amd64", "linux-image-cloud-amd64", "linux-image-arm64", "linux-image-cloud-arm64",
@@ -169,8 +183,11 @@ def _deadline(journal: dict[str, Any], obs: dict[str, Any]) -> None:
                            "timeout": timeout}
 
 
-def _verdict(journal: dict[str, Any], obs: dict[str, Any], decision: str, reason: str) -> tuple[dict, dict]:
+def _verdict(journal: dict[str, Any], obs: dict[str, Any], decision: str, reason: str,
+             parts: dict[str, Any] | None = None) -> tuple[dict, dict]:
     journal["verdict"] = {"decision": decision, "reason": reason.strip(), "at": obs["now"]}
+    if parts is not None:
+        journal["verdict"]["parts"] = parts
     _stamp(journal, obs, "verdict", decision)
     if decision == "pass":
         _deadline(journal, obs)
@@ -487,8 +504,13 @@ def judge_baseline(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[dict, 
 
 
 def after_baseline(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
-    if obs["settings"].get("verify_pcie", True) and journal.get("findings_before") is None:
+    """What comes after a ready baseline, on the old kernel: the PCIe audit (the findings to compare after the boot and
+    the health document of the stability part), the output reference (``outputs``), then the pin."""
+    s = obs["settings"]
+    if (s.get("verify_pcie", True) or truthy(s.get("stability"))) and journal.get("findings_before") is None:
         return {"name": "audit"}
+    if truthy(s.get("outputs")) and not journal.get("outputs_reference"):
+        return {"name": "outputs", "mode": "record", "version": journal["old"]}
     return pin_action(journal, obs)
 
 
@@ -523,7 +545,28 @@ def on_audited(journal, obs):
     if journal["stage"] != "baseline":
         raise FlowError(f"a PCIe audit arrived at stage {journal['stage']}; it belongs after the baseline")
     journal["findings_before"] = finding_keys(obs["data"].get("findings"))
+    if truthy(obs["settings"].get("stability")) and obs["data"].get("pcie"):
+        journal["health_before"] = obs["data"]["pcie"]
     journal["updated_at"] = obs["now"]
+    return journal, after_baseline(journal, obs)
+
+
+def on_outputs(journal, obs):
+    """The output reference, recorded on the old kernel before any change (output_equivalence mode=record): the journal
+    keeps where it is and its A/A band; the check after the candidate's benchmark compares the new kernel with it."""
+    if (journal.get("baseline_gate") or {}).get("decided_by") != "baseline-ready":
+        raise FlowError("an output reference arrived before the baseline was judged ready; nothing was changed")
+    if obs["running"] != journal["old"] or obs["default"] != journal["old"]:
+        raise FlowError(f"an output reference arrived from {obs['running']} (saved default {obs['default']}), but the "
+                        f"reference belongs to {journal['old']}, running as the saved default; nothing was changed")
+    data = obs["data"]
+    if not data.get("reference"):
+        raise FlowError("the outputs event names no reference file: pass output_equivalence's result (reference, band, "
+                        "aa); nothing was changed")
+    journal["outputs_reference"] = {"path": data["reference"], "model": data.get("model"), "band": data.get("band") or {},
+                                    "aa": data.get("aa") or {}, "kernel": journal["old"], "at": obs["now"]}
+    journal["updated_at"] = obs["now"]
+    _stamp(journal, obs, "baseline", f"output reference recorded on {journal['old']}: {data['reference']}")
     return journal, pin_action(journal, obs)
 
 
@@ -687,8 +730,68 @@ def judge(journal, obs):
         _deadline(journal, obs)
         _stamp(journal, obs, "candidate", f"round {rounds}: {gate['reason']}")
         return journal, _benchmark("candidate", gate["runs_needed"], rounds, cand.get("concurrency"), measured_only=True)
-    decision = gate["decision"] if gate["decision"] in ("pass", "regression") else "inconclusive"
-    return _verdict(journal, obs, decision, gate["reason"])
+    return after_gate(journal, obs)
+
+
+def checks_wanted(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, bool]:
+    """The parts measured after the gate: the outputs when they are on and a reference was recorded before the change,
+    the stability when it is on and the host's health was kept before the change."""
+    s = obs["settings"]
+    return {"outputs": truthy(s.get("outputs")) and bool(journal.get("outputs_reference")),
+            "stability": truthy(s.get("stability")) and bool(journal.get("health_before"))}
+
+
+def after_gate(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[dict, dict]:
+    """The gate's answer is final: the check of the outputs and the host's health (once), then the serving verdict."""
+    wanted = checks_wanted(journal, obs)
+    if any(wanted.values()) and journal.get("checks") is None:
+        _deadline(journal, obs)
+        _stamp(journal, obs, "candidate", "gate final; checking " + " and ".join(k for k, v in wanted.items() if v))
+        reference = (journal.get("outputs_reference") or {}).get("path")
+        return journal, {"name": "check", **wanted, "reference": reference if wanted["outputs"] else None}
+    return serving(journal, obs)
+
+
+def _left_out(journal: dict[str, Any], obs: dict[str, Any], part: str) -> str:
+    """Why a part of the verdict is not measured (the verdict names it)."""
+    if not truthy(obs["settings"].get(part)):
+        return f"left out ({part}: false)"
+    what = "no output reference" if part == "outputs" else "no health document (PCIe audit)"
+    return f"{what} was kept before the change (a journal from before this part, or the part turned on mid-upgrade)"
+
+
+def serving(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[dict, dict]:
+    """The serving verdict over the gate's final answer and the checks: pass commits, anything else rolls back."""
+    checks, gate = journal.get("checks") or {}, journal.get("gate") or {}
+    outputs = checks.get("outputs") or {"status": "not measured", "reason": _left_out(journal, obs, "outputs")}
+    base, cand = journal.get("baseline") or {}, journal.get("candidate") or {}
+    counted = base.get("requests") and cand.get("requests")
+    requests = {"baseline": {"failed": int(base.get("failed") or 0), "requests": int(base["requests"])},
+                "candidate": {"failed": int(cand.get("failed") or 0), "requests": int(cand["requests"])}} if counted else None
+    after = checks.get("health_after")
+    try:
+        v = judged_verdict(gate, outputs, journal.get("health_before") if after else None, after,
+                           checks.get("kernel_log") or [], requests,
+                           stability_left_out=None if after else _left_out(journal, obs, "stability"))
+    except (VerdictError, ValueError, TypeError, AttributeError, KeyError) as err:
+        # a part of a shape no part has, or a health document damaged below what the journal check reads
+        return _verdict(journal, obs, "error", f"the serving verdict could not be given: {err!r}; rolled back")
+    return _verdict(journal, obs, v["verdict"], v["reason"], v["parts"])
+
+
+def on_checked(journal, obs):
+    """The outputs compared with the reference and the host audited again, on the candidate after its benchmark."""
+    if obs["running"] != journal["target"]:
+        return came_back_old(journal, obs, "the check of outputs and health")
+    data = obs["data"]
+    outputs = data.get("outputs")
+    journal["checks"] = {
+        "outputs": {k: outputs.get(k) for k in ("verdict", "reason", "figures", "band", "tolerance")} if outputs else None,
+        "health_after": data.get("pcie") or None,
+        "kernel_log": [line for line in data.get("kernel_log") or [] if "xid" in line.lower()][-KERNEL_LOG_KEEP:],
+        "at": obs["now"]}
+    journal["updated_at"] = obs["now"]
+    return serving(journal, obs)
 
 
 def on_benchmarked(journal, obs):
@@ -785,10 +888,10 @@ def on_rebooted(journal, obs):
 
 
 # The stage an event may arrive at (the action that produces it was issued there).
-EXPECTED_STAGE = {"audited": ("baseline",), "pinned": ("baseline",), "installed": ("pinned",),
+EXPECTED_STAGE = {"audited": ("baseline",), "outputs": ("baseline",), "checked": ("candidate",), "pinned": ("baseline",), "installed": ("pinned",),
                   "rebooted": ("boot_once",), "verified": ("booted",), "benchmarked": ("baseline", "candidate"),
                   "committed": ("verdict",), "rolled_back": ("verdict",), "locked": ()}
-HANDLERS = {"audited": on_audited, "pinned": on_pinned, "installed": on_installed, "rebooted": on_rebooted,
+HANDLERS = {"audited": on_audited, "outputs": on_outputs, "checked": on_checked, "pinned": on_pinned, "installed": on_installed, "rebooted": on_rebooted,
             "verified": on_verified, "benchmarked": on_benchmarked, "committed": on_committed,
             "rolled_back": on_rolled_back}
 
@@ -859,7 +962,29 @@ SIDE_FIELDS = {"latency": (_opt(_latency), "per-run latency: {metric: [ms per ru
                "failed": (_opt(_count), "a count"), "requests": (_opt(_count), "a count"),
                "concurrency": (_opt(_count), "a concurrency level"), "kernel": (_opt(_str), "a kernel release")}
 VERDICT_FIELDS = {"decision": (lambda v: v in DECISIONS, f"one of {', '.join(DECISIONS)}"),
-                  "reason": (_str, "text"), "at": (_opt(_num), "epoch seconds")}
+                  "reason": (_str, "text"), "at": (_opt(_num), "epoch seconds"),
+                  "parts": (_opt(_dict), "the serving verdict's parts")}
+
+
+def _health(value: Any) -> bool:
+    """A pcie_facts document as the stability part reads it: ``devices`` a dict of dicts, ``gpus`` a list of dicts
+    with their ``bdf`` (each optional)."""
+    if not isinstance(value, dict):
+        return False
+    devices, gpus = value.get("devices", {}), value.get("gpus", [])
+    return isinstance(devices, dict) and all(isinstance(d, dict) for d in devices.values()) and \
+        isinstance(gpus, list) and all(isinstance(g, dict) and isinstance(g.get("bdf"), str) for g in gpus)
+
+
+def _compared(value: Any) -> bool:
+    """output_equivalence's compare result: its verdict one of OUTPUT_ANSWERS."""
+    return isinstance(value, dict) and isinstance(value.get("verdict"), str) and value["verdict"] in OUTPUT_ANSWERS
+
+
+def _checks(value: Any) -> bool:
+    """The checks after the gate: outputs (a compare result), health_after (a pcie_facts document), kernel_log."""
+    return isinstance(value, dict) and _opt(_compared)(value.get("outputs")) \
+        and _opt(_health)(value.get("health_after")) and _opt(_list(_str))(value.get("kernel_log"))
 
 
 def _side(value: Any) -> bool:
@@ -885,6 +1010,9 @@ JOURNAL_FIELDS = {
     "verify": (_opt(_dict), "the verification"), "finished": (lambda v: isinstance(v, bool), "true or false"),
     "history": (_list(_dict), "a list of records"), "resumed": (_list(_dict), "a list of records"),
     "taken_over": (_list(_dict), "a list of records"), "locked": (_opt(_list(_str)), "a list of package names"),
+    "outputs_reference": (_opt(lambda v: _dict(v) and _str(v.get("path"))), "an output reference record (path, band)"),
+    "health_before": (_opt(_health), "a pcie_facts document (devices, gpus)"),
+    "checks": (_opt(_checks), "the checks after the gate (outputs, health_after, kernel_log)"),
 }
 # event: {data field: (check, what it must be)}
 EVENT_FIELDS = {
@@ -894,7 +1022,14 @@ EVENT_FIELDS = {
                     "kernel release"), "files": (_opt(_list(_str)), "a list of paths"), "failed": (_opt(_count), "a "
                     "count"), "requests": (_opt(_count), "a count"), "latency": (_opt(_latency), "per-run latency: "
                     "{metric: [ms]}, or {level: {metric: [ms]}}")},
-    "audited": {"findings": (_opt(_list(_dict)), "a list of findings")},
+    "audited": {"findings": (_opt(_list(_dict)), "a list of findings"),
+                "pcie": (_opt(_health), "a pcie_facts document (devices, gpus)")},
+    "outputs": {"reference": (_opt(_str), "the reference file"), "model": (_opt(_str), "the served model"),
+                "band": (_opt(_dict), "the A/A band"), "aa": (_opt(_dict), "the A/A figures")},
+    "checked": {"outputs": (_opt(_compared),
+                            f"output_equivalence's compare result (verdict {', '.join(OUTPUT_ANSWERS)})"),
+                "pcie": (_opt(_health), "a pcie_facts document (devices, gpus)"),
+                "kernel_log": (_opt(_list(_str)), "a list of lines")},
     "verified": {"cmdline_missing": (_opt(_list(_str)), "a list of kernel arguments"),
                  "findings_after": (_opt(_list(_dict)), "a list of findings"), "vllm": (_opt(_dict), "vllm_ready's answer")},
     "installed": {"preflight": (_opt(_dict), "kernel_upgrade_preflight's answer"), "install": (_opt(_dict), "apt's answer")},
@@ -971,6 +1106,19 @@ def check_journal(journal: Any, path: str) -> dict[str, Any]:
     return journal
 
 
+def serving_record(journal: dict[str, Any]) -> dict[str, Any] | None:
+    """The journal's serving verdict as the history stores it (bench_history ``verdicts``): its answer, reason and
+    parts, the change (``kernel OLD -> TARGET``) and when it was decided (UTC); None without parts."""
+    verdict = journal.get("verdict") or {}
+    if not verdict.get("parts"):
+        return None
+    at = verdict.get("at")
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)) if _num(at) else "unknown"
+    return {"verdict": verdict["decision"], "keep": verdict["decision"] == "pass", "reason": verdict.get("reason", ""),
+            "parts": verdict["parts"], "stage": f"kernel {journal.get('old')} -> {journal.get('target')}",
+            "decided_at": when}
+
+
 def record_facts(journal: dict[str, Any] | None, action: dict[str, Any]) -> dict[str, Any]:
     """What the role's record keeps from the journal and the last action."""
     j = journal or {}
@@ -978,5 +1126,7 @@ def record_facts(journal: dict[str, Any] | None, action: dict[str, Any]) -> dict
     return {"stage": j.get("stage") or "start", "old": j.get("old"), "baseline": j.get("baseline") or {},
             "candidate": j.get("candidate") or {}, "gate": gate, "locked": j.get("locked") or [],
             "server_after_rollback": j.get("server_after_rollback"), "journal_run_id": j.get("run_id"),
-            "resumed": j.get("resumed") or [], "taken_over": j.get("taken_over") or [], "decision": action.get("decision", ""),
+            "resumed": j.get("resumed") or [], "taken_over": j.get("taken_over") or [], "verdict": j.get("verdict") or {},
+            "serving_verdict": serving_record(j) if j else None,
+            "decision": action.get("decision", ""),
             "reason": action.get("reason", "")}

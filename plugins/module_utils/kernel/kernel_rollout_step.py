@@ -18,15 +18,14 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._host.files imp
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import KernelUpgradeError, validate_version
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import (
-    FlowError, finish, record_facts, step,
+    EVENTS as FLOW_EVENTS, FlowError, finish, record_facts, step,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.journal import (
     DPKG_STATUS, boot_id, dump, health_result, installed_packages, load_journal, running_kernel, save_journal,
     saved_default, uptime,
 )
 
-EVENTS = ["start", "locked", "benchmarked", "audited", "pinned", "installed", "rebooted", "verified", "committed",
-          "rolled_back", "error"]
+EVENTS = list(FLOW_EVENTS)
 
 
 def read_lease(fs: HostFS) -> dict[str, Any] | None:
@@ -78,6 +77,7 @@ def observe(p: dict, fs: HostFS, check_mode: bool, now: float, running: str, def
             "health": health_result(fs),
             "settings": {"reboot_ok": p["reboot_ok"], "check_mode": check_mode, "lock": p["lock"],
                          "lock_packages": p["lock_packages"], "verify_pcie": p["verify_pcie"], "headers": p["headers"],
+                         "outputs": p.get("outputs", True), "stability": p.get("stability", True),
                          "commit_timeout": p["commit_timeout"], "gate": p["gate"] or {}}}
 
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import PARTS, part_cell, part_summary
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import OK_DECISIONS
 
 FORMAT = "gpufleet.kernel_upgrade_fleet/1"
 # `inconclusive`: the gate could not tell (too noisy, drifting runs, or undecided at its cap); the host rolled
 # back (or was never changed) like a regression, but is counted apart from it.
-ORDER = ("regression", "inconclusive", "reverted", "failed_boot", "verify_failed", "preflight_failed", "refused", "error",
+ORDER = ("unstable", "diverged", "regression", "inconclusive", "reverted", "failed_boot", "verify_failed", "preflight_failed", "refused", "error",
          "pass", "already", "planned", "not reached")
 
 
@@ -33,6 +34,13 @@ def gate_summary(gate: dict[str, Any] | None) -> dict[str, Any]:
         stats = gate.get(side) or {}
         out[side] = {k: stats.get(k) for k in ("n", "median", "cv", "min", "max")}
     return out
+
+
+def verdict_parts(verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """Each part of the serving verdict as the report shows it (bench/verdict.py part_summary()); {} for a record
+    without parts (a stop before the gate, or a record from before them)."""
+    parts = (verdict or {}).get("parts") or {}
+    return {name: part_summary(name, parts[name]) for name in PARTS if isinstance(parts.get(name), dict)}
 
 
 def _median(values: list[float]) -> float | None:
@@ -67,6 +75,7 @@ def host_row(record: dict[str, Any]) -> dict[str, Any]:
         "smallest_detectable_drop": gate.get("smallest_detectable_drop"),
         "advice": gate.get("advice") or "",
         "reason": record.get("reason") or "",
+        "parts": verdict_parts(record.get("verdict")),
         "timings": record.get("timings") or {},
         "server_after_rollback": record.get("server_after_rollback"),
     }
@@ -112,16 +121,18 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines.append("Outcome: " + ", ".join(f"{counts[k]} {k}" for k in ORDER if k in counts) +
                  (f"; failed: {', '.join(report['failed'])}" if report.get("failed") else "; no host failed") + ".")
     lines += ["", "| host | decision | old -> target | runs now | default | baseline tok/s (median, runs) | "
-                  "candidate tok/s (median, runs) | ratio | p (drop) | p (pass) | decided by | locked | total s |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "candidate tok/s (median, runs) | ratio | p (drop) | p (pass) | decided by | throughput | latency | "
+                  "outputs | stability | locked | total s |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append("| {host} | **{decision}** | {old} -> {target} | {final} | {default} | {bm} ({bn}) | {cm} ({cn}) | "
-                     "{ratio} | {p} | {pp} | {by} | {locked} | {total} |".format(
+                     "{ratio} | {p} | {pp} | {by} | {says} | {locked} | {total} |".format(
                          host=r["host"], decision=r["decision"], old=_fmt(r.get("old")), target=_fmt(r.get("target")),
                          final=_fmt(r.get("final_kernel")), default=_fmt(r.get("default_kernel")),
                          bm=_fmt(r.get("baseline_median")), bn=r.get("baseline_runs", 0), cm=_fmt(r.get("candidate_median")),
                          cn=r.get("candidate_runs", 0), ratio=_fmt(r.get("ratio"), 3), p=_fmt(r.get("p_value"), 4),
                          pp=_fmt(r.get("p_value_pass"), 4), by=_fmt(r.get("decided_by")),
+                         says=" | ".join(part_cell(name, (r.get("parts") or {}).get(name)) for name in PARTS),
                          locked=", ".join(r.get("locked") or []) or "-",
                          total=_fmt((r.get("timings") or {}).get("total_s"))))
     lines += ["", "## Why", ""]
@@ -131,4 +142,7 @@ def render_markdown(report: dict[str, Any]) -> str:
             extra += (f" Measured CV {r['cv']:.1%}, smallest detectable drop {r.get('smallest_detectable_drop') or 0:.1%}"
                       + (f"; would help: {r['advice']}" if r.get("advice") else "") + ".")
         lines.append(f"- **{r['host']}** ({r['decision']}): {r.get('reason') or '-'}{extra}")
+        for name, part in (r.get("parts") or {}).items():
+            if part.get("says") != "yes":  # each part that said no, waited or was not measured, and why
+                lines.append(f"  - {name}: {part_cell(name, {**part, 'figures': {}})}: {part.get('reason') or '-'}")
     return "\n".join(lines) + "\n"

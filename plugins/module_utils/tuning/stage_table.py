@@ -6,7 +6,8 @@
 From tune_measured state documents: per stage what changed, output tok/s per concurrency level,
 TTFT and TPOT p50/p99, the ratio to the baseline and to the previous measured stage, the gate's
 verdict and p-value, its latency part (each TTFT/TPOT metric's answer and ratio, or not measured),
-and whether it was kept or reverted. The HTML page has one inline SVG chart
+and whether it was kept or reverted; per stage the serving verdict with each of its four parts (throughput, latency,
+outputs, stability: what it said and its figure) and, under Why, the reason of each part that did not say yes. The HTML page has one inline SVG chart
 per host and profile (tok/s per stage, one line per concurrency level). Pure functions.
 """
 
@@ -17,6 +18,7 @@ from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.svg_chart import line_chart
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import LATENCY_LABELS
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import PARTS, part_cell, part_summary
 from ansible_collections.gpufleet.inference.plugins.module_utils.tuning.tune_measured import changed_text
 
 CSS = """
@@ -62,6 +64,35 @@ def rows(state: dict[str, Any]) -> list[dict[str, Any]]:
                     "reason": e.get("reason", "")})
             prev = e
     return out
+
+
+def verdict_rows(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per judged stage: its serving verdict, each part's summary (bench/verdict.py part_summary()) and its
+    outcome; a stage judged before the serving verdict (no ``serving``) has its gate verdict and no parts."""
+    out = []
+    for e in state["stages"]:
+        if e["kind"] == "baseline" or not e.get("verdict"):
+            continue
+        parts = (e.get("serving") or {}).get("parts") or {}
+        out.append({"stage": e["name"], "verdict": e["verdict"], "status": e["status"],
+                    "parts": {name: part_summary(name, parts.get(name)) for name in PARTS}})
+    return out
+
+
+def _verdict_table(state: dict[str, Any]) -> list[str]:
+    table = verdict_rows(state)
+    if not table:
+        return []
+    out = ["### Serving verdict", "", "| stage | verdict | " + " | ".join(PARTS) + " | outcome |",
+           "|---|---|" + "---|" * len(PARTS) + "---|"]
+    for r in table:
+        cells = (r["stage"], r["verdict"], *[part_cell(n, r["parts"][n]) for n in PARTS], r["status"])
+        out.append("| " + " | ".join(_md(c) for c in cells) + " |")
+    out.append("")
+    for r in table:  # each part that did not say yes, and why
+        out += [f"- **{r['stage']}** {name}: {_md(part_cell(name, {**p, 'figures': {}}))}: {_md(p.get('reason') or '-')}"
+                for name, p in r["parts"].items() if p and p.get("says") != "yes"]
+    return out + [""]
 
 
 def _n(v: Any, fmt: str = "{:.1f}") -> str:
@@ -137,6 +168,7 @@ def render_markdown(states: Sequence[dict[str, Any]], title: str = "Measured tun
                     _gate(r) + (f" vs {r['reference']}" if r["reference"] else ""),
                     latency_cell(r["latency"]) if r["verdict"] else "-", outcome_text(r))) + " |")
             out.append("")
+        out += _verdict_table(state)
         reasons = [(e["name"], e["reason"]) for e in state["stages"] if e.get("reason")]
         if reasons:
             out += ["Why:", ""] + [f"- **{n}**: {_md(why)}" for n, why in reasons] + [""]
@@ -183,6 +215,16 @@ def render_html(states: Sequence[dict[str, Any]], title: str = "Measured tuning"
                          latency_cell(r["latency"]) if r["verdict"] else "-")
                 parts.append("<tr>" + "".join(f"<td>{e_(str(c))}</td>" for c in cells)
                              + f'<td class="{cls}">{e_(outcome_text(r))}</td></tr>')
+            parts.append("</table>")
+        verdicts = verdict_rows(state)
+        if verdicts:
+            parts.append("<h3>Serving verdict</h3><table><tr><th>stage</th><th>verdict</th>"
+                         + "".join(f"<th>{e_(n)}</th>" for n in PARTS) + "<th>outcome</th></tr>")
+            for r in verdicts:
+                cells = [r["stage"], r["verdict"]] + [part_cell(n, r["parts"][n]) for n in PARTS]
+                titles = [""] * 2 + [(r["parts"][n] or {}).get("reason") or "" for n in PARTS]
+                parts.append("<tr>" + "".join(f'<td title="{e_(t)}">{e_(str(c))}</td>' for c, t in zip(cells, titles))
+                             + f"<td>{e_(r['status'])}</td></tr>")
             parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

@@ -17,6 +17,12 @@ with ``complete(state, action_id, ...)``; every decision is made here:
   how many); then the user's ``inconclusive`` choice (default ``revert``). Stages named in
   ``force_revert`` are measured and judged like the others, then reverted whatever the gate said (to see
   what a change does without keeping it; the table keeps the verdict).
+* The keep-or-revert decision is the serving verdict (bench/verdict.py): the gate's throughput and latency parts over
+  every profile and level, the outputs compared with a reference recorded at the baseline (for stages that can change
+  them: vLLM flag stages by default, ``outputs: true`` on any stage), and the host's health (the PCIe audit after the
+  stage's benchmark against the one after its reference's, with the Xid lines of the kernel log). ``diverged`` and
+  ``unstable`` revert like a regression; a part left out (``verdict``: outputs or stability false) or not asked of a
+  stage is named ``not measured`` in its reason, never passed silently.
 * A revert runs the stage's ``revert`` tasks (each role's ``state: absent`` or the readings recorded
   before the stage, written ``@name``), then the kept stages of the same roles again, so a revert of
   one pcie_link stage does not undo another kept one. vLLM flag stages revert to the kept flags.
@@ -46,6 +52,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.profiles 
     ProfileError, check_arrivals, check_goodput, check_profile,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import (
+    OUTPUT_ANSWERS, VerdictError, judged_verdict,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import workload, workload_mismatch
 
 FORMAT = "gpufleet.tune_measured/1"
@@ -85,6 +94,10 @@ GATE_DEFAULTS = {"threshold": GATE.threshold, "alpha": GATE.alpha, "pass_alpha":
 # What a benchmark result must share with its profile to be taken as that profile's measurement (its config);
 # repetitions, warm-up, settle runs and the seed differ between rounds by design.
 PROFILE_MATCH = ("prompt_tokens", "output_tokens", "requests", "prompt_mode", "ignore_eos", "token_id_range")
+# The serving verdict's parts beyond the gate, and where the output reference is kept on the host.
+VERDICT_DEFAULTS = {"outputs": True, "stability": True,
+                    "reference": "/var/lib/gpufleet/tune_measured/outputs-reference.json"}
+KERNEL_LOG_KEEP = 200  # Xid lines of the kernel log kept per stage
 
 
 class TuneError(ValueError):
@@ -177,9 +190,13 @@ def check_stage(stage: Any, i: int) -> dict[str, Any]:
     for r in record:
         if r not in RECORDINGS:
             raise TuneError(f"stage {name!r} records {r!r}; known readings: {', '.join(RECORDINGS)}")
-    return {"name": name, "kind": stage.get("kind", "host"), "description": stage.get("description", ""),
+    kind = stage.get("kind", "host")
+    outputs = stage.get("outputs", kind == "vllm")  # a vLLM flag (a KV-cache dtype) can change what the model answers
+    if not isinstance(outputs, bool):
+        raise TuneError(f"stage {name!r} has outputs {outputs!r}: true (compare its outputs with the baseline's) or false")
+    return {"name": name, "kind": kind, "description": stage.get("description", ""),
             "apply": apply, "revert": revert, "reboot": bool(stage.get("reboot", False)), "record": record,
-            "files": list(stage.get("files") or []), "members": [name]}
+            "files": list(stage.get("files") or []), "members": [name], "outputs": outputs}
 
 
 def vllm_stages(profiles: Sequence[Any], role: str = "gpufleet.inference.vllm_service") -> list[dict[str, Any]]:
@@ -192,7 +209,7 @@ def vllm_stages(profiles: Sequence[Any], role: str = "gpufleet.inference.vllm_se
         if bad:
             raise TuneError(f"vllm profile {p['name']!r} sets {', '.join(bad)}: only vllm_service_* variables are flags")
         out.append({"name": p["name"], "kind": "vllm", "role": role, "vars": dict(p["vars"]),
-                    "description": p.get("description", "")})
+                    "description": p.get("description", ""), "outputs": p.get("outputs", True)})
     return out
 
 
@@ -253,6 +270,7 @@ def plan_stages(stages: Sequence[Any], skip: Sequence[str] = (), force_revert: S
         group["record"] += [r for r in s["record"] if r not in group["record"]]
         group["files"] += [f for f in s["files"] if f not in group["files"]]
         group["members"].append(s["name"])
+        group["outputs"] = group.get("outputs", False) or s.get("outputs", False)
     if group:
         group["description"] = "one reboot for " + ", ".join(group["members"])
     unknown = sorted(set(force_revert) - set(names) - {"reboot"})
@@ -289,9 +307,24 @@ def _baseline_cap(g: dict[str, Any]) -> int:
     return g["min_runs"] if isinstance(g["min_runs"], int) and g["min_runs"] > 15 else 15
 
 
+def check_verdict(verdict: dict[str, Any] | None) -> dict[str, Any]:
+    """The serving verdict's settings (``outputs``, ``stability``: bools; ``reference``: an absolute path), the
+    defaults of VERDICT_DEFAULTS for the ones not given."""
+    v = {**VERDICT_DEFAULTS, **{k: x for k, x in (verdict or {}).items() if x is not None}}
+    unknown = sorted(set(v) - set(VERDICT_DEFAULTS))
+    if unknown:
+        raise TuneError(f"verdict settings {', '.join(unknown)} are unknown; known: {', '.join(VERDICT_DEFAULTS)}")
+    for key in ("outputs", "stability"):
+        if not isinstance(v[key], bool):
+            raise TuneError(f"verdict {key} must be true or false, got {v[key]!r}")
+    if not isinstance(v["reference"], str) or not v["reference"].startswith("/"):
+        raise TuneError(f"verdict reference must be an absolute path on the host, got {v['reference']!r}")
+    return v
+
+
 def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, Any]], gate: dict[str, Any],
               inconclusive: str = "revert", more_rounds: int = 1, vllm_defaults: dict[str, Any] | None = None,
-              started_at: str = "") -> dict[str, Any]:
+              started_at: str = "", verdict: dict[str, Any] | None = None) -> dict[str, Any]:
     if inconclusive not in DECISIONS:
         raise TuneError(f"inconclusive must be keep or revert, got {inconclusive!r}")
     g = dict(GATE_DEFAULTS)
@@ -336,7 +369,8 @@ def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, 
                  snapshots={}, reason="")
     return {"format": FORMAT, "host": host, "started_at": started_at, "finished_at": None, "plan_key": None,
             "profiles": profiles, "gate": g, "inconclusive": inconclusive, "more_rounds": int(more_rounds),
-            "vllm_defaults": dict(vllm_defaults or {}), "stages": entries, "seq": 0, "pending": None}
+            "vllm_defaults": dict(vllm_defaults or {}), "stages": entries, "seq": 0, "pending": None,
+            "verdict": check_verdict(verdict)}
 
 
 # ---- the loop -------------------------------------------------------------------------------------
@@ -405,10 +439,25 @@ def resolve_revert(stage: dict[str, Any]) -> list[dict[str, Any]]:
             else dict(t) for t in stage["revert"]]
 
 
+def checks_for(state: dict[str, Any], e: dict[str, Any], first_round: bool) -> dict[str, Any]:
+    """What the playbook does after a benchmark for the serving verdict: ``audit`` (pcie_facts and the kernel log: the
+    stability part, after every benchmark), ``outputs`` (``record`` the reference at the baseline when a stage will
+    compare with it, ``compare`` on a stage's first round when it can change outputs and a reference was recorded,
+    else None) and the ``reference`` file."""
+    v = state.get("verdict") or VERDICT_DEFAULTS  # a state from before the verdict: its defaults
+    outputs = None
+    if v["outputs"] and e["kind"] == "baseline" and any(s.get("outputs") for s in state["stages"][1:]):
+        outputs = "record"
+    elif v["outputs"] and first_round and e.get("outputs") and state["stages"][0].get("outputs_reference"):
+        outputs = "compare"
+    return {"audit": bool(v["stability"]), "outputs": outputs, "reference": v["reference"] if outputs else None}
+
+
 def _action(state: dict[str, Any], kind: str, stage: dict[str, Any], **extra: Any) -> dict[str, Any]:
     state["seq"] += 1
     act = {"id": state["seq"], "action": kind, "stage": stage["name"], "tasks": [], "reboot": False,
-           "record": [], "files": [], "profiles": [], "repetitions": None}
+           "record": [], "files": [], "profiles": [], "repetitions": None,
+           "checks": {"audit": False, "outputs": None, "reference": None}}
     act.update(extra)
     state["pending"] = act
     return act
@@ -421,9 +470,9 @@ def next_action(state: dict[str, Any]) -> dict[str, Any]:
     e = _current(state)
     if e is None:
         return {"id": state["seq"], "action": "done", "stage": None, "tasks": [], "reboot": False, "record": [],
-                "files": [], "profiles": [], "repetitions": None}
+                "files": [], "profiles": [], "repetitions": None, "checks": {"audit": False, "outputs": None, "reference": None}}
     if e["status"] == "pending" and e["kind"] == "baseline":
-        return _action(state, "benchmark", e, profiles=state["profiles"])
+        return _action(state, "benchmark", e, profiles=state["profiles"], checks=checks_for(state, e, True))
     if e["status"] == "pending":
         tasks = [dict(t) for t in e["apply"]]
         if e["kind"] == "vllm":
@@ -431,11 +480,12 @@ def next_action(state: dict[str, Any]) -> dict[str, Any]:
             tasks = [{"role": t["role"], "vars": {**kept, **t["vars"]}} for t in e["apply"]]
         return _action(state, "apply", e, tasks=tasks, reboot=e["reboot"], record=e["record"], files=e["files"])
     if e["status"] == "applied":
-        return _action(state, "benchmark", e, profiles=state["profiles"])
+        return _action(state, "benchmark", e, profiles=state["profiles"], checks=checks_for(state, e, True))
     if e["status"] == "more":
         reps = max(v.get("runs_needed") or 0 for lv in e["verdicts"].values() for v in lv.values()) or \
             state["gate"]["min_runs"]
-        return _action(state, "benchmark", e, profiles=state["profiles"], repetitions=reps)
+        return _action(state, "benchmark", e, profiles=state["profiles"], repetitions=reps,
+                       checks=checks_for(state, e, False))
     if e["status"] == "reverting":
         return _action(state, "revert", e, tasks=revert_tasks(state, e), reboot=e["reboot"], files=e["files"])
     raise TuneError(f"stage {e['name']!r} is in an unknown status {e['status']!r}: the state file is damaged; "
@@ -564,7 +614,8 @@ def latency_summary(part: dict[str, Any]) -> dict[str, Any]:
     """What the state and the stage table keep of the gate's latency part: its status and, per metric, the answer,
     the candidate/baseline ratio, its interval and the margin."""
     return {"status": part["status"],
-            "metrics": {k: {f: m[f] for f in ("decision", "ratio", "interval", "margin", "baseline_ms", "candidate_ms")}
+            "metrics": {k: {f: m[f] for f in ("decision", "ratio", "interval", "margin", "baseline_ms", "candidate_ms",
+                                              "reason", "final") if f in m}
                         for k, m in part["metrics"].items()}}
 
 
@@ -632,19 +683,21 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
             verdicts[name][key] = {k: v[k] for k in ("decision", "ratio", "p_value", "p_value_pass", "ci",
                                                      "runs_needed", "reason", "decided_by")}
             verdicts[name][key]["warnings"] = v["warnings"]
+            if v.get("throughput"):  # the throughput part alone (the decision above is throughput and latency together)
+                verdicts[name][key]["throughput"] = {k: v["throughput"].get(k) for k in ("decision", "ratio", "reason", "final")}
             verdicts[name][key]["latency"] = latency_summary(v["latency"])
     e["verdicts"] = verdicts
     flat = judged_levels(e, verdicts)
-    if any(v["decision"] == "regression" for v in flat):
-        e["verdict"] = "regression"
-    elif all(v["decision"] == "pass" for v in flat):
-        e["verdict"] = "pass"
-    else:
-        e["verdict"] = "inconclusive"
-    worst = _worst(flat, e["verdict"])
+    e["gate_verdict"] = _aggregate([v["decision"] for v in flat])
+    worst = _worst(flat, e["gate_verdict"])
+    judged = {id(v) for v in flat}
+    scope = {name: lv for name, lv in verdicts.items() if any(id(v) in judged for v in lv.values())}
+    serving = serving_of(state, e, ref, stage_gate(scope, e["gate_verdict"], worst))
+    e["serving"] = serving
+    e["verdict"] = serving["verdict"]
     if e.get("force_revert"):
         e["decision"], e["status"] = "revert", "reverting"
-        e["reason"] = f"reverted as told (force_revert), whatever the gate said: {e['verdict']}, {worst['reason']}"
+        e["reason"] = f"reverted as told (force_revert), whatever the verdict said: {serving['reason']}"
         return
     if e["verdict"] == "inconclusive" and e["rounds"] < state["more_rounds"] and any(v["runs_needed"] for v in flat):
         e["status"] = "more"
@@ -652,12 +705,12 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
         e["reason"] = f"inconclusive after round {e['rounds']}: measuring more runs ({worst['reason']})"
         return
     if e["verdict"] == "pass":
-        e["decision"], why = "keep", "every judged profile and level passed the gate"
-    elif e["verdict"] == "regression":
-        e["decision"], why = "revert", "a regression: " + worst["reason"]
+        e["decision"], why = "keep", f"every profile and level passed: {serving['reason']}"
+    elif e["verdict"] in ("regression", "unstable", "diverged"):
+        e["decision"], why = "revert", f"a no from the serving verdict: {serving['reason']}"
     else:
         e["decision"] = state["inconclusive"]
-        why = f"inconclusive, so the user's choice ({state['inconclusive']}): {worst['reason']}"
+        why = f"inconclusive, so the user's choice ({state['inconclusive']}): {serving['reason']}"
     e["reason"] = why + judged_text(e, verdicts)
     e["status"] = "kept" if e["decision"] == "keep" else "reverting"
 
@@ -683,8 +736,93 @@ def judged_text(e: dict[str, Any], verdicts: dict[str, dict[str, Any]]) -> str:
     return ""
 
 
+def _aggregate(decisions: list[Any]) -> str:
+    """regression if any says it, pass if all do, else inconclusive."""
+    if "regression" in decisions:
+        return "regression"
+    return "pass" if decisions and all(d == "pass" for d in decisions) else "inconclusive"
+
+
+def stage_gate(verdicts: dict[str, dict[str, Any]], verdict: str, worst: dict[str, Any]) -> dict[str, Any]:
+    """The gate's answer over every profile and level of a stage, in the shape serving_verdict() reads: the throughput
+    part (the first level that regressed, else the lowest ratio) and the latency part (each level's metrics, named
+    ``profile c=N metric``)."""
+    levels = [(name, key, v) for name, lv in verdicts.items() for key, v in lv.items()]
+    tps = [(v.get("throughput") or v) for _n, _k, v in levels]
+    tp_verdict = _aggregate([t.get("decision") for t in tps])
+    hits = [t for t in tps if t.get("decision") == tp_verdict and tp_verdict != "pass"]
+    tp = hits[0] if hits else min(tps, key=lambda t: t["ratio"] if t.get("ratio") is not None else 1.0)
+    metrics = {f"{name} c={key} {m}": dict(x) for name, key, v in levels
+               for m, x in ((v.get("latency") or {}).get("metrics") or {}).items()}
+    return {"decision": verdict, "final": True, "reason": worst["reason"], "ratio": worst.get("ratio"),
+            "throughput": {"decision": tp_verdict, "final": True, "ratio": tp.get("ratio"), "reason": tp.get("reason", "")},
+            "latency": {"metrics": metrics}}
+
+
+def _part_left_out(state: dict[str, Any], e: dict[str, Any], ref: dict[str, Any], part: str) -> str:
+    """Why a part of a stage's verdict is not measured (the verdict names it)."""
+    v = state.get("verdict") or VERDICT_DEFAULTS
+    if not v[part]:
+        return f"left out (verdict {part}: false)"
+    if part == "outputs":
+        if not e.get("outputs"):
+            return "not asked of this stage (it cannot change what the model answers; outputs: true on a stage asks)"
+        if not state["stages"][0].get("outputs_reference"):
+            return "no output reference was recorded at the baseline"
+        return "the playbook sent no output comparison for this stage"
+    return (f"no PCIe audit after {ref['name']}'s benchmark to compare with" if not ref.get("health")
+            else "the playbook sent no PCIe audit after this stage's benchmark")
+
+
+def serving_of(state: dict[str, Any], e: dict[str, Any], ref: dict[str, Any], gate: dict[str, Any]) -> dict[str, Any]:
+    """The serving verdict of a stage: the gate's parts, the outputs compared with the baseline's reference, the
+    host's health after the stage's benchmark against the one after its reference's."""
+    outputs = e.get("outputs_compared") or {"status": "not measured", "reason": _part_left_out(state, e, ref, "outputs")}
+    before, after = ref.get("health"), e.get("health")
+    steady = before and after and (state.get("verdict") or VERDICT_DEFAULTS)["stability"]
+    try:
+        return judged_verdict(gate, outputs, before if steady else None, after if steady else None,
+                              e.get("kernel_log") or [] if steady else [],
+                              stability_left_out=None if steady else _part_left_out(state, e, ref, "stability"))
+    except (VerdictError, ValueError, TypeError, AttributeError, KeyError) as err:
+        raise TuneError(f"the serving verdict of stage {e['name']!r} cannot be given: {err!r}") from None
+
+
+def take_checks(state: dict[str, Any], e: dict[str, Any], act: dict[str, Any], checks: dict[str, Any] | None) -> None:
+    """Keep what the playbook brought after a benchmark for the serving verdict: the PCIe audit (``health``, a
+    pcie_facts document) with the Xid lines of the kernel log (``kernel_log``), and output_equivalence's result
+    (``outputs``: the reference recorded at the baseline, a stage's comparison). TuneError for a shape no part has."""
+    c = checks or {}
+    if not isinstance(c, dict):
+        raise TuneError(f"checks of {e['name']!r} is {type(c).__name__}: give a dict (health, kernel_log, outputs)")
+    health, log, outputs = c.get("health"), c.get("kernel_log") or [], c.get("outputs")
+    if health is not None and not (isinstance(health, dict) and isinstance(health.get("devices", {}), dict)
+                                   and isinstance(health.get("gpus", []), list)):
+        raise TuneError(f"checks.health of {e['name']!r} is not a pcie_facts document (devices, gpus): pass the audit's pcie")
+    if not isinstance(log, list) or not all(isinstance(line, str) for line in log):
+        raise TuneError(f"checks.kernel_log of {e['name']!r} is not a list of lines")
+    if health is not None:
+        e["health"] = health
+        e["kernel_log"] = [line for line in log if "xid" in line.lower()][-KERNEL_LOG_KEEP:]
+    if outputs is None:
+        return
+    asked = (act.get("checks") or {}).get("outputs")
+    if not isinstance(outputs, dict) or asked is None:
+        raise TuneError(f"checks.outputs of {e['name']!r} was not asked for (or is not output_equivalence's result)")
+    if asked == "record":
+        if not outputs.get("reference"):
+            raise TuneError("checks.outputs of the baseline names no reference: pass output_equivalence's record result")
+        e["outputs_reference"] = {k: outputs.get(k) for k in ("reference", "model", "band", "aa")}
+    elif not isinstance(outputs.get("verdict"), str) or outputs["verdict"] not in OUTPUT_ANSWERS:
+        raise TuneError(f"checks.outputs of {e['name']!r} has verdict {outputs.get('verdict')!r}: pass "
+                        f"output_equivalence's compare result ({', '.join(OUTPUT_ANSWERS)})")
+    else:
+        e["outputs_compared"] = {k: outputs.get(k) for k in ("verdict", "reason", "figures", "band", "tolerance")}
+
+
 def complete(state: dict[str, Any], action_id: int, documents: Sequence[dict[str, Any]] = (),
-             recorded: dict[str, Any] | None = None, snapshots: dict[str, Any] | None = None) -> dict[str, Any]:
+             recorded: dict[str, Any] | None = None, snapshots: dict[str, Any] | None = None,
+             checks: dict[str, Any] | None = None) -> dict[str, Any]:
     """The playbook did the pending action: record what it brought and move the loop on."""
     act = state.get("pending")
     if not act:
@@ -713,6 +851,7 @@ def complete(state: dict[str, Any], action_id: int, documents: Sequence[dict[str
                                 "profiles' order, each measured with its profile's settings")
             e["measurements"][prof["name"]] = _merge(e["measurements"].get(prof["name"]) if e["status"] == "more" else None,
                                                      _measurement(doc, prof["name"]))
+        take_checks(state, e, act, checks)
         if e["kind"] == "baseline":
             e["status"] = "baseline"
             e["decision"] = "baseline"
@@ -726,7 +865,17 @@ def complete(state: dict[str, Any], action_id: int, documents: Sequence[dict[str
 def summary(state: dict[str, Any]) -> list[dict[str, Any]]:
     """One line per stage: status, verdict, decision and why."""
     return [{"stage": e["name"], "status": e["status"], "verdict": e["verdict"], "decision": e["decision"],
-             "reference": e["reference"], "reason": e["reason"]} for e in state["stages"]]
+             "reference": e["reference"], "reason": e["reason"],
+             "parts": {k: p["says"] for k, p in ((e.get("serving") or {}).get("parts") or {}).items()}}
+            for e in state["stages"]]
+
+
+def verdict_records(state: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each decided stage's serving verdict as the history stores it (bench_history ``verdicts``): its answer, reason
+    and parts, the stage, when it was decided."""
+    return [{"verdict": e["serving"]["verdict"], "keep": e["serving"]["keep"], "reason": e["serving"]["reason"],
+             "parts": e["serving"]["parts"], "stage": e["name"], "decided_at": e["decided_at"]}
+            for e in state["stages"] if e.get("serving") and e.get("decided_at")]
 
 
 # ---- what the module reads and restores on the host --------------------------------------------------
@@ -765,6 +914,8 @@ def plan_key(state: dict) -> str:
     for kept, s in zip(keep["stages"], state["stages"]):
         if s.get("force_revert"):  # only when set: a state made before force_revert keeps its plan key
             kept["force_revert"] = True
+    if (state.get("verdict") or VERDICT_DEFAULTS) != VERDICT_DEFAULTS:  # a state made before the verdict keeps its key
+        keep["verdict"] = state["verdict"]
     return hashlib.sha256(json.dumps(keep, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -820,7 +971,7 @@ def prepare(fs: HostFS, state: dict, act: dict, check: bool, actions: list) -> N
 def _start(p: dict, state: dict | None, path: str) -> dict:
     """op=start: the state made from the plan, or the stored one when it was made from the same plan."""
     fresh = new_state(p["host"], plan_stages(p["stages"], p["skip"], p.get("force_revert") or ()), resolve_profiles(p["profiles"], p["max_model_len"]),
-                      p["gate"], p["inconclusive"], p["more_rounds"], p["vllm_defaults"], p["now"])
+                      p["gate"], p["inconclusive"], p["more_rounds"], p["vllm_defaults"], p["now"], p.get("verdict"))
     fresh["plan_key"] = plan_key(fresh)
     if state is not None and state.get("plan_key") != fresh["plan_key"]:
         finished = all(s["status"] in ("kept", "reverted", "baseline") for s in state["stages"])
@@ -845,7 +996,8 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict:
                 result["actions"].append({"action": "remove", "path": path})
                 if not check_mode:
                     fs.remove(path)
-            result.update(changed=bool(result["actions"]), next={"action": "done"}, stages=[], state={}, diff={})
+            result.update(changed=bool(result["actions"]), next={"action": "done"}, stages=[], state={}, diff={},
+                          verdicts=[])
             return result
         state = load(fs, path)
         before = json.dumps(state, sort_keys=True) if state is not None else None
@@ -854,7 +1006,10 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict:
         elif state is None:
             raise TuneError(f"no measured-tuning state at {path}: run op=start first")
         if p["op"] == "complete":
-            complete(state, p["action_id"], p["results"])
+            complete(state, p["action_id"], p["results"], checks=p.get("checks"))
+            for e in state["stages"]:  # the stage just judged: when (for the history)
+                if e.get("serving") and e.get("status") != "more" and not e.get("decided_at"):
+                    e["decided_at"] = p["now"] or "unknown"
         act = next_action(state)
         prepare(fs, state, act, check_mode, result["actions"])
         if act["action"] == "done" and not state.get("finished_at"):
@@ -865,7 +1020,7 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict:
             if not check_mode:
                 # temp file, fsync, rename, fsync of the directory: the state survives a crash or a reboot
                 fs.write_atomic(path, json.dumps(state, indent=1, sort_keys=True) + "\n", mode=0o600)
-        result.update(next=act, stages=summary(state), state=state)
+        result.update(next=act, stages=summary(state), state=state, verdicts=verdict_records(state))
     except TuneError as err:
         raise Failed(f"Measured tuning: {err}", **result) from None
     except HostFSError as err:

@@ -29,7 +29,7 @@ NEW = "6.1.0-56-cloud-amd64"
 BASE_RUNS = [1000.0, 1012.0, 995.0, 1004.0, 998.0, 1008.0, 1001.0, 993.0, 1010.0, 1003.0, 997.0, 1006.0, 999.0, 1002.0,
              1005.0]
 SETTINGS = {"reboot_ok": True, "check_mode": False, "lock": True, "lock_packages": [], "verify_pcie": True,
-            "commit_timeout": 1800,
+            "commit_timeout": 1800, "outputs": True, "stability": True,
             "gate": {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.005, "min_runs": 5, "max_runs": 15}}
 PACKAGES = [f"linux-image-{OLD}", "linux-image-cloud-amd64", "nvidia-driver", "nvidia-kernel-dkms", "gpufleet-lab-dkms",
             "openssh-server"]
@@ -66,7 +66,8 @@ class Host:
     def __init__(self, speed_new: float = 1.0, boots: bool = True, verify_ok: bool = True, post_ok: bool = True,
                  foreign_load: str = "", inconclusive_speeds: list[float] | None = None,
                  base_pattern: list[float] | None = None, cand_pattern: list[float] | None = None,
-                 cand_failed: int = 0, workloads: dict | None = None):
+                 cand_failed: int = 0, workloads: dict | None = None, outputs_new: str = "equivalent",
+                 gpus_new: int = 2):
         self.running = OLD
         self.default = OLD
         self.once: str | None = None  # a pending one-shot GRUB entry (grub-reboot)
@@ -91,6 +92,9 @@ class Host:
         # config); a label mapped to None sends neither, as the role did before workload fingerprints
         self.workloads = {"baseline": ("Qwen/Qwen2.5-7B-Instruct", 4), "candidate": ("Qwen/Qwen2.5-7B-Instruct", 4),
                           **(workloads or {})}
+        self.outputs_new = outputs_new  # output_equivalence's verdict on the new kernel
+        self.gpus_new = gpus_new  # GPUs on the bus under the new kernel (2 before: fewer is a GPU gone)
+        self.references: list[str] = []  # the kernel each output reference was recorded on
         self.benchmarks: list[dict] = []  # every benchmark: label, kernel, default at the time
         self.reboots = 0
         self.runs_done: dict = {}
@@ -174,7 +178,17 @@ class Host:
         if name == "benchmark":
             return measured
         if name == "audit":
-            return {"findings": findings}
+            return {"findings": findings, "pcie": self.health_doc()}
+        if name == "outputs":
+            self.references.append(self.running)
+            return {"reference": "/var/lib/gpufleet/kernel_upgrade/outputs-reference.json", "model": "Qwen/Qwen2.5-7B-Instruct",
+                    "band": {"top1_agreement_min": 1.0, "mean_abs_logprob_diff_max": 0.0, "p99_abs_logprob_diff_max": 0.0},
+                    "aa": {"top1_agreement": 1.0}}
+        if name == "check":
+            verdict = self.outputs_new if self.running == NEW else "equivalent"
+            outputs = {"verdict": verdict, "reason": f"{verdict} (simulated)", "figures": {"top1_agreement": 0.8}}
+            return {"outputs": outputs if action.get("outputs") else None,
+                    "pcie": self.health_doc() if action.get("stability") else None, "kernel_log": []}
         if name == "install":
             return {"preflight": {"ok": self.post_ok, "msg": "ok" if self.post_ok else "driver: no nvidia module"}}
         if name == "verify":
@@ -184,6 +198,13 @@ class Host:
         if name in ("commit", "rollback"):
             return {"locked": self.held, **({"server": "serving"} if name == "rollback" else {})}
         return {}
+
+    def health_doc(self) -> dict:
+        """The audit's document as the stability part reads it: the GPUs on the bus (one fewer under the new kernel
+        with ``gpus_new=1``)."""
+        n = self.gpus_new if self.running == NEW else 2
+        bdfs = ["0000:01:00.0", "0000:41:00.0"][:n]
+        return {"gpus": [{"bdf": b} for b in bdfs], "devices": {b: {"bdf": b, "driver": "nvidia"} for b in bdfs}}
 
     def apply(self, effect: str, action: dict) -> None:
         if effect == "boot_default":  # kernel_boot_entry boot: default also drops a pending one-shot entry

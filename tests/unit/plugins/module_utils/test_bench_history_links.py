@@ -85,7 +85,7 @@ def test_an_old_file_is_migrated_and_its_monitored_runs_backfilled(tmp_path):
     path = str(tmp_path / "old.sqlite")
     _version_2_file(path, [doc("2026-11-01T00:00:00Z", STEADY), monitored("2026-11-02T00:00:00Z", [STABLE, FLAPPED])])
     conn = bh.connect(path)
-    assert bh.schema_version(conn) == 3
+    assert bh.schema_version(conn) == bh.SCHEMA_VERSION
     assert [tuple(r.values()) for r in conn.query("SELECT id, links_sampled FROM runs ORDER BY id")] == [(1, 0), (2, 1)]
     assert [tuple(r.values()) for r in conn.query("SELECT run_id, repetition, device, code, output_tps FROM link_findings")] == [
         (2, 1, GPU, "link_flapping", 1004.0)]

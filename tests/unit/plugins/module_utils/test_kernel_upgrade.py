@@ -365,3 +365,27 @@ def test_gate_summary_keeps_what_the_record_needs():
     assert s["decision"] == "pass" and s["baseline"]["median"] == 100.0 and s["candidate"] == {
         "n": None, "median": None, "cv": None, "min": None, "max": None}
     assert "method" not in s and kr.gate_summary({}) == {} and kr.gate_summary(None) == {}
+
+
+def test_fleet_report_shows_each_part_of_the_serving_verdict_and_why_one_said_no():
+    """A host rolled back for diverged outputs: the JSON row and the Markdown table carry each part with its figure,
+    the Why section the part that said no and the one not measured, with their reasons; a record from before the parts
+    has none (a dash)."""
+    from tests.unit.plugins.module_utils.flow_sim import Host, drive
+    host = Host(outputs_new="diverged")
+    drive(host)
+    journal = host.history[0]
+    record = {"host": "lab1", "run_id": "r1", "decision": "diverged", "reason": journal["verdict"]["reason"],
+              "verdict": journal["verdict"], "gate": {"ratio": 1.0}}
+    rep = kr.fleet_report([record, {"host": "lab2", "run_id": "r1", "decision": "pass", "reason": "old record"}],
+                          ["lab1", "lab2"], "r1")
+    row = rep["hosts"][0]
+    assert row["parts"]["outputs"] == {"answer": "diverged", "says": "no", "reason": "diverged (simulated)",
+                                       "figures": {"top1_agreement": 0.8}}
+    assert row["parts"]["throughput"]["says"] == "yes" and row["parts"]["throughput"]["figures"]["ratio"] > 0.9
+    assert rep["hosts"][1]["parts"] == {} and rep["failed"] == ["lab1"] and rep["counts"] == {"diverged": 1, "pass": 1}
+    md = kr.render_markdown(rep)
+    assert "| throughput | latency | outputs | stability |" in md and "no (diverged) top-1 0.800" in md
+    assert "  - outputs: no (diverged): diverged (simulated)" in md
+    assert "  - latency: not measured: no per-run latency was given to the gate" in md
+    assert md.startswith("# Kernel rollout r1\n\nOutcome: 1 diverged, 1 pass;")

@@ -34,12 +34,14 @@ SCENARIOS = {
     "preflight_failed": {"post_ok": False},
     "contaminated": {"foreign_load": "candidate"},
     "baseline_contaminated": {"foreign_load": "baseline"},
+    "diverged": {"outputs_new": "diverged"},
+    "gpu_gone": {"gpus_new": 1},
 }
 OUTCOME = {"pass": ("pass", NEW), "regression": ("regression", OLD), "failed_boot": ("failed_boot", OLD),
            "verify_failed": ("verify_failed", OLD), "preflight_failed": ("preflight_failed", OLD),
            "contaminated": ("inconclusive", OLD), "baseline_contaminated": ("inconclusive", OLD),
            "inconclusive": ("inconclusive", OLD), "noisy_baseline": ("pass", NEW), "too_noisy": ("inconclusive", OLD),
-           "failures": ("regression", OLD)}
+           "failures": ("unstable", OLD), "diverged": ("diverged", OLD), "gpu_gone": ("unstable", OLD)}
 
 
 class Recorder(Host):
@@ -111,7 +113,8 @@ def observation(case: dict, host_state) -> dict:
                          "package": f"linux-image-{NEW}", "target_installed": False},
            "installed_packages": sorted(["linux-image-" + OLD, "linux-image-" + NEW, "linux-image-cloud-amd64",
                                          "nvidia-driver", "nvidia-kernel-dkms", "gpufleet-lab-dkms", "openssh-server"]),
-           "settings": copy.deepcopy(SETTINGS)}
+           # the cases judge the serving verdict's outputs and stability parts only where they turn them on
+           "settings": {**copy.deepcopy(SETTINGS), "outputs": False, "stability": False}}
     given = copy.deepcopy(case.get("obs") or {})
     obs["settings"].update(given.pop("settings", {}))
     obs.update(given)
@@ -221,7 +224,10 @@ def test_failures_of_each_side_reach_the_gate():
     host = Host(**SCENARIOS["failures"])
     result = drive(host)
     record = host.history[0]
-    assert result["finish"]["decision"] == "regression" and record["gate"]["decided_by"] == "failures"
+    # the gate says regression; the serving verdict's stability part (more failed requests) says unstable, first
+    assert result["finish"]["decision"] == "unstable" and record["gate"]["decided_by"] == "failures"
+    assert record["verdict"]["parts"]["throughput"]["answer"] == "regression"
+    assert record["verdict"]["parts"]["stability"]["answer"] == "unstable"
     assert record["candidate"]["failed"] == 3 and record["baseline"]["failed"] == 0
     # 32 requests a run: 5 baseline runs, 4 candidate runs (the gate's first look)
     assert (record["baseline"]["requests"], record["candidate"]["requests"]) == (160, 128)
@@ -300,8 +306,10 @@ def test_a_controller_killed_at_every_task_never_leaves_a_candidate_unguarded(ca
 
 # Tasks of the role the simulated host does not model: reads, the check script's copy, and the panic= argument
 # (written before the install; it changes no boot of the sim). A new task elsewhere must be modelled in flow_sim.
+# reads: the simulated host answers what they would read in its report (output_equivalence, the kernel log included)
 UNMODELLED = {"gpufleet.inference.pcie_facts", "gpufleet.inference.kernel_cmdline_info", "gpufleet.inference.kernel_cmdline",
-              "gpufleet.inference.kernel_upgrade_preflight", "ansible.builtin.file", "ansible.builtin.copy"}
+              "gpufleet.inference.kernel_upgrade_preflight", "ansible.builtin.file", "ansible.builtin.copy",
+              "gpufleet.inference.output_equivalence", "ansible.builtin.command"}
 
 
 def test_the_simulated_host_models_every_task_of_every_action():
@@ -354,7 +362,9 @@ BAD_VALUES = [None, "x", "", 1, -1, 1.5, float("nan"), float("inf"), True, [], {
 EVENT_DATA = {
     "benchmarked": {"label": "candidate", "samples": [1000.0, 1001.0, 999.0, 1002.0], "kernel": NEW, "files": ["/b.json"],
                     "concurrency": 4, "contaminated": [], "failed": 0, "requests": 128},
-    "audited": {"findings": [{"code": "link_downgraded", "device": "0000:01:00.0"}]},
+    "audited": {"findings": [{"code": "link_downgraded", "device": "0000:01:00.0"}], "pcie": {"gpus": []}},
+    "outputs": {"reference": "/r.json", "model": "m", "band": {}, "aa": {}},
+    "checked": {"outputs": {"verdict": "diverged", "reason": "x", "figures": {}}, "pcie": {"gpus": []}, "kernel_log": []},
     "verified": {"cmdline_missing": [], "findings_after": [], "vllm": {"checked": True, "ok": False, "msg": "down"}},
     "installed": {"preflight": {"ok": False, "msg": "no module"}, "install": {"failed": True, "rc": 100, "msg": "E: x"}},
     "committed": {"locked": ["linux-image-" + NEW]}, "rolled_back": {"locked": [], "server": "serving"},
@@ -365,7 +375,7 @@ EVENT_DATA = {
 def stage_journals() -> list[dict]:
     """One journal of each stage (and of each verdict) the simulated runs write."""
     out, seen = [], set()
-    for scenario in ("pass", "regression", "failed_boot", "verify_failed"):
+    for scenario in ("pass", "regression", "failed_boot", "verify_failed", "diverged"):
         host = Recorder(**SCENARIOS[scenario])
         drive(host)
         for journal in host.writes:

@@ -18,7 +18,8 @@ from tests.helpers import REPO
 TASKS = os.path.join(REPO, "roles", "kernel_upgrade", "tasks")
 # action -> the event its task file reports
 REPORTS = {"lock": "locked", "benchmark": "benchmarked", "audit": "audited", "pin": "pinned", "install": "installed",
-           "boot_once": "rebooted", "verify": "verified", "commit": "committed", "rollback": "rolled_back"}
+           "boot_once": "rebooted", "verify": "verified", "commit": "committed", "rollback": "rolled_back",
+           "outputs": "outputs", "check": "checked"}
 
 
 def actions_in_flow() -> set[str]:
@@ -56,7 +57,7 @@ def test_the_role_keeps_no_decisions_of_its_own():
 def test_the_step_passes_every_setting_the_flow_reads():
     step = load("step.yml")[0]["gpufleet.inference.kernel_rollout_step"]
     assert {"target", "event", "data", "preflight", "run_id", "reboot_ok", "lock", "lock_packages", "verify_pcie",
-            "commit_timeout", "lease_run_id", "lease_ttl", "gate"} <= set(step)
+            "commit_timeout", "lease_run_id", "lease_ttl", "gate", "outputs", "stability"} <= set(step)
     assert set(step["gate"]) == {"threshold", "alpha", "pass_alpha", "min_runs", "max_runs", "max_baseline_runs",
                                  "candidate_min_runs", "requests_per_run", "latency_margins", "latency_alpha"}
     # the per-run latency of each side reaches the journal (the gate's latency part)

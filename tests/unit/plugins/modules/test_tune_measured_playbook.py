@@ -62,6 +62,12 @@ def test_measured_tuning_playbook_keeps_the_helpful_flag_and_reverts_the_harmful
         "tune_measured_gate": {"threshold": "auto",
                                "latency_margins": {"ttft_p50": 0, "ttft_p90": 0, "tpot_p50": 0, "tpot_p90": 0}},
         "host_lease_path": str(tmp_path / "host" / "lease.json"),
+        # the serving verdict's outputs part for real against the stand-in (a reference at the baseline, compared after
+        # each flag stage: max_num_seqs does not change what it answers); this container has no GPU to audit, so the
+        # stability part is left out, and named so
+        "tune_measured_verdict": {"stability": False, "reference": str(tmp_path / "host" / "reference.json")},
+        "tune_measured_outputs_prompt_lengths": ["short"], "tune_measured_outputs_max_tokens": 8,
+        "tune_measured_served_model_name": "lab",
     }
     inventory = tmp_path / "inventory.yml"
     inventory.write_text(yaml.safe_dump({"all": {"hosts": {"localhost": hostvars}}}))
@@ -85,6 +91,10 @@ def test_measured_tuning_playbook_keeps_the_helpful_flag_and_reverts_the_harmful
     assert (stages["seqs_16"]["status"], stages["seqs_1"]["status"]) == ("kept", "reverted"), \
         {n: s["reason"] for n, s in stages.items()}
     assert stages["seqs_1"]["reference"] == "seqs_16"
+    parts = stages["seqs_16"]["serving"]["parts"]
+    assert parts["outputs"]["answer"] == "equivalent" and parts["outputs"]["figures"]["top1_agreement"] == 1.0
+    assert parts["stability"]["reason"] == "host health left out (verdict stability: false)"
+    assert stages["baseline"]["outputs_reference"]["reference"] == str(tmp_path / "host" / "reference.json")
     # the server the play left running serves the kept flag
     assert final_argv[final_argv.index("--max-num-seqs") + 1] == "16"
     table = (tmp_path / "reports" / "tune_measured" / "stages.md").read_text()
@@ -96,3 +106,7 @@ def test_measured_tuning_playbook_keeps_the_helpful_flag_and_reverts_the_harmful
         "SELECT stage, source FROM runs ORDER BY id").fetchall()
     assert {r[1] for r in runs} == {"tune_measured"} and [r[0] for r in runs][0] == "baseline"
     assert {"seqs_16", "seqs_1"} <= {r[0] for r in runs} and 3 <= len(runs) <= 5
+    # each stage's serving verdict, with each part's word, in the history
+    verdicts = sqlite3.connect(str(tmp_path / "reports" / "history.sqlite")).execute(
+        "SELECT stage, source, outputs, stability FROM verdicts ORDER BY stage").fetchall()
+    assert verdicts == [("seqs_1", "tune_measured", "yes", "not measured"), ("seqs_16", "tune_measured", "yes", "not measured")]
