@@ -705,7 +705,7 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
         e["reason"] = f"inconclusive after round {e['rounds']}: measuring more runs ({worst['reason']})"
         return
     if e["verdict"] == "pass":
-        e["decision"], why = "keep", f"every profile and level passed: {serving['reason']}"
+        e["decision"], why = "keep", f"every judged profile and level passed: {serving['reason']}"
     elif e["verdict"] in ("regression", "unstable", "diverged"):
         e["decision"], why = "revert", f"a no from the serving verdict: {serving['reason']}"
     else:

@@ -87,7 +87,7 @@ def _columns_sqlite(path: str) -> dict[str, list[str]]:
     conn = sqlite3.connect(path)
     try:
         return {t: [r[1] for r in conn.execute(f"PRAGMA table_info({t})")]
-                for t in ("schema_version", "runs", "levels", "link_findings")}
+                for t in ("schema_version", "runs", "levels", "link_findings", "verdicts")}
     finally:
         conn.close()
 
@@ -115,7 +115,7 @@ def test_the_schema_and_its_migrations_are_the_same_on_both(pg_server, tmp_path)
         assert bh.migrate(hist) == []
         pg_columns = {t: [r["column_name"] for r in hist.query(
             "SELECT column_name FROM information_schema.columns WHERE table_name = ? AND table_schema = current_schema() "
-            "ORDER BY ordinal_position", (t,))] for t in ("schema_version", "runs", "levels", "link_findings")}
+            "ORDER BY ordinal_position", (t,))] for t in ("schema_version", "runs", "levels", "link_findings", "verdicts")}
         real = hist.query("SELECT data_type FROM information_schema.columns WHERE table_name = 'levels' AND "
                           "column_name = 'output_tps_median'")
     finally:
@@ -242,6 +242,22 @@ def test_controllers_appending_at_once_migrate_once_and_store_each_document_once
     db = bh.connect(url)
     try:
         assert bh.count(db) == 6
-        assert [r["version"] for r in db.query("SELECT version FROM schema_version ORDER BY version")] == [1, 2, 3]
+        assert [r["version"] for r in db.query("SELECT version FROM schema_version ORDER BY version")] == list(range(1, bh.SCHEMA_VERSION + 1))
     finally:
         db.close()
+
+
+def test_serving_verdicts_are_stored_once_and_read_back_the_same_on_both(pg_server, tmp_path, capsys):  # noqa: F811
+    """The kernel upgrade's and measured tuning's verdicts (bench_history verdicts) in PostgreSQL as in SQLite."""
+    from tests.unit.plugins.module_utils.test_bench_history_verdicts import diverged
+    url = parse_url(pg_server.create_database("verdicts")).redacted
+    answers = {}
+    for name, target in (("sqlite", {"path": str(tmp_path / "v.sqlite")}), ("postgresql", {"url": url, "password": PASSWORD})):
+        for _ in range(2):  # the same verdict twice is stored once
+            stored = run_module(bench_history_module, {**target, "verdicts": [diverged(), diverged("max_num_seqs 512")],
+                                                       "host": "gpu-01", "source": "tune_measured"}, capsys)
+        assert stored["changed"] is False and stored["verdicts_added"] == []
+        answers[name] = run_module(bench_history_module, {**target, "state": "query", "hosts": ["gpu-01"]}, capsys)["verdicts"]
+    assert [v["stage"] for v in answers["postgresql"]] == ["kv_fp8", "max_num_seqs 512"]
+    assert answers["postgresql"] == answers["sqlite"]
+    assert answers["postgresql"][0]["verdict"] == "diverged" and answers["postgresql"][0]["parts"]["outputs"]["says"] == "no"

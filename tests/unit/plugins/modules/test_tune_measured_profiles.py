@@ -70,8 +70,8 @@ def test_prefix_caching_is_judged_on_shared_prefix_and_the_table_says_so(tmp_pat
     assert stage["judged_on"] == stage["judged_by"] == ["shared_prefix"]
     assert stage["verdicts"]["shared_prefix"]["32"]["decision"] == "pass"
     assert stage["verdicts"]["serving"]["32"]["decision"] != "pass"  # unique prompts: no hit, no answer
-    assert stage["reason"] == ("every judged profile and level passed the gate (judged on shared_prefix; no regression "
-                               "on the other profiles)")
+    assert stage["reason"].startswith("every judged profile and level passed: pass: ")
+    assert stage["reason"].endswith(" (judged on shared_prefix; no regression on the other profiles)")
     md = st.render_markdown([result["state"]])
     assert "kept (judged on shared_prefix)" in md
     assert "### shared_prefix (256 prompt / 128 output tokens; shared_prefix (prefix_tokens 2048))" in md
@@ -81,7 +81,7 @@ def test_prefix_caching_is_judged_on_shared_prefix_and_the_table_says_so(tmp_pat
 def test_a_regression_on_another_profile_still_reverts(tmp_path, capsys):
     stage = stage_of(through(tmp_path, capsys, serving=SLOWER, prefix=FASTER))
     assert stage["status"] == "reverting" and stage["verdict"] == "regression"
-    assert stage["reason"].startswith("a regression: ")
+    assert stage["reason"].startswith("a no from the serving verdict: regression: ")
 
 
 def test_without_its_profile_a_stage_is_judged_on_every_profile_and_says_which_would_see_it(tmp_path, capsys):
@@ -89,9 +89,9 @@ def test_without_its_profile_a_stage_is_judged_on_every_profile_and_says_which_w
     result = through(tmp_path, capsys, serving=SAME, prefix=SAME, profiles=["serving", other])
     stage = stage_of(result)
     assert stage["status"] == "kept" and stage["judged_on"] == [] and stage["judged_by"] == ["serving", "other"]
-    assert stage["reason"] == ("every judged profile and level passed the gate; its effect shows on the shared_prefix profile, "
-                               "which was not measured: judged on every profile measured; add shared_prefix to the "
-                               "profiles to see it")
+    assert stage["reason"].startswith("every judged profile and level passed: pass: ")
+    assert stage["reason"].endswith("; its effect shows on the shared_prefix profile, which was not measured: judged on "
+                                    "every profile measured; add shared_prefix to the profiles to see it")
     assert "(judged on" not in st.render_markdown([result["state"]])
 
 
