@@ -253,7 +253,7 @@ def test_serving_verdicts_are_stored_once_and_read_back_the_same_on_both(pg_serv
     url = parse_url(pg_server.create_database("verdicts")).redacted
     answers = {}
     for name, target in (("sqlite", {"path": str(tmp_path / "v.sqlite")}), ("postgresql", {"url": url, "password": PASSWORD})):
-        for _ in range(2):  # the same verdict twice is stored once
+        for _attempt in range(2):  # the same verdict twice is stored once
             stored = run_module(bench_history_module, {**target, "verdicts": [diverged(), diverged("max_num_seqs 512")],
                                                        "host": "gpu-01", "source": "tune_measured"}, capsys)
         assert stored["changed"] is False and stored["verdicts_added"] == []
