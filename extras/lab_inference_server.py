@@ -31,7 +31,8 @@ generation and teacher-forced scoring give the same logprobs; ``--output-noise P
 share P of positions (a subtly broken build), ``--ttft-ms`` delays every request's first token (the request waits
 before it joins the batch, so a closed-loop benchmark's tok/s falls too), ``--first-token-hold-ms`` holds a streamed
 request's first chunk back until that many ms after it arrived while its tokens are generated as before (so the
-request ends when it would have: time to first token grows at an equal tok/s).
+request ends when it would have: time to first token grows at an equal tok/s), ``--fail-share P`` answers a
+seeded share P of completion requests with HTTP 500 (an engine that fails requests: the verdict's stability part).
 ``--cold-steps N --cold-factor F`` make a server that warms up, as vLLM does while it meets batch
 shapes for the first time: the first engine step costs F times its work, falling linearly to the
 normal cost at step N (tests of the benchmark's settle runs use it). ``--step-wait-ms W`` adds W ms
@@ -56,6 +57,7 @@ import hashlib
 import json
 import math
 import os
+import random
 import signal
 import sys
 import time
@@ -385,6 +387,7 @@ class Server:
         self.model_name = args.served_model_name or args.model
         self.created = int(time.time())
         self.http = {"requests": 0, "errors": 0, "connections": 0}
+        self.failing = random.Random(args.fail_seed)  # --fail-share's draws: the same requests fail on every start
 
     # -- framing
     @staticmethod
@@ -679,6 +682,8 @@ class Server:
 
     async def completions(self, body: bytes, writer, keep_alive: bool) -> bool:
         req = self._parse(body)
+        if self.args.fail_share and self.failing.random() < self.args.fail_share:
+            raise RequestError(500, "the engine failed this request (--fail-share)", "InternalServerError")
         hold_until = time.monotonic() + self.args.first_token_hold_ms / 1000.0
         rid = f"cmpl-{uuid.uuid4().hex}"
         seq = Sequence(rid, req["key"], req["prompt_len"], req["max_tokens"], req["ignore_eos"],
@@ -807,6 +812,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--first-token-hold-ms", type=float, default=0.0,
                         help="ms after its arrival before a streamed request's first chunk goes out, its tokens generated "
                              "meanwhile as before: a time-to-first-token knob at an equal throughput (default 0)")
+    parser.add_argument("--fail-share", type=float, default=0.0,
+                        help="share 0-1 of completion requests answered with HTTP 500, drawn from a seeded sequence "
+                             "(an engine that fails requests; default 0)")
+    parser.add_argument("--fail-seed", type=int, default=0, help="seed of --fail-share's draws (default 0)")
     parser.add_argument("--api-key", help=argparse.SUPPRESS)
     args, unknown = parser.parse_known_args(argv)
     return args, unknown
@@ -825,6 +834,8 @@ def check_args(args: argparse.Namespace) -> str | None:
             return f"--{name.replace('_', '-')} must be at least 1"
     if not 0 <= args.output_noise <= 1:
         return f"--output-noise must be a share between 0 and 1, got {args.output_noise:g}"
+    if not 0 <= args.fail_share <= 1:
+        return f"--fail-share must be a share between 0 and 1, got {args.fail_share:g}"
     if args.vocab_size <= 2 * CANDIDATES:
         return f"--vocab-size must be above {2 * CANDIDATES} (the lab model gives {CANDIDATES} tokens a logit each)"
     for name in ("work", "step_work", "prefill_work", "cold_steps", "step_wait_ms", "ttft_ms", "first_token_hold_ms"):

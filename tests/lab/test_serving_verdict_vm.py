@@ -102,6 +102,12 @@ def serving() -> bool:
 @pytest.fixture(scope="module")
 def vm():
     """lab1 alone, booted for this module and powered off at its end."""
+    yield from single_vm()
+
+
+def single_vm():
+    """lab1 alone, its image built, booted and serving through serve.yml; powered off when the generator ends (the
+    module fixture of this file and of test_serving_verdict_stability_vm.py)."""
     if os.geteuid() != 0:
         pytest.skip("the VM lab needs root (loop devices to build the image)")
     if not shutil.which("qemu-system-x86_64"):

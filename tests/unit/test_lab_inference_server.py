@@ -494,3 +494,24 @@ def test_a_negative_first_token_hold_is_refused(model_dir):
 def test_logprob_requests_refused_like_vllm(lab, body, fragment):
     resp, raw = lab.request("POST", "/v1/completions", {"model": "lab", "prompt": "x y", **body})
     assert resp.status == 400 and fragment in json.loads(raw)["error"]["message"]
+
+
+def test_fail_share_fails_its_seeded_share_of_completions_and_the_same_ones_every_start(model_dir):
+    """--fail-share 0.3: about 30% of 200 completions answer HTTP 500 (binomial, 0.3 +- 4 sd of 0.032), the
+    others complete; another start with the same seed fails the same request numbers; /health is untouched."""
+    def statuses():
+        with LabServer(model_dir, "--work", "1", "--step-work", "1", "--fail-share", "0.3") as failing:
+            out = [failing.request("POST", "/v1/completions", {"model": "lab", "prompt": [5, 6, 7], "max_tokens": 2})[0].status
+                   for _i in range(200)]
+            assert failing.request("GET", "/health")[0].status == 200
+            return out
+    first = statuses()
+    assert set(first) == {200, 500}
+    assert 0.17 <= first.count(500) / len(first) <= 0.43
+    assert statuses() == first
+
+
+def test_a_fail_share_outside_zero_to_one_is_refused(model_dir):
+    proc = subprocess.run([sys.executable, SERVER, "--model", model_dir, "--fail-share", "1.5"],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 2 and "--fail-share must be a share between 0 and 1, got 1.5" in proc.stderr
