@@ -234,9 +234,23 @@ def _when(node: dict) -> list[str]:
     return [str(w) for w in (when if isinstance(when, list) else [when] if when is not None else [])]
 
 
+def _talks_to_service(task: dict) -> bool:
+    """vllm_ready, the inference_benchmark role, or a step run between the drain hooks (tasks/disruptive.yml's
+    ``__gpufleet_step_tasks``) whose task file holds one of them."""
+    include = task.get("ansible.builtin.include_role") or task.get("ansible.builtin.import_role") or {}
+    if any(m in task for m in SERVICE_MODULES) or include.get("name") in SERVICE_ROLES:
+        return True
+    step = (task.get("vars") or {}).get("__gpufleet_step_tasks")
+    if not step:
+        return False
+    with open(os.path.join(REPO, "playbooks", "tasks", step), encoding="utf-8") as fh:
+        return any(_talks_to_service(t) for t in yaml.safe_load(fh) or [])
+
+
 def service_tasks(playbook: str) -> list[tuple[str, list[str]]]:
     """(task name, conditions of the task and its blocks, outermost first) of every task of ``playbook``
-    that talks to the running vLLM service: vllm_ready, or the inference_benchmark role."""
+    that talks to the running vLLM service: vllm_ready, or the inference_benchmark role, directly or as the step of
+    tasks/disruptive.yml."""
     with open(os.path.join(REPO, playbook), encoding="utf-8") as fh:
         plays = yaml.safe_load(fh)
     out = []
@@ -247,8 +261,7 @@ def service_tasks(playbook: str) -> list[tuple[str, list[str]]]:
             if "block" in task:
                 walk(task["block"], here)
                 continue
-            include = task.get("ansible.builtin.include_role") or task.get("ansible.builtin.import_role") or {}
-            if any(m in task for m in SERVICE_MODULES) or include.get("name") in SERVICE_ROLES:
+            if _talks_to_service(task):
                 out.append((f"{playbook}: {task.get('name')}", here))
 
     for play in plays:
