@@ -25,21 +25,10 @@ import time
 import pytest
 
 from tests.lab.labutil import lab_ssh
-from tests.lab.test_serving_verdict_vm import KERNEL, NEW, OLD, SERVER, VM, WORK, ok, playbook, serving, single_vm
+from tests.lab.test_serving_verdict_vm import (
+    KERNEL, OLD, VM, WORK, playbook, serve_through_wrapper, serving, single_vm)
 
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
-
-WRAPPER = f"""import os
-import runpy
-import sys
-
-# tests/lab/test_serving_verdict_stability_vm.py: the lab server, failing 20% of its requests under kernel {NEW} only
-if os.uname().release == "{NEW}":
-    sys.argv += ["--fail-share", "0.2"]
-sys.argv[0] = "{SERVER}"
-runpy.run_path("{SERVER}", run_name="__main__")
-"""
-FAILING = ["/usr/bin/python3", "/opt/gpufleet/lab/failing_on_new_kernel.py"]
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +38,10 @@ def vm():
 
 
 def test_a_kernel_under_which_requests_fail_is_rolled_back_as_unstable(vm):
-    lab_ssh(VM, "cat > /opt/gpufleet/lab/failing_on_new_kernel.py && chmod 0644 /opt/gpufleet/lab/failing_on_new_kernel.py",
-            stdin=WRAPPER)
-    r = playbook("playbooks/serve.yml", "--tags", "vllm_service", "-e", "gpufleet_site_benchmark=never",
-                 "-e", json.dumps({"vllm_service_command": FAILING}), timeout=1800)
-    ok(r, "serve.yml with the wrapper")
-    assert lab_ssh(VM, "uname -r").strip() == OLD and serving()
+    failing = serve_through_wrapper("failing_on_new_kernel", ["--fail-share", "0.2"])
+    assert serving()
     settings = WORK / "kernel-stability.json"
-    settings.write_text(json.dumps({**KERNEL, "vllm_service_command": FAILING, "kernel_upgrade_verdict_outputs": False,
+    settings.write_text(json.dumps({**KERNEL, "vllm_service_command": failing, "kernel_upgrade_verdict_outputs": False,
                                     "inference_benchmark_max_error_rate": 0.6}))
     report = WORK / "kernel_upgrade_stability"
     t0 = time.time()

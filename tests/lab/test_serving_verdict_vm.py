@@ -47,19 +47,36 @@ PROFILE = {"name": "lab_interactive", "prompt_tokens": 16, "output_tokens": 128,
            "repetitions": 5, "warmup": 4, "settle_runs": 0}
 # the short prompts only (the stand-in's context is 1024 tokens here), 8 tokens each: under a minute under TCG
 OUTPUTS = {"prompt_lengths": ["short"], "max_tokens": 8}
-# The server with its outputs perturbed under the new kernel only: a Python wrapper that runs the lab server in its own
-# process (vllm_service checks the live process's argv against the unit's, so no exec to another program)
-WRAPPER = f"""import os
+# The server changed under the new kernel only: a Python wrapper that runs the lab server in its own process
+# (vllm_service checks the live process's argv against the unit's, so no exec to another program), adding its flags
+# when the new kernel runs. Written to /opt/gpufleet/lab/<name>.py by serve_through_wrapper().
+
+
+def wrapper(name: str, flags: list[str]) -> str:
+    return f"""import os
 import runpy
 import sys
 
-# tests/lab/test_serving_verdict_vm.py: the lab server, its outputs perturbed under kernel {NEW} only
+# tests/lab/test_serving_verdict*_vm.py ({name}): the lab server with {' '.join(flags)} under kernel {NEW} only
 if os.uname().release == "{NEW}":
-    sys.argv += ["--output-noise", "0.3"]
+    sys.argv += {json.dumps(flags)}
 sys.argv[0] = "{SERVER}"
 runpy.run_path("{SERVER}", run_name="__main__")
 """
-NOISY = ["/usr/bin/python3", "/opt/gpufleet/lab/noisy_on_new_kernel.py"]
+
+
+def serve_through_wrapper(name: str, flags: list[str]) -> list[str]:
+    """Install wrapper(name, flags) on the VM and serve through it (serve.yml); its command, for the kernel run."""
+    path = f"/opt/gpufleet/lab/{name}.py"
+    lab_ssh(VM, f"cat > {path} && chmod 0644 {path}", stdin=wrapper(name, flags))
+    command = ["/usr/bin/python3", path]
+    r = playbook("playbooks/serve.yml", "--tags", "vllm_service", "-e", "gpufleet_site_benchmark=never",
+                 "-e", json.dumps({"vllm_service_command": command}), timeout=1800)
+    ok(r, "serve.yml with the wrapper")
+    assert f"{name}.py" in exec_start() and lab_ssh(VM, "uname -r").strip() == OLD
+    return command
+
+
 # The kernel test is about the outputs: its latency part is left unjudged (margins null), as the emulated VM's TTFT
 # and TPOT vary by 60-90% run to run on a loaded host (a first run, 2026-12-04, stopped before any change with
 # "inconclusive on latency: TTFT p50 too noisy for a +10% margin (CV 73.3%)", honestly); the latency no is the flag
@@ -161,14 +178,9 @@ def test_a_flag_stage_slower_to_its_first_token_at_equal_throughput_is_reverted(
 
 
 def test_a_kernel_that_changes_the_outputs_is_rolled_back_as_diverged(vm):
-    lab_ssh(VM, "cat > /opt/gpufleet/lab/noisy_on_new_kernel.py && chmod 0644 /opt/gpufleet/lab/noisy_on_new_kernel.py",
-            stdin=WRAPPER)
-    r = playbook("playbooks/serve.yml", "--tags", "vllm_service", "-e", "gpufleet_site_benchmark=never",
-                 "-e", json.dumps({"vllm_service_command": NOISY}), timeout=1800)
-    ok(r, "serve.yml with the wrapper")
-    assert "noisy_on_new_kernel.py" in exec_start() and lab_ssh(VM, "uname -r").strip() == OLD
+    noisy = serve_through_wrapper("noisy_on_new_kernel", ["--output-noise", "0.3"])
     settings = WORK / "kernel.json"
-    settings.write_text(json.dumps({**KERNEL, "vllm_service_command": NOISY}))
+    settings.write_text(json.dumps({**KERNEL, "vllm_service_command": noisy}))
     report = WORK / "kernel_upgrade"
     t0 = time.time()
     r = playbook("playbooks/kernel_upgrade.yml", "-e", f"@{settings}", "-e", f"kernel_upgrade_fleet_report_dir={report}",
