@@ -32,7 +32,10 @@ share P of positions (a subtly broken build), ``--ttft-ms`` delays every request
 before it joins the batch, so a closed-loop benchmark's tok/s falls too), ``--first-token-hold-ms`` holds a streamed
 request's first chunk back until that many ms after it arrived while its tokens are generated as before (so the
 request ends when it would have: time to first token grows at an equal tok/s), ``--fail-share P`` answers a
-seeded share P of completion requests with HTTP 500 (an engine that fails requests: the verdict's stability part).
+seeded share P of completion requests with HTTP 500 (an engine that fails requests: the verdict's stability part),
+``--gpu-runtime FILE`` reads the lab's stand-in for CUDA's user-space driver (tests/lab/dkms/build-standin-debs): it
+refuses to start when the loaded stand-in kernel module is of another version, as CUDA does, and adds its per-step
+wait (a slower driver release).
 ``--cold-steps N --cold-factor F`` make a server that warms up, as vLLM does while it meets batch
 shapes for the first time: the first engine step costs F times its work, falling linearly to the
 normal cost at step N (tests of the benchmark's settle runs use it). ``--step-wait-ms W`` adds W ms
@@ -816,9 +819,42 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="share 0-1 of completion requests answered with HTTP 500, drawn from a seeded sequence "
                              "(an engine that fails requests; default 0)")
     parser.add_argument("--fail-seed", type=int, default=0, help="seed of --fail-share's draws (default 0)")
+    parser.add_argument("--gpu-runtime", metavar="FILE",
+                        help="the lab's stand-in for CUDA's user-space driver (the runtime.json of the "
+                             "gpufleet-nvidia-standin-utils package): its version must match the loaded stand-in "
+                             "kernel module's, and its step_wait_ms is added to --step-wait-ms (default: none)")
     parser.add_argument("--api-key", help=argparse.SUPPRESS)
     args, unknown = parser.parse_known_args(argv)
     return args, unknown
+
+
+def apply_gpu_runtime(args: argparse.Namespace) -> str | None:
+    """Read ``--gpu-runtime``, the lab's stand-in for CUDA's user-space driver, as CUDA does at start: refuse a kernel
+    module of another version (CUDA's and NVML's "Driver/library version mismatch") or none, then take its per-step
+    cost. The first problem, or None."""
+    if not args.gpu_runtime:
+        return None
+    try:
+        with open(args.gpu_runtime, encoding="utf-8") as f:
+            runtime = json.load(f)
+        wait = float(runtime["step_wait_ms"])
+        version, version_file = str(runtime["version"]), str(runtime["module_version_file"])
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"--gpu-runtime {args.gpu_runtime} is not a readable runtime file ({err})"
+    try:
+        with open(version_file, encoding="utf-8") as f:
+            loaded = f.read()
+    except OSError:
+        return f"GPU runtime {version}: no kernel module is loaded ({version_file} is missing)"
+    words = loaded.split()
+    module = words[words.index("Module") + 1] if "Module" in words[:-1] else None
+    if module != version:
+        return f"Driver/library version mismatch: the GPU runtime is {version}, the kernel module is {module}"
+    if wait < 0:
+        return f"--gpu-runtime {args.gpu_runtime}: step_wait_ms must not be negative"
+    args.step_wait_ms += wait
+    log(f"GPU runtime {version} (kernel module {module}): {wait:g} ms more per engine step")
+    return None
 
 
 def check_args(args: argparse.Namespace) -> str | None:
@@ -876,7 +912,7 @@ async def serve(args: argparse.Namespace, api_key: str | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args, unknown = parse_args(sys.argv[1:] if argv is None else argv)
-    problem = check_args(args)
+    problem = check_args(args) or apply_gpu_runtime(args)
     if problem:
         log(f"error: {problem}")
         return 2

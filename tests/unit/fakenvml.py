@@ -21,7 +21,8 @@ class FakeNVML:
         def __init__(self, bus_id):
             self.busId = bus_id
 
-    def __init__(self, gpus, levels=None, p2p=None, nvlinks=None, unsupported=(), init_error=None, remote_types=None):
+    def __init__(self, gpus, levels=None, p2p=None, nvlinks=None, unsupported=(), init_error=None, remote_types=None,
+                 driver_version="580.159.04"):
         self.gpus = gpus                      # [{"bus": "00000000:03:00.0", "name": ..., fields...}]
         self.levels = levels or {}            # {(i, j): level}
         self.p2p = p2p or {}                  # {(i, j, cap): status}
@@ -29,6 +30,7 @@ class FakeNVML:
         self.remote_types = remote_types      # {i: [remote device type per active link]}; None: not answered
         self.unsupported = set(unsupported)   # call names that raise NotSupported
         self.init_error = init_error
+        self.driver_version = driver_version  # nvmlSystemGetDriverVersion's answer
         self.shutdown = False
 
     def _check(self, name):
@@ -43,7 +45,7 @@ class FakeNVML:
         self.shutdown = True
 
     def nvmlSystemGetDriverVersion(self):
-        return "580.159.04"
+        return self.driver_version
 
     def nvmlDeviceGetCount(self):
         return len(self.gpus)
@@ -173,4 +175,4 @@ class FakeNVML:
                     calls[call] = answer(entry)
             pci = calls.pop("nvmlDeviceGetPciInfo")
             gpus.append({"bus": pci["busId"], "name": calls.pop("nvmlDeviceGetName", None), "calls": calls})
-        return cls(gpus)
+        return cls(gpus, driver_version=(dump.get("driver") or {}).get("value", "580.159.04"))

@@ -367,6 +367,36 @@ def test_step_wait_is_wall_time_without_cpu_and_follows_the_cold_factor(model_di
     assert lis.check_args(bad) == "--step-wait-ms must not be negative"
 
 
+def test_gpu_runtime_matches_the_loaded_module_and_adds_its_step_wait(model_dir, tmp_path):
+    """--gpu-runtime: the stand-in NVIDIA user space (tests/lab/dkms/build-standin-debs's runtime.json) starts only on a
+    kernel module of its own version, as CUDA does, and its step_wait_ms makes every engine step wait longer (the
+    lab's slower driver release, 1.2, waits 40 ms more)."""
+    sys.path.insert(0, os.path.dirname(SERVER))
+    try:
+        import lab_inference_server as lis
+    finally:
+        sys.path.pop(0)
+    proc = tmp_path / "version"
+    runtime = tmp_path / "runtime.json"
+
+    def start(module: str | None, version: str, wait: float):
+        runtime.write_text(json.dumps({"version": version, "step_wait_ms": wait, "module_version_file": str(proc)}))
+        if module is None:
+            proc.unlink(missing_ok=True)
+        else:
+            proc.write_text(f"NVRM version: gpufleet stand-in Kernel Module  {module}  Release Build  (gpufleet lab)\n")
+        args, _unknown = lis.parse_args(["--model", str(model_dir), "--step-wait-ms", "5", "--gpu-runtime", str(runtime)])
+        return args, lis.apply_gpu_runtime(args)
+
+    args, problem = start("1.2", "1.2", 40)
+    assert problem is None and args.step_wait_ms == 45
+    assert start("1.0", "1.2", 40)[1] == ("Driver/library version mismatch: the GPU runtime is 1.2, the kernel module "
+                                          "is 1.0")
+    assert "no kernel module is loaded" in start(None, "1.1", 0)[1]
+    runtime.write_text("{")
+    assert "is not a readable runtime file" in lis.apply_gpu_runtime(args)
+
+
 # ---- the lab model: tokens with logprobs, teacher-forced scoring, noise -----------------------------------
 def completion(lab: LabServer, **body) -> dict:
     body.setdefault("model", "lab")

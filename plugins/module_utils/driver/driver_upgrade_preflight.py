@@ -76,7 +76,7 @@ def execute(params: dict, host: Host, check_mode: bool) -> dict[str, Any]:
                           "packages": {n: installed.get(n) for n in packages}},
               "candidate": {"version": version, "packages": packages, "installs": [list(i) for i in sim["installs"]]}}
     if not ok:
-        raise Failed(msg, **result)
+        raise Failed(msg, **{k: v for k, v in result.items() if k != "msg"})
     return result
 
 

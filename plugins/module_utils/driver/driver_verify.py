@@ -48,7 +48,7 @@ def execute(params: dict, host: Host, check_mode: bool, nvml_lib=None) -> dict[s
     ok, msg = decide(checks, "verify", "the driver runs but is not the one expected")
     result.update(ok=ok, checks=checks, failed_checks=[c["name"] for c in checks if not c["ok"]], msg=msg)
     if not ok:
-        raise Failed(result["msg"], **result)
+        raise Failed(msg, **{k: v for k, v in result.items() if k != "msg"})
     return result
 
 
@@ -91,8 +91,10 @@ def _text(value) -> str:
 
 def kernel_log(host: Host) -> list[str]:
     """The kernel log's NVRM lines (dmesg), the last KERNEL_LOG_KEEP of them."""
+    if host.cmd.chrooted:  # the kernel log is the live host's, not the tree's
+        return []
     dmesg = host.cmd.find("dmesg")
-    if dmesg is None or host.cmd.chrooted:
+    if dmesg is None:
         return []
     rc, out, _err = host.cmd.run([dmesg])
     return [line for line in out.splitlines() if "NVRM" in line][-KERNEL_LOG_KEEP:] if rc == 0 else []

@@ -54,8 +54,8 @@ def check_gpus(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
 def check_persistence(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     if before.get("gpu_source") != "nvml" or after.get("gpu_source") != "nvml":
         return check("persistence", True, "not measured: NVML was not read before and after")
-    lost = sorted(b for b, g in (before.get("gpus") or {}).items()
-                  if g.get("persistence_mode") == 1 and ((after["gpus"].get(b) or {}).get("persistence_mode") != 1))
+    lost = sorted(b for b, g in (before.get("gpus") or {}).items()  # a GPU gone is gpus_present's failure
+                  if g.get("persistence_mode") == 1 and b in after["gpus"] and after["gpus"][b].get("persistence_mode") != 1)
     if lost:
         return check("persistence", False, f"persistence mode was on and is off on {', '.join(lost)}",
                      "Start nvidia-persistenced (systemctl start nvidia-persistenced) and check that it runs with the new "
