@@ -25,7 +25,7 @@ def execute(params: dict, host: Host, check_mode: bool) -> dict[str, Any]:
     state = params.get("state") or "held"
     names = hold_packages(list(installed_packages(host)), extra)
     before = held_packages(host)
-    before_text = host.fs.read_optional(UU_DROPIN)
+    before_text = host.fs.read_exact(UU_DROPIN)
     actions = plan(state, names, before, before_text)
     if not names:
         host.warn("no GPU driver package is installed: nothing to hold (name the driver's packages in packages)")
@@ -52,7 +52,7 @@ def plan(state: str, names: list[str], held: list[str], dropin_text: str | None)
         if missing:
             actions.append({"action": "hold", "packages": missing})
         if names and dropin_text != dropin(names):
-            actions.append({"action": "write", "path": UU_DROPIN, "content": dropin(names)})
+            actions.append({"action": "write", "path": UU_DROPIN, "packages": list(names)})
     elif state == "released":
         release = [n for n in names if n in held]
         if release:
@@ -78,7 +78,7 @@ def apply(host: Host, actions: list[dict[str, Any]]) -> None:
                 raise Failed(f"apt-mark {a['action']} {' '.join(a['packages'])} failed (rc {rc}): {(err or out).strip()}. "
                              "Fix dpkg's state (dpkg --audit) and run again.", changed=True, actions=actions)
         elif a["action"] == "write":
-            host.fs.write_atomic(a["path"], a["content"])
+            host.fs.write_atomic(a["path"], dropin(a["packages"]))
         elif a["action"] == "remove":
             host.fs.remove(a["path"])
 
