@@ -3,7 +3,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """What gpufleet.inference.driver_upgrade_preflight executes: may this host take the candidate driver packages?
 
-It asks apt (``apt-get install -s``), fetches the candidate's DKMS package into a private directory, unpacks it
+It asks apt (``apt-get install -s``), fetches the candidate's DKMS package (``apt-get download``) into a private
+directory, unpacks it
 (``dpkg-deb -x``) and builds its module with DKMS for the running kernel and every pending kernel in a private DKMS
 tree (``dkms add/build --dkmstree --sourcetree``: DKMS's own way to build without touching the system's tree), reads
 the built module's version (``modinfo``), and measures /boot. checks.py decides. The private directory is removed
@@ -105,18 +106,18 @@ def trial_builds(host: Host, package: str, version: str, kernels: list[str], p: 
 
 
 def unpack(host: Host, package: str, version: str, work: str) -> dict[str, Any]:
-    """Download ``package=version`` (apt-get --download-only into ``work``/archives) and unpack it; its dkms.conf."""
+    """Download ``package=version`` into ``work``/archives (``apt-get download``, run there by ``env -C``: it also copies
+    a package of a local file: repository, which ``--download-only`` leaves in place) and unpack it; its dkms.conf."""
     apt_get = host.cmd.find("apt-get", required=True)
+    env = host.cmd.find("env", required=True, hint="install coreutils")
     dpkg_deb = host.cmd.find("dpkg-deb", required=True, hint="install dpkg")
-    host.fs.makedirs(f"{work}/archives/partial")
-    rc, out, err = host.cmd.run_in_root([
-        apt_get, "install", "--download-only", "--reinstall", "-y", "--no-install-recommends",
-        "--allow-change-held-packages", "-o", f"Dir::Cache::Archives={work}/archives", f"{package}={version}"])
+    host.fs.makedirs(f"{work}/archives")
+    rc, out, err = host.cmd.run_in_root([env, "-C", f"{work}/archives", apt_get, "download", f"{package}={version}"])
     debs = [n for n in host.fs.listdir(f"{work}/archives") if n.startswith(f"{package}_") and n.endswith(".deb")]
     if rc != 0 or not debs:
-        raise Failed(f"apt-get could not download {package}={version} (rc {rc}): "
-                     f"{' / '.join(build_error_lines(err, out)) or (err or out).strip()[-400:]}. Nothing was changed.",
-                     changed=False)
+        raise Failed(f"apt-get download {package}={version} failed (rc {rc}): "
+                     f"{' / '.join(build_error_lines(err, out)) or (err or out).strip()[-400:] or 'no package file'}. "
+                     "Nothing was changed.", changed=False)
     rc, _out, err = host.cmd.run_in_root([dpkg_deb, "-x", f"{work}/archives/{debs[0]}", f"{work}/root"])
     if rc != 0:
         raise Failed(f"dpkg-deb -x {debs[0]} failed (rc {rc}): {err.strip()}. Nothing was changed.", changed=False)

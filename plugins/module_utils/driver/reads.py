@@ -19,7 +19,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade 
 DPKG_FORMAT = "${Package}\\t${Version}\\t${db:Status-Abbrev}\\n"
 # Package names as Debian allows them (policy 5.6.1), and versions (5.6.12): what reaches apt's argv.
 PACKAGE_RE = re.compile(r"[a-z0-9][a-z0-9+.-]{0,127}")
-VERSION_RE = re.compile(r"([0-9]+:)?[0-9A-Za-z][0-9A-Za-z.+~-]{0,127}")
+VERSION_RE = re.compile(r"([0-9]+:)?[0-9][0-9A-Za-z.+~-]{0,127}")  # starts with a digit (policy 5.6.12)
 MODULE_RE = re.compile(r"[A-Za-z0-9_-]{1,56}")
 UNIT_RE = re.compile(r"[A-Za-z0-9@_.:\\-]{1,255}")
 PROC_SCAN_LIMIT = 100000

@@ -30,10 +30,10 @@ def check_version(expected: str, state: dict[str, Any]) -> dict[str, Any]:
     if state.get("nvml_version") is not None:
         said["NVML"] = state["nvml_version"]
     for name, version in sorted((state.get("packages") or {}).items()):
-        said[name] = upstream(version)
+        said[f"{name} (of packages)"] = upstream(version)
     off = {k: v for k, v in said.items() if v != want}
     if off:
-        return check("driver_version", False, f"expected {want}, but " + ", ".join(
+        return check("driver_version", False, f"expected_version is {want}, but " + ", ".join(
             f"{k} says {v or 'nothing (not loaded or not installed)'}" for k, v in off.items()),
             "The activation did not bring the candidate up: read dkms status and the kernel log; go back to the held "
             "version (driver_upgrade's rollback).")

@@ -16,7 +16,7 @@ from typing import Callable
 
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
 from ansible_collections.gpufleet.inference.plugins.modules import (
-    bench_history, cpu_placement, cpu_tuning, gpu_health, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity,
+    bench_history, cpu_placement, cpu_tuning, driver_hold, driver_reload, driver_upgrade_preflight, driver_verify, gpu_health, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity,
     kernel_boot_entry, kernel_boot_health, kernel_cmdline, kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight,
     maintenance_gate, metrics_textfile, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload, output_equivalence,
     throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
@@ -63,6 +63,21 @@ def _builders():
 def _preflight_builders():
     from tests.unit.plugins.modules.test_vllm_args_preflight import build_proc  # pylint: disable=import-outside-toplevel
     return {"proc": build_proc}
+
+
+def _driver_builders():
+    from tests.unit.plugins.modules.test_driver_modules import BUILDERS  # pylint: disable=import-outside-toplevel
+    return BUILDERS
+
+
+def _driver_host(root: Path) -> None:
+    """A Debian host with the driver loaded, a running kernel with its /boot files and a work directory."""
+    _driver_builders()["debian"](root)
+    for rel, text in (("proc/sys/kernel/osrelease", TARGET + "\n"), (f"boot/vmlinuz-{TARGET}", "k"),
+                      (f"boot/initrd.img-{TARGET}", "i" * 4096), (f"lib/modules/{TARGET}/build/Makefile", ""),
+                      ("var/tmp/.keep", "")):
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
 
 
 def _payload_builders():
@@ -130,6 +145,11 @@ def specs(vllm_url: str) -> dict[str, Spec]:
     step_build, step_base = yaml_case(kernel_rollout_step, "test_kernel_rollout_step.yaml", "the_baseline_opens_the_journal_on_the_host", _builders())
     health_build, health_base = yaml_case(kernel_boot_health, "test_kernel_boot_health.yaml", "present_writes_the_units_and_the_config_and_enables_the_timer",
                                           _builders())
+    hold_build, hold_base = yaml_case(driver_hold, "test_driver_hold.yaml",
+                                      "holds_the_kernel_side_the_user_space_and_the_extra_package_and_blacklists_them",
+                                      _driver_builders())
+    reload_build, reload_base = yaml_case(driver_reload, "test_driver_reload.yaml",
+                                          "a_process_holding_the_gpu_refuses_the_reload_and_nothing_runs", _driver_builders())
     pre_build, pre_base = yaml_case(kernel_upgrade_preflight, "test_kernel_upgrade_preflight.yaml", "every_check_passes_before_the_install",
                                     _builders())
     entry_build, entry_base = yaml_case(kernel_boot_entry, "test_kernel_boot_entry.yaml", "pin_the_old_kernel_before_the_install", _builders())
@@ -146,6 +166,14 @@ def specs(vllm_url: str) -> dict[str, Spec]:
         "cpu_tuning": Spec(cpu_tuning, _cpu_host, lambda r: {
             "root": r, "governor": "performance", "cstate_max_latency_us": 10, "thp_enabled": "madvise", "persist": False},
             ["/var/lib/gpufleet/cpu_tuning.json", "/etc/gpufleet/cpu_tuning.json"]),
+        "driver_hold": Spec(driver_hold, hold_build, hold_base, ["/etc/apt/apt.conf.d/51gpufleet-driver-lock"]),
+        "driver_reload": Spec(driver_reload, reload_build, reload_base, ["/proc/driver/nvidia/version"]),
+        "driver_upgrade_preflight": Spec(driver_upgrade_preflight, _driver_host, lambda r: {
+            "root": r, "packages": ["nvidia-driver", "nvidia-kernel-dkms"], "version": "550.54.15-1", "log_lines": 40},
+            ["/proc/driver/nvidia/version", "/proc/sys/kernel/osrelease"]),
+        "driver_verify": Spec(driver_verify, _driver_host, lambda r: {
+            "root": r, "include_nvml": "never", "expected_version": "550.54.15", "gpu_vendor": "0x10de"},
+            ["/proc/driver/nvidia/version"]),
         "gpu_health": Spec(gpu_health, _gpu_host, lambda r: {"root": r, "dcgm_timeout": 60, "clock_ratio": 0.9}),
         "host_lease": Spec(host_lease, lease_build, lease_base, ["/var/lib/gpufleet/lease.json"]),
         "host_lint": Spec(host_lint, _copied_guide, lambda r: {"root": r}, ["/etc/nccl.conf", "/etc/default/grub", "/proc/cmdline"]),

@@ -80,7 +80,7 @@ def test_a_driver_that_did_not_come_up_at_the_expected_version_fails(tmp_path):
     with pytest.raises(Failed) as err:
         driver_verify.execute({"expected_version": "590.44.01", "before": before}, host(tmp_path), False, nvml_lib=lib)
     assert err.value.fields["failed_checks"] == ["driver_version"]
-    assert "expected 590.44.01, but the loaded module says 580.159.04, NVML says 580.159.04" in str(err.value)
+    assert "expected_version is 590.44.01, but the loaded module says 580.159.04, NVML says 580.159.04" in str(err.value)
 
 
 def test_a_gpu_lost_and_persistence_off_after_the_change_fail(tmp_path):
