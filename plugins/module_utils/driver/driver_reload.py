@@ -46,11 +46,11 @@ def execute(params: dict, host: Host, check_mode: bool) -> dict[str, Any]:
     before = loaded_version(host, p["version_file"])
     loaded = [m for m in modules if host.fs.isdir(f"/sys/module/{m}")]
     holders = device_holders(host, prefix)
+    if expected is not None and before == expected:  # the loaded driver is the one wanted: nothing to unload
+        return {"changed": False, "actions": [], "before": before, "after": before, "holders": holders, "reloaded": []}
     blocking = [h for h in holders if h["unit"] not in services]
     if blocking:
         raise Failed(refusal(blocking, prefix), changed=False, holders=holders, before=before, actions=[])
-    if expected is not None and before == expected:
-        return {"changed": False, "actions": [], "before": before, "after": before, "holders": holders, "reloaded": []}
     units = sorted({h["unit"] for h in holders if h["unit"] in services})
     actions = plan(modules, loaded, units)
     if check_mode:
