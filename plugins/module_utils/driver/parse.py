@@ -20,15 +20,15 @@ from __future__ import annotations
 import re
 from typing import Any
 
+# The words of the lines of a failed apt-get or DKMS build that say why: the kernel upgrade's list, one for both.
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import INSTALL_ERROR_MARKS
+
 NVRM_RE = re.compile(r"NVRM version:.*?Kernel Module(?: for \S+)?\s+(?P<version>[0-9][0-9A-Za-z.+~-]*)")
 DKMS_STATUS_RE = re.compile(
     r"^(?P<module>[^,/\s]+)(?:/|,\s*)(?P<version>[^,\s]+),\s*(?P<kernel>[^,\s]+)(?:,\s*(?P<arch>[^:\s]+))?:\s*"
     r"(?P<state>[A-Za-z-]+)(?P<rest>.*)$")
 DKMS_ADDED_RE = re.compile(r"^(?P<module>[^,/\s]+)(?:/|,\s*)(?P<version>[^,:\s]+):\s*(?P<state>added)\s*$")
 CONF_RE = re.compile(r"^\s*(?P<key>[A-Z_]+)(?:\[(?P<index>\d+)\])?\s*=\s*(?P<value>.*?)\s*$")
-# Lines of a failed build that say why: the compiler's errors, make's, DKMS's own.
-BUILD_ERROR_RE = re.compile(r"(\berror\b|Error \d+|\*\*\*|Bad return status|failed|exited with return code|E: )",
-                            re.IGNORECASE)
 BUILD_LINES_KEPT = 12
 
 
@@ -90,7 +90,7 @@ def build_error_lines(*texts: str | None) -> list[str]:
     for text in texts:
         for line in (text or "").splitlines():
             line = line.strip()
-            if line and BUILD_ERROR_RE.search(line) and line not in lines:
+            if line and any(mark in line for mark in INSTALL_ERROR_MARKS) and line not in lines:
                 lines.append(line)
     return lines[-BUILD_LINES_KEPT:]
 
