@@ -13,8 +13,8 @@ version_added: 0.3.0
 description:
   - Returns one check per condition, each with C(ok), the C(reason) and, when it fails, the C(fix), and fails when one
     fails, before anything changes. The playbook C(playbooks/driver_upgrade.yml) acts on the answer.
-  - C(candidate) - C(apt-get install -s) installs every package of O(packages) at O(version) (held packages may change:
-    the driver is held between upgrades) and removes nothing; apt's own C(E:) lines when it cannot.
+  - C(candidate) - C(apt-get install -s) installs every package of O(packages) at O(version) (held packages may change,
+    as the driver is held between upgrades) and removes nothing; apt's own C(E) lines when it cannot.
   - C(build_<kernel>) - the candidate's DKMS module builds for the running kernel and for every pending kernel
     (installed, newer than the running one). The DKMS package is fetched with C(apt-get install --download-only) into a
     private directory under O(workdir), unpacked with C(dpkg-deb -x) and built with C(dkms add) and C(dkms build)

@@ -21,6 +21,7 @@ cap modprobe-1.0 modprobe gpufleet_nvidia
 cap proc-version-1.0 cat /proc/driver/gpufleet_nvidia/version
 cap modinfo-1.0 modinfo gpufleet_nvidia
 cap dkms-status-1.0 dkms status
+# shellcheck disable=SC2016 # dpkg-query's own ${field} format, not the shell's
 cap dpkg-query dpkg-query -W -f '${Package}\t${Version}\t${db:Status-Abbrev}\n'
 cap sim-1.1 apt-get install -s --no-install-recommends --allow-change-held-packages \
     gpufleet-nvidia-standin-utils=1.1 gpufleet-nvidia-standin-dkms=1.1
@@ -46,8 +47,10 @@ cp /var/lib/dkms/gpufleet-nvidia/1.3/build/make.log "$out/install-make-1.3.log" 
 cap back-1.0 apt-get install -y --no-install-recommends --allow-downgrades --allow-change-held-packages \
     gpufleet-nvidia-standin-utils=1.0 gpufleet-nvidia-standin-dkms=1.0
 cap dkms-status-back dkms status
+# shellcheck disable=SC2086 # a list of package names
 cap hold apt-mark hold $P
 cap showhold apt-mark showhold
+# shellcheck disable=SC2217 # the open file is the point: it holds the module, as a CUDA process holds nvidia.ko
 sleep 3600 < /dev/gpufleet_nvidia0 &
 holder=$!
 sleep 1
@@ -57,4 +60,4 @@ cap rmmod-held modprobe -r gpufleet_nvidia
 kill $holder
 cap uname uname -r
 ls /lib/modules > "$out/lib-modules.txt"; ls /boot > "$out/boot.txt"; df -k /boot > "$out/df-boot.txt"
-echo done
+echo "capture complete"

@@ -56,7 +56,7 @@ def execute(params: dict, host: Host, check_mode: bool) -> dict[str, Any]:
     builds: list[dict[str, Any]] = []
     if sim["available"]:
         dkms_package = p["dkms_package"] or next(
-            (n for n in packages + [i for i, _ in sim["installs"]] if n.endswith("-dkms")), None)
+            (n for n in packages + [i[0] for i in sim["installs"]] if n.endswith("-dkms")), None)
         if dkms_package is None:
             raise Failed(f"none of {', '.join(packages)} is a DKMS package (a name ending in -dkms) and dkms_package is "
                          "not set: name the package that carries the module's source. Nothing was done.", changed=False)

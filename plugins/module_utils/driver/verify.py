@@ -73,8 +73,8 @@ def new_xids(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, An
 def check_xids(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
     found = new_xids(before, after)
     if found:
-        words = ", ".join(f"Xid {x['xid']} on {x['bdf']}" + (f" ({XID_CRITICAL[x['xid']]})" if x['xid'] in XID_CRITICAL
-                                                              else "") for x in found[:8])
+        words = ", ".join(f"Xid {x['xid']} on {x['bdf']}" + (f" ({XID_CRITICAL[x['xid']]})" if x["xid"] in XID_CRITICAL else "")
+                          for x in found[:8])
         return check("xid", False, f"{len(found)} new Xid event(s) since the change: {words}",
                      "Look each up in NVIDIA's Xid catalogue; a driver that raises Xids is rolled back.")
     return check("xid", True, "no new Xid in the kernel log")

@@ -16,7 +16,8 @@ from typing import Callable
 
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
 from ansible_collections.gpufleet.inference.plugins.modules import (
-    bench_history, cpu_placement, cpu_tuning, driver_hold, driver_reload, driver_upgrade_preflight, driver_verify, gpu_health, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity,
+    bench_history, cpu_placement, cpu_tuning, driver_hold, driver_reload, driver_upgrade_preflight, driver_verify, gpu_health,
+    host_lease, host_lint, hugepages, inference_benchmark, irq_affinity,
     kernel_boot_entry, kernel_boot_health, kernel_cmdline, kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight,
     maintenance_gate, metrics_textfile, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload, output_equivalence,
     throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
