@@ -28,7 +28,7 @@ cap sim-1.1 apt-get install -s --no-install-recommends --allow-change-held-packa
 cap sim-9.9 apt-get install -s --no-install-recommends --allow-change-held-packages gpufleet-nvidia-standin-utils=9.9
 for v in 1.1 1.3; do
     w=/var/tmp/capture-$v
-    rm -rf "$w"; mkdir -p "$w/archives"
+    rm -rf "$w"; mkdir -p "$w/archives" "$w/dkms"
     cap download-$v env -C "$w/archives" apt-get download gpufleet-nvidia-standin-dkms=$v
     dpkg-deb -x "$w/archives/gpufleet-nvidia-standin-dkms_${v}_all.deb" "$w/root"
     cap trial-add-$v dkms add -m gpufleet-nvidia -v $v --dkmstree "$w/dkms" --sourcetree "$w/root/usr/src"

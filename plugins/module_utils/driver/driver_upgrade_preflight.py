@@ -100,6 +100,7 @@ def trial_builds(host: Host, package: str, version: str, kernels: list[str], p: 
     work = host.fs.unroot(real)
     try:
         source = unpack(host, package, version, work)
+        host.fs.makedirs(f"{work}/dkms")  # DKMS refuses a tree it cannot write to, and a missing one
         return [build_one(host, source, work, k, int(p["log_lines"])) for k in kernels]
     finally:
         shutil.rmtree(real, ignore_errors=True)
