@@ -3,9 +3,9 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The kernel upgrade's host-side state, read and written through HostFS.
 
-* the journal (``JOURNAL``): loaded and validated (a corrupt one is refused with the fix), written
-  durably (temp file, fsync, rename, fsync of the directory), moved to ``HISTORY_DIR`` when the
-  upgrade ends;
+* the journal (``JOURNAL``): the change flow's (change/journal.py), loaded and validated as the kernel's (a
+  corrupt one is refused with the fix, its releases checked), written durably (temp file, fsync, rename, fsync of
+  the directory), moved to ``HISTORY_DIR`` when the upgrade ends;
 * what the flow observes on the host: the running kernel, the boot id, the saved GRUB default (the
   kernel its entry boots), the installed packages (dpkg's status file), the boot-health unit's last
   result.
@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
-from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import GRUB_CFG, GRUBENV, parse_grub_cfg, read_grubenv, resolve_saved
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
+from ansible_collections.gpufleet.inference.plugins.module_utils.change import journal as change_journal
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.journal import dump  # noqa: F401
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import GRUB_CFG, parse_grub_cfg, read_grubenv, resolve_saved
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import KernelUpgradeError, validate_version
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import FlowError, check_journal
+from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import KERNEL, FlowError
 
 STATE_DIR = "/var/lib/gpufleet/kernel_upgrade"
 JOURNAL = STATE_DIR + "/journal.json"
@@ -32,21 +33,9 @@ DPKG_STATUS = "/var/lib/dpkg/status"
 
 def load_journal(fs: HostFS, path: str = JOURNAL) -> dict[str, Any] | None:
     """The journal, or None when there is none; FlowError (nothing changed) when it cannot be trusted."""
-    if not fs.exists(path):
+    journal = change_journal.load_journal(fs, path, KERNEL)
+    if journal is None:
         return None
-    try:
-        text = fs.read_text(path)
-    except HostFSError as err:
-        raise FlowError(f"the upgrade journal {path} cannot be read ({err.strerror}): nothing was changed. Run as root "
-                        "(become: true); if the file system is damaged, repair it first.") from None
-    try:
-        data = json.loads(text or "")
-    except (ValueError, RecursionError) as err:
-        raise FlowError(f"the upgrade journal {path} is not valid JSON ({err}): nothing was changed. If the host runs "
-                        f"its saved default (uname -r; grub-editenv {GRUBENV} list) and no upgrade should be in "
-                        f"progress, move it away (mv {path} {path}.broken) and run again; otherwise repair it from "
-                        f"the records under {STATE_DIR}.") from None
-    journal = check_journal(data, path)
     try:  # its releases reach GRUB and the boot-health unit
         validate_version(journal["target"], f"the upgrade journal {path}'s target")
         validate_version(journal["old"], f"the upgrade journal {path}'s old kernel")
@@ -56,27 +45,15 @@ def load_journal(fs: HostFS, path: str = JOURNAL) -> dict[str, Any] | None:
     return journal
 
 
-def dump(journal: dict[str, Any]) -> str:
-    return json.dumps(journal, indent=2, sort_keys=True) + "\n"
-
-
 def history_path(journal: dict[str, Any]) -> str:
     """``history/<run id>-<start, epoch s>-<target>.json``: one file per upgrade, even for one run id."""
-    run = re.sub(r"[^0-9A-Za-z._-]", "", str(journal.get("run_id") or "")) or "run"
-    return f"{HISTORY_DIR}/{run}-{int(journal.get('started_at') or 0)}-{journal['target']}.json"
+    return change_journal.history_path(journal, HISTORY_DIR)
 
 
 def save_journal(fs: HostFS, journal: dict[str, Any], path: str = JOURNAL) -> list[dict[str, Any]]:
     """Write the journal durably; a finished one goes to the history and the live journal is removed.
     Returns the actions taken."""
-    if journal.get("finished"):
-        dest = history_path(journal)
-        fs.write_durable(dest, dump(journal), 0o644)
-        if fs.remove(path):
-            fs.fsync_dir(path)
-        return [{"action": "archive_journal", "path": dest}, {"action": "remove_journal", "path": path}]
-    fs.write_durable(path, dump(journal), 0o600)
-    return [{"action": "write_journal", "path": path, "stage": journal["stage"]}]
+    return change_journal.save_journal(fs, journal, path, HISTORY_DIR)
 
 
 def running_kernel(fs: HostFS) -> str:

@@ -43,11 +43,12 @@ SHARED = {"_host": set(), "_pci": {"_host"}}
 ALLOWED = {
     "bench": {"pcie", "gpu"},   # a benchmark samples the PCIe links under load; the verdict weighs GPU health
     "gpu": {"pcie"},            # GPU health opens NVML where the PCIe reader does (pcie/nvml.py's session())
-    "kernel": {"bench", "lease"},  # the rollout judges with the gate and renews the host lease
+    "change": {"bench", "lease"},  # the change flow judges with the gate and renews the host lease
+    "kernel": {"bench", "lease", "change"},  # the rollout is a kind of change: judged by the gate, under the lease
     "maintenance": {"bench"},   # a URL blocker speaks the benchmark's HTTP transport
     "pcie": {"lint"},           # the audit runs the host lint
     "tuning": {"bench"},        # measured stages are judged by the gate
-    "vllm": {"bench"},          # readiness speaks the benchmark's HTTP transport
+    "vllm": {"bench", "change"},  # readiness speaks the benchmark's HTTP transport; the upgrade is a kind of change
     "irq": {"vfio"},            # a device bound to vfio-pci keeps no IRQ pinning
     "metrics": {"bench", "pcie"},  # the metrics read the audit's links, a benchmark's link findings and the verdicts
     # the driver lock is the kernel lock's package list and blacklist, its preflight the kernel's apt parser and /boot
