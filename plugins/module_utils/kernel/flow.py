@@ -146,6 +146,10 @@ def _verdict(journal: dict[str, Any], obs: dict[str, Any], decision: str, reason
     return flow.verdict(KERNEL, journal, obs, decision, reason, parts)
 
 
+def commit_action(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
+    return lock_action("commit", journal["target"], obs)
+
+
 def rollback_action(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
     return lock_action("rollback", journal["old"], obs, reboot=obs["running"] != journal["old"])
 
@@ -383,7 +387,7 @@ KERNEL = ChangeKind(
     side_key="kernel", side_what="a kernel release", stages=STAGES, events=EVENTS,
     handlers={"pinned": (("baseline",), on_pinned), "installed": (("pinned",), on_installed),
               "rebooted": (("boot_once",), on_rebooted), "verified": (("booted",), on_verified)},
-    fresh=fresh, journal_extra=journal_extra, lock=lock_action, change=pin_action, rollback=rollback_action,
+    fresh=fresh, journal_extra=journal_extra, lock=lock_action, commit=commit_action, change=pin_action, rollback=rollback_action,
     resume=resume_kernel, away=came_back_old, commit_check=commit_check, rollback_check=rollback_check,
     journal_fix=journal_fix, step_module="kernel_rollout_step", actions=ACTIONS, first_change="the pin",
     keepalive=_deadline, check_settings=commit_timeout,
