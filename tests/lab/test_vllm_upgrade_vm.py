@@ -95,8 +95,8 @@ def build_wheel(directory: Path, version: str, flags: list[str]) -> Path:
         "vllm/__init__.py": f'__version__ = "{version}"\n'.encode(),
         "vllm/entrypoints/__init__.py": b"",
         "vllm/entrypoints/openai/__init__.py": b"",
-        "vllm/entrypoints/openai/api_server.py": API_SERVER.format(version=version, flags=flags, server=SERVER,
-                                                                        started=STARTED).encode(),
+        "vllm/entrypoints/openai/api_server.py":
+            API_SERVER.format(version=version, flags=flags, server=SERVER, started=STARTED).encode(),
         f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\nSummary: lab stand-in\n".encode(),
         f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: gpufleet-lab\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
     }
@@ -206,7 +206,7 @@ def upgrade(version: str, timeout: int = 3600):
 
 
 def test_a_candidate_that_serves_as_well_is_kept(vm):
-    old_venv, _ = current()
+    old_venv = current()[0]
     boot = boot_id(VM)
     r, report = upgrade("0.33.1")
     ok(r, "vllm_upgrade.yml to 0.33.1")

@@ -6,6 +6,8 @@ kernel_upgrade role (format ``gpufleet.kernel_upgrade/1``) are of kind ``kernel`
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.change.report import (  # noqa: F401
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.report import (
     FORMAT, ORDER, fleet_report, gate_summary, host_row, render_markdown, verdict_parts,
 )
+
+__all__ = ["FORMAT", "ORDER", "fleet_report", "gate_summary", "host_row", "render_markdown", "verdict_parts"]

@@ -109,7 +109,7 @@ class Host:
 
 def drive(host: Host, kill_after: int | None = None, max_steps: int = 60) -> dict:
     event, data, done, seen = "start", {}, 0, []
-    for _ in range(max_steps):
+    for _step in range(max_steps):
         journal, action = upgrade.step(host.journal, host.observe(event, data))
         host.write(journal)
         seen.append(action)

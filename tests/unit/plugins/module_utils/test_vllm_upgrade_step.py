@@ -45,8 +45,9 @@ def run(root: Path, check_mode: bool = False, **over) -> dict:
 
 def baseline(root: Path) -> dict:
     runs = [1000.0, 1012.0, 995.0, 1004.0, 998.0]
-    return run(root, event="benchmarked", data={"label": "baseline", "samples": runs, "version": "0.32.0",
-                                                  "files": ["/b.json"], "contaminated": [], "requests": 160})
+    data = {"label": "baseline", "samples": runs, "version": "0.32.0", "files": ["/b.json"], "contaminated": [],
+            "requests": 160}
+    return run(root, event="benchmarked", data=data)
 
 
 def test_the_link_names_the_running_version_and_the_start_locks(tmp_path):
