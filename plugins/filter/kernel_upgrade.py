@@ -1,12 +1,12 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Fleet report filters of the kernel_upgrade role (logic in module_utils/kernel/report.py)."""
+"""Fleet report filters of the kernel_upgrade and vllm_upgrade roles (logic in module_utils/change/report.py)."""
 
 from __future__ import annotations
 
 from ansible.errors import AnsibleFilterError
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.report import (
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.report import (
     fleet_report, gate_summary, render_markdown,
 )
 

@@ -68,7 +68,8 @@ class ChangeKind:  # pylint: disable=too-many-instance-attributes
     handlers: dict[str, tuple[tuple[str, ...], Handler]]  # the kind's event -> (stages it may arrive at, handler)
     fresh: Callable[[dict], tuple[str, str]]  # (decision, reason) on a host without a journal; '' means go
     journal_extra: Callable[[dict], dict]     # the kind's fields of a new journal
-    lock: Callable[..., dict]     # (name, version, obs, **extra) -> the lock, commit or rollback action
+    lock: Callable[..., dict]     # (name, version, obs) -> the lock action, before any journal
+    commit: Callable[[dict, dict], dict]      # the action that keeps the candidate
     change: Callable[[dict, dict], dict]      # the first action that changes the host (after the baseline's checks)
     rollback: Callable[[dict, dict], dict]    # the action that goes back to ``old``
     resume: Callable[[dict, dict], tuple]     # a new run finds the journal at one of the kind's own stages
@@ -134,7 +135,7 @@ def verdict(kind: ChangeKind, journal: dict[str, Any], obs: dict[str, Any], deci
     stamp(journal, obs, "verdict", decision)
     if decision == "pass":
         kind.keepalive(journal, obs)
-        return journal, kind.lock("commit", journal["target"], obs)
+        return journal, kind.commit(journal, obs)
     return journal, kind.rollback(journal, obs)
 
 
@@ -664,7 +665,7 @@ def resume(kind: ChangeKind, journal, obs):
         if running != target:
             return kind.away(journal, obs, "the pass verdict")
         kind.keepalive(journal, obs)
-        return journal, kind.lock("commit", target, obs)
+        return journal, kind.commit(journal, obs)
     if stage == "baseline":
         if running != old:
             raise FlowError(f"the journal says stage {stage} with {old} running, but the host runs {running}")

@@ -82,7 +82,6 @@ def is_latency(value: Any) -> bool:
     return all(list_of(is_numlike)(v) if k in LATENCY_METRICS else is_count(k) and is_latency(v) for k, v in value.items())
 
 
-
 def is_health(value: Any) -> bool:
     """A pcie_facts document as the stability part reads it: ``devices`` a dict of dicts, ``gpus`` a list of dicts
     with their ``bdf`` (each optional)."""

@@ -56,12 +56,17 @@ import math
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.change import flow
-from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import (  # noqa: F401  (the kernel's names)
-    TERMINAL, ChangeKind, FlowError, finding_keys, finish, new_findings, stamp as _stamp, truthy,
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import (
+    ChangeKind, FlowError, finding_keys, new_findings, stamp as _stamp, truthy,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.change.shapes import (  # noqa: F401
-    DECISIONS, OK_DECISIONS, ROLLBACK_DECISIONS, is_dict, is_num, is_text, list_of, optional,
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.shapes import (
+    is_dict, is_num, is_text, list_of, optional,
 )
+
+# The kernel's names: its kind and steps, and the flow's names its callers read here (FlowError, finding_keys).
+__all__ = ["ACTIONS", "COMMIT_TIMEOUT_S", "EVENTS", "EXPECTED_STAGE", "JOURNAL_FORMAT", "KERNEL", "STAGES", "FlowError",
+           "check_event", "check_journal", "commit_timeout", "finding_keys", "gated_level", "judge_baseline",
+           "lock_packages", "new_findings", "record_facts", "render_uu_dropin", "serving_record", "step"]
 
 JOURNAL_FORMAT = "gpufleet.kernel_upgrade_journal/1"
 STAGES = ("baseline", "pinned", "installed", "boot_once", "booted", "candidate", "verdict",
@@ -115,7 +120,6 @@ def lock_action(name: str, version: str, obs: dict[str, Any], **extra: Any) -> d
     return action
 
 
-
 # ---- the kernel's steps ---------------------------------------------------------------------------
 def commit_timeout(settings: dict[str, Any]) -> int:
     """The ``commit_timeout`` setting, bounded; FlowError (nothing changed) outside COMMIT_TIMEOUT_S."""
@@ -139,11 +143,13 @@ def _deadline(journal: dict[str, Any], obs: dict[str, Any]) -> None:
                            "timeout": timeout}
 
 
-
-
 def _verdict(journal: dict[str, Any], obs: dict[str, Any], decision: str, reason: str,
              parts: dict[str, Any] | None = None) -> tuple[dict, dict]:
     return flow.verdict(KERNEL, journal, obs, decision, reason, parts)
+
+
+def commit_action(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
+    return lock_action("commit", journal["target"], obs)
 
 
 def rollback_action(journal: dict[str, Any], obs: dict[str, Any]) -> dict[str, Any]:
@@ -301,12 +307,10 @@ def on_verified(journal, obs):
     return flow.candidate_round(KERNEL, journal, obs, "verified")
 
 
-
 def on_rebooted(journal, obs):
     if journal["stage"] != "boot_once":
         raise FlowError(f"a reboot arrived at stage {journal['stage']}; only the one-shot boot reboots mid-flow")
     return after_boot(journal, obs)
-
 
 
 def resume_kernel(journal, obs):
@@ -383,7 +387,7 @@ KERNEL = ChangeKind(
     side_key="kernel", side_what="a kernel release", stages=STAGES, events=EVENTS,
     handlers={"pinned": (("baseline",), on_pinned), "installed": (("pinned",), on_installed),
               "rebooted": (("boot_once",), on_rebooted), "verified": (("booted",), on_verified)},
-    fresh=fresh, journal_extra=journal_extra, lock=lock_action, change=pin_action, rollback=rollback_action,
+    fresh=fresh, journal_extra=journal_extra, lock=lock_action, commit=commit_action, change=pin_action, rollback=rollback_action,
     resume=resume_kernel, away=came_back_old, commit_check=commit_check, rollback_check=rollback_check,
     journal_fix=journal_fix, step_module="kernel_rollout_step", actions=ACTIONS, first_change="the pin",
     keepalive=_deadline, check_settings=commit_timeout,

@@ -19,7 +19,6 @@ from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.change import journal as change_journal
-from ansible_collections.gpufleet.inference.plugins.module_utils.change.journal import dump  # noqa: F401
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.grub import GRUB_CFG, parse_grub_cfg, read_grubenv, resolve_saved
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.upgrade import KernelUpgradeError, validate_version
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import KERNEL, FlowError

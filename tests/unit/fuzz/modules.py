@@ -20,7 +20,7 @@ from ansible_collections.gpufleet.inference.plugins.modules import (
     host_lease, host_lint, hugepages, inference_benchmark, irq_affinity,
     kernel_boot_entry, kernel_boot_health, kernel_cmdline, kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight,
     maintenance_gate, metrics_textfile, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload, output_equivalence,
-    throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files,
+    throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files, vllm_upgrade_step,
 )
 from tests.unit.fakesysfs import FakeHost, cpu_knobs, cpus_online, node_memory, two_gpus_one_switch, two_numa_nodes
 from tests.unit.plugins.module_utils.test_vfio import gpu_host
@@ -54,6 +54,13 @@ def yaml_case(module, yaml_name: str, case_id: str, builders=None) -> tuple[Call
     case = next(c for c in helper.cases if c["id"] == case_id)
     return (lambda root: helper.build(root, substitute(case.get("setup"), str(root))),
             lambda root: dict(substitute(case["input"], root)))
+
+
+def _vllm_upgrade_baseline(root: Path) -> None:
+    """Two finished vLLM venvs, the unit's link on the older, and an upgrade journal at its baseline."""
+    from tests.unit.plugins.module_utils.test_vllm_upgrade_step import baseline, venvs  # pylint: disable=import-outside-toplevel
+    venvs(root)
+    baseline(root)
 
 
 def _builders():
@@ -192,6 +199,9 @@ def specs(vllm_url: str) -> dict[str, Spec]:
         "kernel_cmdline": Spec(kernel_cmdline, cmd_build, cmd_base, ["/etc/default/grub"]),
         "kernel_cmdline_info": Spec(kernel_cmdline_info, cmd_build, lambda r: {"root": r}, ["/etc/default/grub", "/proc/cmdline"]),
         "kernel_rollout_step": Spec(kernel_rollout_step, step_build, step_base, ["/var/lib/gpufleet/kernel_upgrade/journal.json"]),
+        "vllm_upgrade_step": Spec(vllm_upgrade_step, _vllm_upgrade_baseline, lambda r: {
+            "root": r, "target": "0.33.1", "run_id": "run1", "restart_ok": True, "event": "start"},
+            ["/var/lib/gpufleet/vllm_upgrade/journal.json", "/opt/gpufleet/vllm/vllm-0.32.0-aaaa/.gpufleet-complete"]),
         "kernel_upgrade_preflight": Spec(kernel_upgrade_preflight, pre_build, pre_base, ["/var/lib/dpkg/status", "/boot/grub/grubenv"]),
         "metrics_textfile": Spec(metrics_textfile, _nothing, lambda r: {
             "root": r, "host": "gpu-01", "stage": "kernel_upgrade", "verdict": {
