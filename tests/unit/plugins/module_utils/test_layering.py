@@ -53,7 +53,8 @@ ALLOWED = {
     "metrics": {"bench", "pcie"},  # the metrics read the audit's links, a benchmark's link findings and the verdicts
     # the driver lock is the kernel lock's package list and blacklist, its preflight the kernel's apt parser and /boot
     # sums; its verify reads GPUs with gpu_health's NVML reader and Xids with the health audit's parser
-    "driver": {"kernel", "gpu", "pcie"},
+    # and the upgrade is a kind of change
+    "driver": {"kernel", "gpu", "pcie", "change"},
 }
 
 
