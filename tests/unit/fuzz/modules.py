@@ -16,8 +16,8 @@ from typing import Callable
 
 from ansible_collections.gpufleet.inference.plugins.filter.nccl_env import FilterModule
 from ansible_collections.gpufleet.inference.plugins.modules import (
-    bench_history, cpu_placement, cpu_tuning, driver_hold, driver_reload, driver_upgrade_preflight, driver_verify, gpu_health,
-    host_lease, host_lint, hugepages, inference_benchmark, irq_affinity,
+    bench_history, cpu_placement, cpu_tuning, driver_hold, driver_reload, driver_upgrade_preflight, driver_upgrade_step,
+    driver_verify, gpu_health, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity,
     kernel_boot_entry, kernel_boot_health, kernel_cmdline, kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight,
     maintenance_gate, metrics_textfile, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload, output_equivalence,
     throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files, vllm_upgrade_step,
@@ -179,6 +179,9 @@ def specs(vllm_url: str) -> dict[str, Spec]:
         "driver_upgrade_preflight": Spec(driver_upgrade_preflight, _driver_host, lambda r: {
             "root": r, "packages": ["nvidia-driver", "nvidia-kernel-dkms"], "version": "550.54.15-1", "log_lines": 40},
             ["/proc/driver/nvidia/version", "/proc/sys/kernel/osrelease"]),
+        "driver_upgrade_step": Spec(driver_upgrade_step, _driver_host, lambda r: {
+            "root": r, "target": "550.54.15-1", "packages": ["nvidia-driver", "nvidia-kernel-dkms"], "activate": "reload",
+            "lease_ttl": 7200}, ["/var/lib/gpufleet/driver_upgrade/journal.json", "/proc/driver/nvidia/version"]),
         "driver_verify": Spec(driver_verify, _driver_host, lambda r: {
             "root": r, "include_nvml": "never", "expected_version": "550.54.15", "gpu_vendor": "0x10de"},
             ["/proc/driver/nvidia/version"]),
