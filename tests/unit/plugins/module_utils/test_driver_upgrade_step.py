@@ -56,8 +56,8 @@ def params(**over) -> dict:
 def test_the_start_reads_the_loaded_and_installed_driver_and_locks_its_packages(tmp_path):
     host = tree(tmp_path)
     result = step_mod.execute(params(), host, False, now=NOW)
-    assert result["running"] == "1.0" and result["installed"] == {"gpufleet-nvidia-standin-utils": "1.0",
-                                                                    "gpufleet-nvidia-standin-dkms": "1.0"}
+    installed = {"gpufleet-nvidia-standin-utils": "1.0", "gpufleet-nvidia-standin-dkms": "1.0"}
+    assert result["running"] == "1.0" and result["installed"] == installed
     lock = result["next_action"]
     assert lock["name"] == "lock" and lock["hold"] == ["gpufleet-nvidia-standin-dkms"]
     assert '"^gpufleet-nvidia-standin-dkms$";' in lock["unattended_upgrades"]["content"]
