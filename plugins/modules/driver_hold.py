@@ -20,7 +20,8 @@ description:
     alone is not what every unattended-upgrades version honours). With O(state=released), C(apt-mark unhold) and the
     drop-in removed.
   - Reads back C(apt-mark showhold) after the change and fails when a hold did not take.
-  - The driver upgrade installs its candidate with C(--allow-change-held-packages), so the holds stay across it.
+  - apt clears the hold of a package it installs by name (C(--allow-change-held-packages)); the driver upgrade holds the
+    packages again right after each install, and the drop-in keeps unattended-upgrades off them throughout.
 author:
   - gpufleet.inference contributors (@gpufleet)
 requirements:

@@ -65,17 +65,6 @@ def test_a_failed_build_is_told_by_the_compiler_s_make_s_and_dkms_s_lines():
     assert "E: Sub-process /usr/bin/dpkg returned an error code (1)" in parse.build_error_lines(fixture("install-1.3.err"))
 
 
-def test_dkms_conf_of_the_stand_in_and_of_nvidia():
-    here = Path(__file__).resolve().parents[4] / "tests" / "lab" / "dkms" / "nvidia_standin" / "dkms.conf.in"
-    conf = parse.parse_dkms_conf(here.read_text().replace("@VERSION@", "1.1"))
-    assert conf == {"name": "gpufleet-nvidia", "version": "1.1", "modules": ["gpufleet_nvidia"]}
-    # SYNTHETIC: the shape of Debian's nvidia-kernel-dkms dkms.conf (several modules, quoted values)
-    text = ('PACKAGE_NAME="nvidia-current"\nPACKAGE_VERSION="550.54.15"\nBUILT_MODULE_NAME[0]="nvidia-current"\n'
-            'BUILT_MODULE_NAME[1]="nvidia-current-modeset"\n# BUILT_MODULE_NAME[2]="commented"\n'
-            'BUILT_MODULE_NAME[2]="nvidia-current-drm"\n')
-    assert parse.parse_dkms_conf(text)["modules"] == ["nvidia-current", "nvidia-current-modeset", "nvidia-current-drm"]
-
-
 def test_dpkg_query_installed_and_held_and_upstream_versions():
     installed = parse.parse_dpkg_query(fixture("dpkg-query.out"))
     assert installed["gpufleet-nvidia-standin-dkms"] == "1.0" and installed["dkms"] == "3.0.10-8+deb12u1"

@@ -22,7 +22,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
-from ansible_collections.gpufleet.inference.plugins.module_utils.driver import driver_upgrade_preflight as pre
+from ansible_collections.gpufleet.inference.plugins.module_utils.driver import driver_upgrade_preflight as pre, parse
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "driver"
 REPO = Path(__file__).resolve().parents[4]
@@ -207,3 +207,14 @@ def test_bad_options_are_refused_before_any_command(tmp_path, debs):
         with pytest.raises(Failed, match=words):
             pre.execute(params, host, False)
     assert tools.ran == []
+
+
+def test_dkms_conf_of_the_stand_in_and_of_nvidia():
+    here = REPO / "tests" / "lab" / "dkms" / "nvidia_standin" / "dkms.conf.in"
+    conf = parse.parse_dkms_conf(here.read_text().replace("@VERSION@", "1.1"))
+    assert conf == {"name": "gpufleet-nvidia", "version": "1.1", "modules": ["gpufleet_nvidia"]}
+    # SYNTHETIC: the shape of Debian's nvidia-kernel-dkms dkms.conf (several modules, quoted values)
+    text = ('PACKAGE_NAME="nvidia-current"\nPACKAGE_VERSION="550.54.15"\nBUILT_MODULE_NAME[0]="nvidia-current"\n'
+            'BUILT_MODULE_NAME[1]="nvidia-current-modeset"\n# BUILT_MODULE_NAME[2]="commented"\n'
+            'BUILT_MODULE_NAME[2]="nvidia-current-drm"\n')
+    assert parse.parse_dkms_conf(text)["modules"] == ["nvidia-current", "nvidia-current-modeset", "nvidia-current-drm"]
