@@ -90,3 +90,16 @@ def test_the_holder_of_the_stand_in_s_device_as_proc_shows_it():
     assert "0 -> /dev/gpufleet_nvidia0" in fd
     assert unit_of(fixture("holder-cgroup.txt")) == "ssh.service"
     assert "Module gpufleet_nvidia is in use" in fixture("rmmod-held.err")  # what the kernel says; the module refuses first
+
+
+def test_the_trial_build_in_a_private_dkms_tree_says_why_as_the_installed_build_does():
+    """dkms 3.0.10's `dkms build --dkmstree --sourcetree` of 1.3 on the lab VM: DKMS's own lines (rc 10), the make.log in
+    the private tree, and the compiler's error in it; 1.1's build there and modinfo of what it built."""
+    lines = parse.build_error_lines(fixture("trial-build-1.3.out"), fixture("trial-build-1.3.err"),
+                                    fixture("trial-make-1.3.log"))
+    assert "Error! Bad return status for module build on kernel: 6.1.0-50-cloud-amd64 (x86_64)" in lines
+    assert "Consult /var/tmp/capture-1.3/dkms/gpufleet-nvidia/1.3/build/make.log for more information." in lines
+    assert any("implicit declaration of function 'gpufleet_kernel_api_from_a_newer_release'" in ln for ln in lines)
+    assert parse.build_error_lines(fixture("trial-build-1.1.out")) == []
+    built = parse.parse_modinfo(fixture("trial-modinfo-1.1.out"))
+    assert built["version"] == "1.1" and built["filename"].startswith("/var/tmp/capture-1.1/dkms/gpufleet-nvidia/1.1/")

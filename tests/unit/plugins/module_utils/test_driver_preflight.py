@@ -4,9 +4,8 @@
 """driver_upgrade_preflight's executor on a fake host tree. The stand-in driver's packages are the real ones
 (tests/lab/dkms/build-standin-debs builds them here) and dpkg-deb unpacks them for real; apt-get, dkms and modinfo,
 which need the lab VM's repository and kernel headers, answer with what they printed there for the same packages
-(fixtures/driver/, tests/tools/capture_driver_standin.sh): ``dkms build`` with the build section DKMS printed when the
-packages' postinst built the same sources in the lab VM (its own tree there, /var/lib/dkms), its make.log, and
-modinfo's answer on the built 1.0 module with the version the candidate's source declares. Everything else is the
+(fixtures/driver/, tests/tools/capture_driver_standin.sh: ``dkms add`` and ``dkms build`` of 1.1 and 1.3 in a private
+tree, ``--dkmstree``/``--sourcetree``, the failed build's make.log, modinfo of the built 1.1). Everything else is the
 real code."""
 
 from __future__ import annotations
@@ -36,14 +35,6 @@ pytestmark = pytest.mark.skipif(not shutil.which("dpkg-deb"), reason="dpkg-deb i
 
 def fixture(name: str) -> str:
     return (FIX / name).read_text()
-
-
-def build_section(name: str, first: str, stop: str) -> str:
-    """The lines of a captured apt-get output from the one starting with ``first`` to the one before ``stop``."""
-    lines = fixture(name).splitlines()
-    start = next(i for i, line in enumerate(lines) if line.startswith(first))
-    end = next(i for i, line in enumerate(lines) if i > start and line.startswith(stop))
-    return "\n".join(lines[start:end]) + "\n"
 
 
 @pytest.fixture(scope="module")
@@ -105,20 +96,19 @@ class LabTools:
         if args[0] == "add":
             (tree / name / version / "build").mkdir(parents=True)
             (tree / name / version / "source").symlink_to(f"/var/tmp/src/{name}-{version}")
-            return 0, build_section("install-1.0.out", "Creating symlink", "Sign command").replace("1.0", version), ""
+            return 0, fixture("trial-add-1.1.out").replace("1.1", version), ""
         kernel = args[args.index("-k") + 1]
         if version == "1.3":  # its module does not compile: what DKMS printed, and its make.log
-            (tree / name / version / "build/make.log").write_text(fixture("install-make-1.3.log"))
-            return 10, build_section("install-1.3.out", "Sign command", "dpkg: error"), ""
-        ko = tree / name / version / kernel / "x86_64/module/gpufleet_nvidia.ko"
+            (tree / name / version / "build/make.log").write_text(fixture("trial-make-1.3.log"))
+            return 10, fixture("trial-build-1.3.out"), fixture("trial-build-1.3.err")
+        ko = tree / name / version / kernel / "x86_64/module/gpufleet_nvidia.ko"  # where DKMS left it (trial-files-1.1.txt)
         ko.parent.mkdir(parents=True)
         ko.write_text("")
-        return 0, build_section("install-1.0.out", "Sign command", "gpufleet_nvidia.ko:").replace("1.0", version), ""
+        return 0, fixture("trial-build-1.1.out").replace("1.1", version), ""
 
     def modinfo(self, args):
-        if args[-1].endswith(".ko"):  # the module the trial built: the version its source declares
-            version = args[-1].split("/")[-5]
-            return 0, fixture("modinfo-1.0.out").replace("version:        1.0", f"version:        {version}"), ""
+        if args[-1].endswith(".ko"):  # the module the trial built
+            return 0, fixture("trial-modinfo-1.1.out"), ""
         return 0, fixture("modinfo-1.0.out"), ""  # the installed one
 
 
