@@ -312,7 +312,7 @@ def run_once(url: str, level: int, requests: int, seed: int, args, warmup: int =
                      "itl_exact": run.get("itl_exact"), "tokens_per_chunk": run.get("tokens_per_chunk"),
                      "per_chunk_usage": pcu, "prompt_mode": prompt_mode,
                      "prompt_tokens": run.get("prompt_tokens"), "server_load": run.get("server_load"),
-                     **{k: run[k] for k in ("goodput", "arrivals", "e2el_ms", "output_tokens") if k in run}})
+                     **{k: run[k] for k in ("goodput", "arrivals", "e2el_ms", "output_tokens", "error_reasons") if k in run}})
     return {"runs": runs, "process_cpu_s": round(cpu, 3), "process_cpu_s_per_request": round(cpu / (requests * repetitions + warmup), 6),
             "call_load": call_load, "server": {k: result["server"].get(k) for k in ("model", "max_model_len", "root")}}
 
@@ -688,7 +688,8 @@ def plan_entry(entry: str) -> dict:
 
     eq: the output-equivalence module against this start (record: the reference and its A/A; compare: against the
     reference recorded earlier). runs: runs at the gate level (default --runs; more while a gate asks). cells: the
-    --cells after them (default 1: all; I.J..: those of the --cells, by index). cmp: that many paired rounds of our
+    --cells after them (0: none, 1: all, the default; I.J.. or I.: those of the --cells by index, "2." for cell 2 alone:
+    a bare 0 or 1 means none or all). cmp: that many paired rounds of our
     client against vllm bench serve (compare_rounds()) after the gate level's runs. swap: DIR is served at the profile's model path for this start (renamed in, and
     back once the start is done), so that the reference's model identity (served name, path, tokenizer) matches a
     corrupted copy of the same model."""
@@ -703,14 +704,14 @@ def plan_entry(entry: str) -> dict:
             out["runs"] = int(value)
         elif key == "cells" and value in ("0", "1"):
             out["cells"] = value == "1"
-        elif key == "cells" and all(v.isdigit() for v in value.split(".")):
-            out["cells"] = [int(v) for v in value.split(".")]
+        elif key == "cells" and "." in value and all(v.isdigit() for v in value.rstrip(".").split(".")):
+            out["cells"] = [int(v) for v in value.rstrip(".").split(".")]  # "2." is cell 2 alone, "0.1" cells 0 and 1
         elif key == "swap" and value.startswith("/"):
             out["swap"] = value
         elif key == "cmp" and value.isdigit():
             out["cmp"] = int(value)
         else:
-            raise SystemExit(f"--plan {entry!r}: option {opt!r} is not eq=record|compare, runs=N, cells=0|1|I.J.., "
+            raise SystemExit(f"--plan {entry!r}: option {opt!r} is not eq=record|compare, runs=N, cells=0|1|I.J..|I., "
                              "swap=/DIR or cmp=ROUNDS")
     return out
 
@@ -914,8 +915,10 @@ def cmd_restarts(args) -> int:
             runs = st["levels"].setdefault(key, [])
             while len(runs) < args.extra_runs:
                 need_s = (runs[-1]["duration_s"] * 1.2 + 3) if runs else 30
-                if left() < need_s + args.reserve_s:
-                    break
+                if left() < need_s + args.reserve_s:  # the next call goes on with this start's cells (never done short)
+                    out["deadline_hit"] = True
+                    dump(args.out, out)
+                    return 3
                 runs.append(run_once(st["url"], extra, args.requests_per_slot * extra, seed + offset + len(runs), cargs,
                                      warmup=extra if not runs else 0)["runs"][0])
                 dump(args.out, out)
@@ -1008,7 +1011,7 @@ def main() -> int:
             q.add_argument("--extra-runs", type=int, default=6)
             q.add_argument("--cells", nargs="*", default=[], help="LEVELxPROMPT/OUTPUT cells after the gate level (e.g. 16x2048/256)")
             q.add_argument("--start-budget", type=float, default=170, help="seconds left needed to start another server")
-            q.add_argument("--reserve-s", type=float, default=0, help="seconds kept back from the extra levels")
+            q.add_argument("--reserve-s", type=float, default=0, help="seconds kept back: a cell's run that would eat into them is left to the next call")
             q.add_argument("--compare-levels", type=int, nargs="+", default=[16, 64, 256], help="cmp=: the levels")
             q.add_argument("--compare-requests", type=int, nargs="+", default=[64, 256, 512], help="cmp=: requests a run")
             q.add_argument("--compare-lengths", default="512/256", help="cmp=: PROMPT/OUTPUT tokens")
