@@ -790,10 +790,10 @@ def test_7b_stages_client_comparison_recomputed():
 
 
 def test_7b_stages_ttft_p50_is_bimodal_in_short_closed_loop_runs():
-    """At c=64 with 2 requests per slot a run's TTFT p50 sits between the synchronised first wave and the rest: within
-    one start it flips between about 730 and 1,600 ms. The gate's latency part, fed the first 5 + 4 runs, then calls
-    max_num_batched_tokens 16384 and the FP8 KV cache latency regressions on TTFT p50 (x2.1) while throughput
-    passes, and the A/A across a restart stays undecided: the figures behind gpu_h200.md's warning."""
+    """At c=64 with 2 requests per slot whole runs fall into two regimes within one start (TTFT p50 about 730 or
+    1,600 ms). The gate's latency part, fed the first 5 + 4 runs (the baseline's all fast, the candidates' mostly
+    slow), calls max_num_batched_tokens 16384 and the FP8 KV cache latency regressions on TTFT p50 (x2.1) while
+    throughput passes: the figures behind gpu_h200.md's warning."""
     from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
     by = {st["index"]: st["levels"]["64"] for st in _load9("restarts.json")["starts"] if "64" in st["levels"]}
     for start in (0, 3):
