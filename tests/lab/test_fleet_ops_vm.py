@@ -95,12 +95,12 @@ def vm():
         pytest.skip("qemu-system-x86_64 missing: run scripts/bootstrap")
     if lab_qemu_processes() or lab_containers():
         pytest.fail("a lab is already running in this checkout; `tests/lab/lab down` first")
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
     t0 = time.time()
     b = run([BUILD_IMAGE], timeout=1800)
     assert b.returncode == 0, f"build-image failed:\n{b.stderr[-3000:]}"
     record_figure(FIGURES, "build-image", seconds=round(time.time() - t0), image=b.stdout.strip().splitlines()[-1])
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
     (WORK / "settings.json").write_text(json.dumps(SETTINGS, indent=1))
     t0 = time.time()
     up = run([LAB, "up", "1"], timeout=900)
@@ -199,7 +199,7 @@ def _service() -> dict:
     pid = int(lab_ssh(VM, "systemctl show -p MainPID --value vllm.service").strip())
     started = int(lab_ssh(VM, "systemctl show -p ExecMainStartTimestampMonotonic --value vllm.service").strip()) / 1e6
     cmdline = lab_ssh(VM, f"tr '\\0' ' ' < /proc/{pid}/cmdline")
-    pending = lab_ssh(VM, "test -e /run/gpufleet/vllm.restart-pending && echo yes || echo no").strip() == "yes"
+    pending = lab_ssh(VM, "test -e /run/gpufleet/vllm.service.restart-pending && echo yes || echo no").strip() == "yes"
     return {"pid": pid, "started": started, "cmdline": cmdline, "pending": pending}
 
 
