@@ -124,13 +124,16 @@ class Walk:
         raise FileNotFoundError(f"{self.rel(here)}: include of {target} found nowhere ({candidates})")
 
     def role_dir(self, name: str) -> str | None:
+        """This collection's role directory; None for a template or another collection's role."""
         if JINJA.search(name):
             return None
         short = name[len(PREFIX):] if name.startswith(PREFIX) else name
         path = os.path.join(self.root, "roles", short)
-        if not os.path.isdir(path):
-            raise FileNotFoundError(f"role {name} is not in {self.rel(os.path.join(self.root, 'roles'))}")
-        return path
+        if os.path.isdir(path):
+            return path
+        if name.count(".") == 2 and not name.startswith(PREFIX):
+            return None  # another collection's role: what it runs cannot be told from here
+        raise FileNotFoundError(f"role {name} is not in {self.rel(os.path.join(self.root, 'roles'))}")
 
     # ---- the walk
     def tasks(self, tasks, covered: bool, here: str, role: str | None, trail: tuple) -> None:

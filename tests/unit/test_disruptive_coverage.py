@@ -77,6 +77,8 @@ def _step(tasks_file: str) -> dict:
      ["roles/svc/handlers/main.yml: Restart vLLM: restart"]),
     ("a role that cannot be told", {"tasks": [{"name": "Dyn", "ansible.builtin.include_role": {"name": "{{ r }}"}}]},
      None, None, ["playbooks/x.yml: Dyn: includes the role {{ r }}, which cannot be told"]),
+    ("another collection's role", {"tasks": [{"name": "Ext", "ansible.builtin.include_role": {"name": "ns.col.r"}}]},
+     None, None, ["playbooks/x.yml: Ext: includes the role ns.col.r, which cannot be told"]),
     ("the gate's file directly", {"tasks": [{"name": "G", "ansible.builtin.include_tasks": "tasks/disruptive_gated.yml"}]},
      None, None, ["playbooks/x.yml: G: includes playbooks/tasks/disruptive_gated.yml directly"]),
     ("covered: a step file", {"tasks": [_step("s.yml")]}, {"s.yml": [REBOOT, RESTART, BENCH]}, None, []),

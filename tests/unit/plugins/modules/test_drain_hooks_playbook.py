@@ -123,8 +123,11 @@ def test_a_role_restarts_through_the_shared_file_and_a_step_inside_a_step_drains
         {"name": "Restart through the shared file", "ansible.builtin.include_tasks": {
             "file": "{{ role_path }}/../../playbooks/tasks/disruptive.yml"},
          "vars": {"__gpufleet_step": "svc restart", "__gpufleet_step_tasks": "{{ role_path }}/tasks/restart.yml"}}]))
+    # the step runs a script of the role's own files/ (as nccl_env's A/B does): found from the role through the shared file
     (role / "restart.yml").write_text(yaml.safe_dump([
-        {"name": "The restart", "ansible.builtin.shell": "echo restart >> {{ __log }}", "changed_when": True}]))
+        {"name": "The restart", "ansible.builtin.script": {"cmd": "restart.sh {{ __log }}"}, "changed_when": True}]))
+    (collection / "roles" / "svc" / "files").mkdir()
+    (collection / "roles" / "svc" / "files" / "restart.sh").write_text('#!/bin/sh\necho restart >> "$1"\n')
     outer = tmp_path / "outer.yml"
     outer.write_text(yaml.safe_dump([{"name": "The role inside the step", "ansible.builtin.include_role": {"name": "svc"}}]))
 
