@@ -123,10 +123,10 @@ def vm():
     yield from single_vm()
 
 
-def single_vm(work=WORK):
-    """lab1 alone, its image built, booted and serving through serve.yml; powered off when the generator ends (the
-    module fixture of this file, of test_serving_verdict_stability_vm.py and of test_profiles_vm.py; ``work``, made
-    anew, holds the logs)."""
+def single_vm(work=WORK, serve_vars: dict | None = None):
+    """lab1 alone, its image built, booted and serving through serve.yml (with ``serve_vars`` as extra vars); powered
+    off when the generator ends (the module fixture of this file, of test_serving_verdict_stability_vm.py and of
+    test_profiles_vm.py; ``work``, made anew, holds the logs)."""
     if os.geteuid() != 0:
         pytest.skip("the VM lab needs root (loop devices to build the image)")
     if not shutil.which("qemu-system-x86_64"):
@@ -140,8 +140,9 @@ def single_vm(work=WORK):
     up = run([LAB, "up", "1"], timeout=900)
     try:
         assert up.returncode == 0, f"lab up 1 failed:\n{up.stderr[-3000:]}"
-        r = playbook("playbooks/serve.yml", "--tags", "vllm_service", "-e", "gpufleet_site_benchmark=never", timeout=1800,
-                     work=work)
+        more = ["-e", json.dumps(serve_vars)] if serve_vars else []
+        r = playbook("playbooks/serve.yml", "--tags", "vllm_service", "-e", "gpufleet_site_benchmark=never", *more,
+                     timeout=1800, work=work)
         ok(r, "serve.yml --tags vllm_service")
         yield VM
     finally:
