@@ -78,6 +78,16 @@ def test_prefix_caching_is_judged_on_shared_prefix_and_the_table_says_so(tmp_pat
     assert "kept (judged on shared_prefix)" in st.render_html([result["state"]])
 
 
+def test_a_stage_whose_latency_margins_are_null_says_latency_was_not_measured_for_that(tmp_path, capsys):
+    off = {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": None}
+    profiles = [{"name": "serving", "latency_margins": off}, {"name": "shared_prefix", "latency_margins": off}]
+    stage = stage_of(through(tmp_path, capsys, SAME, FASTER, profiles=profiles))
+    latency = stage["serving"]["parts"]["latency"]
+    assert stage["status"] == "kept" and latency["says"] == "not measured"
+    assert latency["reason"].startswith("no latency margin set"), latency  # shown as "latency: not measured: no ..."
+    assert stage["verdicts"]["shared_prefix"]["32"]["latency"]["reason"] == "not measured: " + latency["reason"]
+
+
 def test_a_regression_on_another_profile_still_reverts(tmp_path, capsys):
     stage = stage_of(through(tmp_path, capsys, serving=SLOWER, prefix=FASTER))
     assert stage["status"] == "reverting" and stage["verdict"] == "regression"
