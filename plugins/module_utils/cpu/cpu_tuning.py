@@ -127,17 +127,23 @@ def _persist(host: Host, kept: dict, persist: bool, check_mode: bool) -> tuple[l
     if check_mode:
         return file_actions + units, diff
     ordered = [u for u in units if u["action"] == "disable_unit"] + ["files"] + [u for u in units if u["action"] != "disable_unit"]
+    _run_steps(host, ordered, files, file_actions, boot.UNIT_WANTS, "The CPU settings are set; only their boot persistence "
+               "failed", "Check that systemd manages this host, or set persist: false.")
+    return file_actions + units, diff
+
+
+def _run_steps(host: Host, ordered: list, files: list[dict], file_actions: list[dict], wants: str, in_place: str,
+               fix: str) -> None:
+    """Run systemctl steps in their order, the file changes where the ``files`` marker is; Failed at the first step
+    that fails (``in_place``: what is in place all the same, ``fix``: what to do; ``wants``: the enable link)."""
     for step in ordered:
         if step == "files":
             if file_actions:
                 managed_files.apply(host.fs, [], files, file_actions)
             continue
-        problem = host.cmd.unit_step(step["argv"], "The CPU settings are set; only their boot persistence failed",
-                                     "Check that systemd manages this host, or set persist: false.",
-                                     wants=boot.UNIT_WANTS if step["action"] == "enable_unit" else None)
+        problem = host.cmd.unit_step(step["argv"], in_place, fix, wants=wants if step["action"] == "enable_unit" else None)
         if problem:
             raise Failed(problem.pop("msg"), changed=True, **problem)
-    return file_actions + units, diff
 
 
 def holder_state(host: Host) -> dict:
@@ -194,16 +200,8 @@ def _holder(host: Host, now: dict, want, persist: bool, check_mode: bool) -> tup
     if check_mode:
         after = dict(now, installed=want is not None, enabled=want is not None and persist, holds_us=want)
         return actions, diff, after
-    for s in ordered:
-        if s == "files":
-            if file_actions:
-                managed_files.apply(host.fs, [], files, file_actions)
-            continue
-        problem = host.cmd.unit_step(s["argv"], "The other CPU settings are set; the PM QoS holder is not in force",
-                                     f"See systemctl status {pm_qos.UNIT_NAME} and journalctl -u {pm_qos.UNIT_NAME}.",
-                                     wants=pm_qos.UNIT_WANTS if s["action"] == "enable_unit" else None)
-        if problem:
-            raise Failed(problem.pop("msg"), changed=True, **problem)
+    _run_steps(host, ordered, files, file_actions, pm_qos.UNIT_WANTS, "The other CPU settings are set; the PM QoS "
+               "holder is not in force", f"See systemctl status {pm_qos.UNIT_NAME} and journalctl -u {pm_qos.UNIT_NAME}.")
     after = holder_state(host)
     # under a tree nothing runs: the files and the enable link are the read-back there
     live = want is not None and not host.cmd.chrooted
