@@ -59,7 +59,7 @@ options:
       - V(cpuidle) writes the cpuidle sysfs C(disable) file of every state above the limit (re-applied at boot by the
         boot unit).
       - V(pm_qos) installs C(gpufleet-pm-qos.service), which writes the limit to C(/dev/cpu_dma_latency) as a 32-bit
-        value and holds the file open (the kernel's documented interface, what tuned's C(force_latency) does): the
+        value and holds the file open (the kernel's documented interface, what tuned's C(force_latency) does). The
         governors then pick no idle state above it, on every CPU, and no sysfs file is changed. The module starts it,
         reads it back (the unit active, the value a read of the device gives in force) and enables it for the boot
         (with O(persist)); cpuidle states an earlier V(cpuidle) run disabled are put back. A host without the device

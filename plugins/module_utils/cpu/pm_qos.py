@@ -173,5 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     except PmQosError as err:
         sys.stdout.write(f"{PROG}: {err}\n")
         return 2
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    return hold(args.device, latency)
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        return hold(args.device, latency)
+    except Stopped:  # systemctl stop: the file is closed (hold's finally) and the kernel drops the request
+        return 0
+
+
+class Stopped(Exception):
+    """SIGTERM arrived: the holder ends."""
+
+
+def _stop(_signum, _frame):
+    raise Stopped()

@@ -95,7 +95,7 @@ def test_the_installed_script_holds_until_sigterm(tmp_path):
             assert pm_qos.decode(device.read_bytes()) == 42 and proc.poll() is None
         finally:
             proc.send_signal(signal.SIGTERM)
-            out, _ = proc.communicate(timeout=30)
+            out = proc.communicate(timeout=30)[0]
     assert proc.returncode == 0 and "holding" in out
     bad = subprocess.run([sys.executable, str(script), "--device", str(device), "-3"], capture_output=True, text=True,
                          check=False)
