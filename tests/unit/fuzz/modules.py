@@ -111,6 +111,8 @@ def _aspm(root: Path) -> None:
 
 def _cpu_host(root: Path) -> None:
     cpu_knobs(FakeHost(root))
+    (root / "dev").mkdir(exist_ok=True)
+    (root / "dev/cpu_dma_latency").write_bytes((2_000_000_000).to_bytes(4, "little"))  # the PM QoS device
 
 
 def _placement_host(root: Path) -> None:
@@ -173,7 +175,8 @@ def specs(vllm_url: str) -> dict[str, Spec]:
                               ["/etc/gpufleet/irq_affinity.json"]),
         "cpu_tuning": Spec(cpu_tuning, _cpu_host, lambda r: {
             "root": r, "governor": "performance", "cstate_max_latency_us": 10, "thp_enabled": "madvise", "persist": False},
-            ["/var/lib/gpufleet/cpu_tuning.json", "/etc/gpufleet/cpu_tuning.json"]),
+            ["/var/lib/gpufleet/cpu_tuning.json", "/etc/gpufleet/cpu_tuning.json",
+             "/etc/systemd/system/gpufleet-pm-qos.service", "/dev/cpu_dma_latency"]),
         "driver_hold": Spec(driver_hold, hold_build, hold_base, ["/etc/apt/apt.conf.d/51gpufleet-driver-lock"]),
         "driver_reload": Spec(driver_reload, reload_build, reload_base, ["/proc/driver/nvidia/version"]),
         "driver_upgrade_preflight": Spec(driver_upgrade_preflight, _driver_host, lambda r: {
