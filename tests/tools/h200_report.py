@@ -229,8 +229,8 @@ def workload_label(key: str) -> str:
     work = cell_workload(key)
     if not work:
         return "random"
-    head, _, arrivals = work.partition("~")
-    name, _, options = head.partition("=")
+    head, _sep, arrivals = work.partition("~")
+    name, _eq, options = head.partition("=")
     parts = [name] + ([_words(json.loads(options))] if options else [])
     if arrivals:
         a = json.loads(arrivals)

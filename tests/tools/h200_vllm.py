@@ -689,9 +689,9 @@ def plan_entry(entry: str) -> dict:
     eq: the output-equivalence module against this start (record: the reference and its A/A; compare: against the
     reference recorded earlier). runs: runs at the gate level (default --runs; more while a gate asks). cells: the
     --cells after them (0: none, 1: all, the default; I.J.. or I.: those of the --cells by index, "2." for cell 2 alone:
-    a bare 0 or 1 means none or all). cmp: that many paired rounds of our
-    client against vllm bench serve (compare_rounds()) after the gate level's runs. swap: DIR is served at the profile's model path for this start (renamed in, and
-    back once the start is done), so that the reference's model identity (served name, path, tokenizer) matches a
+    a bare 0 or 1 means none or all). cmp: that many paired rounds of our client against vllm bench serve
+    (compare_rounds()) after the gate level's runs. swap: DIR is served at the profile's model path for this start
+    (renamed in, and back once the start is done), so that the reference's model identity (served name, path, tokenizer) matches a
     corrupted copy of the same model."""
     profile, rest = (entry.split("/", 1) + [""])[:2]
     opts = rest.split(",") if rest else []
@@ -726,13 +726,13 @@ def cell_args(args, cell: str):
     each request's own), 32x0/256@mixed_lengths={"preset":"document"}~{"mode":"poisson","rate":6} (OPTIONS and
     ARRIVALS are JSON without spaces, checked by bench/profiles.py before any run)."""
     from ansible_collections.gpufleet.inference.plugins.module_utils.bench import profiles as bp
-    head, _, arrivals = cell.partition("~")
-    head, _, workload = head.partition("@")
+    head, _sep, arrivals = cell.partition("~")
+    head, _at, workload = head.partition("@")
     level, lengths = (head.split("x", 1) + [""])[:2]
     prompt, output = (lengths.split("/", 1) + [""])[:2]
     if not (level.isdigit() and prompt.isdigit() and output.isdigit()):
         raise SystemExit(f"--cells {cell!r}: not LEVELxPROMPT/OUTPUT[@PROFILE[=JSON]][~JSON], e.g. 16x2048/256")
-    name, _, options = workload.partition("=")
+    name, _eq, options = workload.partition("=")
     extra = {"profile": name or None, "profile_options": json.loads(options) if options else None,
              "arrivals": json.loads(arrivals) if arrivals else None}
     try:

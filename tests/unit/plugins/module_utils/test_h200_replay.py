@@ -727,9 +727,9 @@ def test_7b_stages_starts_and_cells_recomputed():
     assert sorted(got) == sorted(EXPECTED_9["starts"])
     for start, want in EXPECTED_9["starts"].items():
         assert got[start]["profile"] == want["profile"]
-        for key, cell in ((k, v) for k, v in want.items() if k != "profile"):
-            r = got[start][key]
-            assert (r["runs"], r["errors"]) == (cell["runs"], cell["errors"]), (start, key)
+        for name, cell in ((k, v) for k, v in want.items() if k != "profile"):
+            r = got[start][EXPECTED_9["cells"][name]]
+            assert (r["runs"], r["errors"]) == (cell["runs"], cell["errors"]), (start, name)
             assert r["mean"] == pytest.approx(cell["mean"], abs=0.05)
             assert r["cv"] == pytest.approx(cell["cv"], abs=5e-6)
             assert r["prompt_sent"] == pytest.approx(cell["prompt_sent"], abs=0.05)
@@ -745,8 +745,9 @@ def test_7b_stages_gates_recomputed():
         assert (g["decision"], g["gate"]["decided_by"]) == (want["decision"], want["decided_by"])
         assert g["gate"]["ratio"] == pytest.approx(want["ratio"], abs=5e-6)
         assert (g["baseline_runs_used"], g["candidate_runs_used"]) == (want["baseline_runs"], want["candidate_runs"])
-    cells = {f"{s['baseline_start']}:{s['candidate_start']} {c['key']}": c for s in h200_report.stage_rows(_load9("restarts.json"))
-             for c in s["cells"] if c["key"] != "64"}
+    names = {key: name for name, key in EXPECTED_9["cells"].items()}
+    cells = {f"{s['baseline_start']}:{s['candidate_start']} {names[c['key']]}": c
+             for s in h200_report.stage_rows(_load9("restarts.json")) for c in s["cells"] if c["key"] != "64"}
     assert sorted(cells) == sorted(EXPECTED_9["stages"])
     for label, want in EXPECTED_9["stages"].items():
         assert (cells[label]["decision"], cells[label]["needs"]) == (want["decision"], want["needs"])
