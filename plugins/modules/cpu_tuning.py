@@ -51,7 +51,24 @@ options:
       - Disable every cpuidle state whose exit latency is above this many microseconds, on every online CPU. V(0) leaves
         only polling. States within the limit are left as they are, or put back to their recorded original when an
         earlier, lower limit disabled them.
+      - With O(cstate_method=pm_qos), the limit is held through the kernel's CPU latency QoS instead (see there).
     type: int
+  cstate_method:
+    description:
+      - How O(cstate_max_latency_us) is applied.
+      - V(cpuidle) writes the cpuidle sysfs C(disable) file of every state above the limit (re-applied at boot by the
+        boot unit).
+      - V(pm_qos) installs C(gpufleet-pm-qos.service), which writes the limit to C(/dev/cpu_dma_latency) as a 32-bit
+        value and holds the file open (the kernel's documented interface, what tuned's C(force_latency) does). The
+        governors then pick no idle state above it, on every CPU, and no sysfs file is changed. The module starts it,
+        reads it back (the unit active, the value a read of the device gives in force) and enables it for the boot
+        (with O(persist)); cpuidle states an earlier V(cpuidle) run disabled are put back. A host without the device
+        is skipped with the reason.
+      - Either method removes what the other installed; O(state=absent) with V(cstate) in O(restore) stops and removes
+        the holder.
+    type: str
+    choices: [cpuidle, pm_qos]
+    default: cpuidle
   thp_enabled:
     description: The transparent-hugepage policy (C(/sys/kernel/mm/transparent_hugepage/enabled)).
     type: str
@@ -84,6 +101,12 @@ EXAMPLES = r"""
     thp_defrag: defer+madvise
   become: true
 
+- name: No C-state deeper than 99 us, held through /dev/cpu_dma_latency (tuned's force_latency)
+  gpufleet.inference.cpu_tuning:
+    cstate_max_latency_us: 99
+    cstate_method: pm_qos
+  become: true
+
 - name: Put the governor back as it was, keep the rest
   gpufleet.inference.cpu_tuning:
     state: absent
@@ -101,6 +124,7 @@ actions:
     - {action: set_value, knob: governor, path: /sys/devices/system/cpu/cpufreq/policy0/scaling_governor, before: powersave,
        after: performance}
     - {action: enable_unit, unit: gpufleet-cpu-tuning.service, argv: [/usr/bin/systemctl, enable, gpufleet-cpu-tuning.service]}
+    - {action: restart_unit, unit: gpufleet-pm-qos.service, argv: [/usr/bin/systemctl, restart, gpufleet-pm-qos.service]}
 unavailable:
   description: The knobs given that this host lacks, each with the reason.
   returned: success
@@ -109,17 +133,22 @@ unavailable:
 before:
   description: >-
     What was in force before the run: C(governor) and C(energy_performance_preference) per policy, C(cstates_disabled)
-    per CPU, C(cpuidle_driver), C(thp_enabled), C(thp_defrag).
+    per CPU, C(cpuidle_driver), C(thp_enabled), C(thp_defrag), and C(pm_qos), the holder of O(cstate_method=pm_qos):
+    its unit C(installed) and C(enabled), C(active) (C(systemctl is-active); null under another O(root)), the latency
+    it C(holds_us) and the value C(/dev/cpu_dma_latency) gives C(in_force_us) (the lowest of all holders; null without
+    the device).
   returned: success
   type: dict
   sample: {governor: {policy0: powersave}, energy_performance_preference: {}, cstates_disabled: {cpu0: []},
-           cpuidle_driver: intel_idle, thp_enabled: always, thp_defrag: madvise}
+           cpuidle_driver: intel_idle, thp_enabled: always, thp_defrag: madvise,
+           pm_qos: {installed: false, enabled: false, active: inactive, holds_us: null, in_force_us: 2000000000}}
 after:
   description: The same after the run, read back (predicted in check mode).
   returned: success
   type: dict
   sample: {governor: {policy0: performance}, energy_performance_preference: {}, cstates_disabled: {cpu0: ["state3 (C6, 170 us)"]},
-           cpuidle_driver: intel_idle, thp_enabled: madvise, thp_defrag: madvise}
+           cpuidle_driver: intel_idle, thp_enabled: madvise, thp_defrag: madvise,
+           pm_qos: {installed: false, enabled: false, active: inactive, holds_us: null, in_force_us: 2000000000}}
 persisted:
   description: The settings the boot unit re-applies (empty without O(persist)).
   returned: success
@@ -146,6 +175,7 @@ ARGUMENT_SPEC = dict(
     governor=dict(type="str"),
     energy_performance_preference=dict(type="str"),
     cstate_max_latency_us=dict(type="int"),
+    cstate_method=dict(type="str", choices=["cpuidle", "pm_qos"], default="cpuidle"),
     thp_enabled=dict(type="str", choices=["always", "madvise", "never"]),
     thp_defrag=dict(type="str", choices=["always", "defer", "defer+madvise", "madvise", "never"]),
     restore=dict(type="list", elements="str",

@@ -8,6 +8,8 @@ warning names the reason, nothing is written under /sys/devices/system/cpu, noth
 VM has them, they are checked like THP. The vLLM placement runs against a stand-in ``vllm.service`` (a sleep): the
 functions in irq_affinity's configuration (nic1, its vectors pinned to CPU 0) take CPU 0 away, so the unit gets
 CPUAffinity=1, and the test reads the running process's Cpus_allowed_list; the revert gives it both CPUs again.
+Then the C-state limit through the PM QoS holder (cstate_method pm_qos): /dev/cpu_dma_latency read over SSH gives the
+limit while the holder runs, again after a reboot, and the kernel's default once it is removed.
 
 The module boots its own single VM (``lab up 1``) and powers it off at its end, like test_measured_vm:
 
@@ -28,7 +30,7 @@ import pytest
 from tests.lab.labutil import (BUILD_IMAGE, INVENTORY_DIR, LAB, LAB_DIR, REPO, ansible_env, boot_id, lab_containers,
                                lab_qemu_processes, lab_ssh, play_recap, record_figure, run)
 
-# e2e: about 10-15 min under TCG (a boot, two reboots, four role runs); opt-in
+# e2e: about 15-20 min under TCG (a boot, three reboots, seven role runs); opt-in
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
 
 VM = "lab1"
@@ -190,3 +192,48 @@ def test_cpu_stages_apply_survive_a_reboot_and_revert_exactly(vm):
         {k: booted[k] for k in ("thp_enabled", "thp_defrag", "governors", "idle_disabled")}, (final, booted)
     record_figure(WORK / "figures.jsonl", "cpu_vm", second_reboot_s=round(took), reverted=True,
                   thp_set=want, has_cpufreq=has_cpufreq, has_cpuidle=has_cpuidle)
+
+
+HOLDER = r"""
+echo "active=$(systemctl is-active gpufleet-pm-qos.service 2>/dev/null || true)"
+echo "enabled=$(systemctl is-enabled gpufleet-pm-qos.service 2>/dev/null || true)"
+echo "in_force=$(python3 -c 'import struct; print(struct.unpack("=i", open("/dev/cpu_dma_latency", "rb").read(4))[0])')"
+echo "files=$(ls /usr/local/libexec/gpufleet-pm-qos-hold /etc/systemd/system/gpufleet-pm-qos.service 2>/dev/null | tr '\n' ' ')"
+echo "idle_disabled=$(cat /sys/devices/system/cpu/cpu*/cpuidle/state*/disable 2>/dev/null | tr '\n' ' ')"
+"""
+
+
+def holder() -> dict:
+    """The PM QoS holder on the VM: its unit, and the value a read of /dev/cpu_dma_latency gives in force."""
+    out = lab_ssh(VM, "bash -s", stdin=HOLDER)
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_the_pm_qos_holder_holds_the_limit_across_a_reboot_and_is_removed(vm):
+    """cstate_method pm_qos: the holder holds /dev/cpu_dma_latency at the limit (read over SSH through the device, which
+    gives the value in force), is enabled and holds it again after a reboot; restoring cstate stops and removes it and
+    the device gives the kernel's default again. No cpuidle file is touched."""
+    if not lab_ssh(VM, "test -c /dev/cpu_dma_latency && echo yes || true").strip():
+        pytest.skip("this VM's kernel has no /dev/cpu_dma_latency")
+    booted = holder()
+    assert booted["in_force"] == "2000000000" and booted["files"].strip() == "", booted  # no request: the default
+    limit = {"cpu_tuning_cstate_max_latency_us": 20, "cpu_tuning_cstate_method": "pm_qos"}
+    role(limit)
+    held = holder()
+    assert held["active"] == "active" and held["enabled"] == "enabled" and held["in_force"] == "20", held
+    assert held["idle_disabled"] == booted["idle_disabled"], (held, booted)
+    _out, again = role(limit)
+    assert again.get("changed") == 0, again
+
+    took = reboot()
+    after = holder()
+    assert after["active"] == "active" and after["in_force"] == "20", after
+    journal = lab_ssh(VM, "journalctl -b -u gpufleet-pm-qos.service --no-pager -o cat")
+    assert "holding /dev/cpu_dma_latency at 20 us" in journal, journal
+
+    role({"cpu_tuning_state": "absent", "cpu_tuning_restore": ["cstate"]})
+    gone = holder()
+    assert gone["active"] != "active" and gone["files"].strip() == "" and gone["in_force"] == "2000000000", gone
+    record_figure(WORK / "figures.jsonl", "cpu_vm_pm_qos", booted=booted["in_force"], held=held["in_force"],
+                  after_reboot=after["in_force"], reverted=gone["in_force"], reboot_s=round(took),
+                  journal=journal.strip().splitlines()[-3:])

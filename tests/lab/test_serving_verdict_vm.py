@@ -93,10 +93,11 @@ KERNEL = {
 }
 
 
-def playbook(path: str, *args: str, timeout: int = 3600):
+def playbook(path: str, *args: str, timeout: int = 3600, work=WORK):
+    """ansible-playbook on the VM; its output is logged to ``work``."""
     r = run([REPO / ".venv" / "bin" / "ansible-playbook", "-i", INVENTORY_DIR, path, "--limit", VM, *args],
             timeout=timeout, env=ansible_env())
-    (WORK / f"{os.path.basename(path)}-{int(time.time())}.log").write_text(r.stdout + "\n" + r.stderr)
+    (work / f"{os.path.basename(path)}-{int(time.time())}.log").write_text(r.stdout + "\n" + r.stderr)
     return r
 
 
@@ -122,9 +123,10 @@ def vm():
     yield from single_vm()
 
 
-def single_vm():
-    """lab1 alone, its image built, booted and serving through serve.yml; powered off when the generator ends (the
-    module fixture of this file and of test_serving_verdict_stability_vm.py)."""
+def single_vm(work=WORK, serve_vars: dict | None = None):
+    """lab1 alone, its image built, booted and serving through serve.yml (with ``serve_vars`` as extra vars); powered
+    off when the generator ends (the module fixture of this file, of test_serving_verdict_stability_vm.py and of
+    test_profiles_vm.py; ``work``, made anew, holds the logs)."""
     if os.geteuid() != 0:
         pytest.skip("the VM lab needs root (loop devices to build the image)")
     if not shutil.which("qemu-system-x86_64"):
@@ -133,12 +135,14 @@ def single_vm():
         pytest.fail("a lab is already running in this checkout; `tests/lab/lab down` first")
     b = run([BUILD_IMAGE], timeout=1800)
     assert b.returncode == 0, f"build-image failed:\n{b.stderr[-3000:]}"
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
     up = run([LAB, "up", "1"], timeout=900)
     try:
         assert up.returncode == 0, f"lab up 1 failed:\n{up.stderr[-3000:]}"
-        r = playbook("playbooks/serve.yml", "--tags", "vllm_service", "-e", "gpufleet_site_benchmark=never", timeout=1800)
+        more = ["-e", json.dumps(serve_vars)] if serve_vars else []
+        r = playbook("playbooks/serve.yml", "--tags", "vllm_service", "-e", "gpufleet_site_benchmark=never", *more,
+                     timeout=1800, work=work)
         ok(r, "serve.yml --tags vllm_service")
         yield VM
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shutil
 
@@ -18,12 +19,14 @@ CACHE = os.environ.get("GPUFLEET_CACHE", "/var/cache/gpufleet")
 @pytest.fixture(scope="module")
 def collection_copy() -> str:
     """ansible-test needs the collection under ansible_collections/<ns>/<name>: copy the
-    tracked and untracked-but-not-ignored files there (what a clean clone would hold)."""
-    dest = os.path.join(CACHE, "ansible-test", "ansible_collections", "gpufleet", "inference")
+    tracked and untracked-but-not-ignored files there (what a clean clone would hold). One copy per
+    checkout (keyed by its path), so that two worktrees checked at once never rsync over each other."""
+    base = os.path.join(CACHE, "ansible-test", hashlib.sha256(os.path.realpath(REPO).encode()).hexdigest()[:12])
+    dest = os.path.join(base, "ansible_collections", "gpufleet", "inference")
     os.makedirs(dest, exist_ok=True)
     files = run(["git", "ls-files", "-co", "--exclude-standard", "-z"])
     assert_ok(files, "git ls-files")
-    listing = os.path.join(CACHE, "ansible-test", "files.lst")
+    listing = os.path.join(base, "files.lst")
     with open(listing, "w", encoding="utf-8") as fh:
         fh.write(files.stdout)
     assert_ok(run(["rsync", "-a", "--delete", "--delete-excluded", "--from0", f"--files-from={listing}", "./", dest + "/"]),

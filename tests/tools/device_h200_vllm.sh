@@ -30,7 +30,10 @@
 #           refused unless its tokenizer round-trips), render, then h200_vllm.py restarts: the server starts of PLAN
 #           one after another (profiles of h200/profiles.yml, default four qwen7b then qwen7b_seqs48), RUNS whole runs
 #           each at LEVEL (64) with PROMPT/OUTPUT tokens (512/256) and SLOTS requests per slot (4), more while the kernel
-#           upgrade's gate over a pair of GATES asks for them, then EXTRA_RUNS at EXTRA_LEVELS (16); resumable: call
+#           upgrade's gate over a pair of GATES asks for them, then EXTRA_RUNS at EXTRA_LEVELS (16) and in the CELLS
+#           (LEVELxPROMPT/OUTPUT[@PROFILE[=JSON]][~ARRIVALS_JSON], a workload profile of bench/profiles.py each); a
+#           plan entry's cmp=N runs N paired rounds of our client against vllm bench serve (COMPARE_LEVELS,
+#           COMPARE_REQUESTS, COMPARE_LENGTHS; TOKENIZER, default /tmp/tok7b); resumable: call
 #           it again, back to back, until it has nothing left (the server of an unfinished start keeps running)
 # (The first H200 session's phases `main` and `gate` are in git history at 68c555b, docs/gpu_h200.md.)
 # Settings: BUDGET (s of work before the phase stops starting new runs, default 540), ROUNDS (compare, 3),
@@ -123,10 +126,14 @@ PY
   read -r -a GP <<< "${GATES:-0:1 2:3 3:4}"
   read -r -a XL <<< "${EXTRA_LEVELS-16}"
   read -r -a P <<< "${PCU---no-per-chunk-usage}"
+  read -r -a CML <<< "${COMPARE_LEVELS:-16 64 256}"
+  read -r -a CMR <<< "${COMPARE_REQUESTS:-64 256 512}"
   timeout $((DL - $(date +%s) + 10)) taskset -c "${CLIENT_CPUS:-12-15}" "${D[@]}" restarts --out "$W/restarts.json" "${P[@]}" \
     --rendered-dir "$W/rendered" --logdir "$W" --plan "${PL[@]}" --gates "${GP[@]}" --concurrency "${LEVEL:-64}" \
     --requests-per-slot "${SLOTS:-4}" --prompt-tokens "${PROMPT:-512}" --output-tokens "${OUTPUT:-256}" --runs "${RUNS:-8}" \
-    --extra-levels "${XL[@]}" --cells "${CE[@]}" --extra-runs "${EXTRA_RUNS:-6}" --start-timeout 400 --deadline "$DL" --warmup 0
+    --extra-levels "${XL[@]}" --cells "${CE[@]}" --extra-runs "${EXTRA_RUNS:-6}" --start-timeout 400 --deadline "$DL" --warmup 0 \
+    --compare-levels "${CML[@]}" --compare-requests "${CMR[@]}" \
+    --compare-lengths "${COMPARE_LENGTHS:-512/256}" --tokenizer "${TOKENIZER:-/tmp/tok7b}"
   echo "restarts rc=$? at t=$(( $(date +%s) - S ))"
   ;;
 run|verify|tune)

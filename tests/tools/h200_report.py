@@ -218,9 +218,34 @@ def restart_files(folder: str) -> list[str]:
     return sorted(f for f in os.listdir(folder) if f.startswith("restarts") and f.endswith(".json"))
 
 
+def cell_workload(key: str) -> str:
+    """The workload of a level key: "" for random prompts, else the profile and its options and arrivals as the cell
+    names them (``64x512/256@shared_prefix={"prefix_tokens":1536}``: h200_vllm.py cell_args)."""
+    return key.partition("@")[2]
+
+
+def workload_label(key: str) -> str:
+    """A cell's workload in words: the profile, its options and its arrivals (open loop) without JSON punctuation."""
+    work = cell_workload(key)
+    if not work:
+        return "random"
+    head, _, arrivals = work.partition("~")
+    name, _, options = head.partition("=")
+    parts = [name] + ([_words(json.loads(options))] if options else [])
+    if arrivals:
+        a = json.loads(arrivals)
+        parts.append(f"{a['mode']} {a['rate']}/s" + (f" burstiness {a['burstiness']}" if "burstiness" in a else ""))
+    return ", ".join(parts)
+
+
+def _words(options: dict) -> str:
+    return " ".join(f"{k} {_words(v) if isinstance(v, dict) else v}" for k, v in options.items())
+
+
 def cell_key(key: str, settings: dict) -> tuple[int, int, int]:
     """A start's level key as (concurrency, prompt tokens, output tokens): "64" is the gate level at the settings'
-    lengths, "16x2048/256" a --cells cell (h200_vllm.py cell_args)."""
+    lengths, "16x2048/256" a --cells cell (h200_vllm.py cell_args; a workload after "@" is cell_workload's)."""
+    key = key.partition("@")[0]
     if "x" not in key:
         return int(key), settings["prompt_tokens"], settings["output_tokens"]
     level, lengths = key.split("x", 1)
@@ -233,16 +258,29 @@ def _cell_order(item) -> tuple:
     return (prompt, output, -level)
 
 
+def _p(runs: list[dict], metric: str, pct: str):
+    """The median over runs of each run's percentile ``pct`` of ``metric`` (ttft_ms, tpot_ms), or None."""
+    return _med([(r.get(metric) or {}).get(pct) for r in runs])
+
+
 def restart_rows(data: dict) -> list[dict]:
-    """One row per server start and cell: runs, mean, CV, range, the start's ready time."""
+    """One row per server start and cell: runs, mean, CV, range, the start's ready time, the workload, the prompt
+    tokens a request really had (a long_context prompt is fitted to the server's context) and the latency (the median
+    over runs of each run's TTFT p50/p99 and TPOT p50/p99)."""
     rows = []
     for st in data["starts"]:
-        cells = sorted(((cell_key(k, data["settings"]), v) for k, v in st["levels"].items()), key=_cell_order)
-        for (level, prompt, output), runs in cells:
+        cells = sorted(((cell_key(k, data["settings"]), k, v) for k, v in st["levels"].items()),
+                       key=lambda c: _cell_order(c) + (c[1],))
+        for (level, prompt, output), key, runs in cells:
             values = [r["output_throughput"] for r in runs]
             if not values:
                 continue
-            rows.append({"start": st["index"], "profile": st["profile"], "level": level, "prompt": prompt, "output": output,
+            sent = [r["prompt_tokens"] / r["requests"] for r in runs if r.get("prompt_tokens")]
+            rows.append({"key": key, "workload": workload_label(key), "prompt_sent": _med(sent),
+                         "ttft_p50": _p(runs, "ttft_ms", "p50"), "ttft_p99": _p(runs, "ttft_ms", "p99"),
+                         "tpot_p50": _p(runs, "tpot_ms", "p50"), "itl_p99": _p(runs, "itl_ms", "p99"),
+                         "rate": _med([(r.get("arrivals") or {}).get("achieved_rate") for r in runs]),
+                         "start": st["index"], "profile": st["profile"], "level": level, "prompt": prompt, "output": output,
                          "runs": len(values), "requests": runs[0]["requests"],
                          "run_s": sorted(r["duration_s"] for r in runs)[len(runs) // 2],
                          "mean": sum(values) / len(values), "cv": _cv_sample(values), "min": min(values), "max": max(values),
@@ -285,12 +323,96 @@ def restart_gates(data: dict) -> list[dict]:
     return out
 
 
+def argv_change(base: list[str], cand: list[str]) -> str:
+    """What a candidate start's command line has that the baseline's has not (and the reverse), as flags."""
+    def flags(argv):
+        out, i = {}, 0
+        while i < len(argv):
+            if argv[i].startswith("--"):
+                has_value = i + 1 < len(argv) and not argv[i + 1].startswith("--")
+                out[argv[i]] = argv[i + 1] if has_value else ""
+                i += 2 if has_value else 1
+            else:
+                i += 1
+        return out
+    b, c = flags(base), flags(cand)
+    parts = [f"{k} {v}".strip() for k, v in c.items() if b.get(k, None) != v]
+    parts += [f"without {k}" for k in b if k not in c]
+    return ", ".join(parts) or "none"
+
+
+def stage_rows(data: dict) -> list[dict]:
+    """Each --gates pair as a stage: the flags it changed, the gate at the gate level (restart_gates), and on every
+    other cell both starts measured the kernel upgrade's gate loop over those runs with the latency of each side."""
+    import h200_restarts as hr
+    by = {st["index"]: st for st in data["starts"]}
+    gate_key = str(data["settings"]["concurrency"][0])
+    rows = []
+    for g in restart_gates(data):
+        b, c = by[g["baseline_start"]], by[g["candidate_start"]]
+        cells = []
+        for key in [gate_key] + sorted(set(b["levels"]) & set(c["levels"]) - {gate_key}):
+            rb, rc = b["levels"][key], c["levels"][key]
+            if not rb or not rc:
+                continue
+            v = g if key == gate_key else hr.upgrade_gate([r["output_throughput"] for r in rb],
+                                                          [r["output_throughput"] for r in rc])
+            cells.append({"key": key, "workload": workload_label(key), "level": cell_key(key, data["settings"]),
+                          "decision": v.get("decision"), "needs": v.get("needs"), "ratio": (v.get("gate") or {}).get("ratio"),
+                          "runs": (v.get("baseline_runs_used", len(rb)), v.get("candidate_runs_used", len(rc))),
+                          "ttft_p50": (_p(rb, "ttft_ms", "p50"), _p(rc, "ttft_ms", "p50")),
+                          "tpot_p50": (_p(rb, "tpot_ms", "p50"), _p(rc, "tpot_ms", "p50")),
+                          "itl_p99": (_p(rb, "itl_ms", "p99"), _p(rc, "itl_ms", "p99"))})
+        rows.append({"baseline_start": b["index"], "candidate_start": c["index"], "candidate_profile": c["profile"],
+                     "change": argv_change(b["argv"], c["argv"]), "cells": cells})
+    return rows
+
+
+def _pair(values, fmt: str = ".0f") -> str:
+    return " / ".join("-" if v is None else format(v, fmt) for v in values)
+
+
+def stage_markdown(data: dict) -> list[str]:
+    out = ["| stage (start) | changed | cell | workload | runs used | ratio | verdict | TTFT p50 ms | TPOT p50 ms | ITL p99 ms |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in stage_rows(data):
+        for i, cell in enumerate(r["cells"]):
+            lv, p, o = cell["level"]
+            head = (f"| {r['candidate_profile']} ({r['baseline_start']} -> {r['candidate_start']}) | {r['change']} |"
+                    if i == 0 else "| | |")
+            verdict = (f"not decided ({cell['needs']['runs']} {cell['needs']['side']} runs needed)" if cell["needs"] else
+                       f"**{cell['decision']}**")
+            ratio = "-" if cell["ratio"] is None else f"{cell['ratio']:.4f}"
+            size = f"c={lv} {p}/{o}" if cell["workload"] == "random" else f"c={lv}"
+            out.append(f"{head} {size} | {cell['workload']} | {cell['runs'][0]} + {cell['runs'][1]} | {ratio} | "
+                       f"{verdict} | {_pair(cell['ttft_p50'])} | {_pair(cell['tpot_p50'], '.2f')} | "
+                       f"{_pair(cell['itl_p99'], '.1f')} |")
+    return out
+
+
+def workload_markdown(data: dict) -> list[str]:
+    """The starts' table when cells have workload profiles: the workload, the prompt tokens sent and the latency."""
+    out = ["| start | profile | ready after | c | workload | prompt/output tokens (sent) | runs | mean tok/s | CV | "
+           "min-max | TTFT p50 / p99 ms | TPOT p50 ms | ITL p99 ms | arrivals/s | errors |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in restart_rows(data):
+        sent = f"{r['prompt_sent']:,.0f}" if r["prompt_sent"] is not None else str(r["prompt"])
+        out.append(f"| {r['start']} | {r['profile']} | {r['ready_s']:.0f} s | {r['level']} | {r['workload']} | "
+                   f"{sent}/{r['output']} | {r['runs']} | {r['mean']:,.0f} | {r['cv']:.2%} | {r['min']:,.0f}-{r['max']:,.0f} | "
+                   f"{_pair((r['ttft_p50'], r['ttft_p99']))} | {_pair((r['tpot_p50'],), '.2f')} | {_pair((r['itl_p99'],), '.1f')} | "
+                   f"{'-' if r['rate'] is None else format(r['rate'], '.2f')} | {r['errors']} |")
+    return out
+
+
 def restarts_markdown(folder: str) -> str:
     out = []
     for name in restart_files(folder):
         data = load(name, folder)
         s = data["settings"]
         cells = restart_cells(data)
+        if any(cell_workload(k) for k, _c in cells):
+            out += workload_restarts_markdown(name, data, cells)
+            continue
         lengths = sorted({(p, o) for _k, (_c, p, o) in cells})
         head = (f"{s['prompt_tokens']}/{s['output_tokens']} tokens" if len(lengths) == 1 else
                 "prompt/output tokens " + ", ".join(f"{p}/{o}" for p, o in lengths))
@@ -362,6 +484,33 @@ def restarts_markdown(folder: str) -> str:
                        f"({n['spread_of_means']:.1%}) | {n['sdd_within_only']:.1%} | {n['sdd_across_restart']:.1%} |")
         out.append("")
     return "\n".join(out)
+
+
+def workload_restarts_markdown(name: str, data: dict, cells: list) -> list[str]:
+    """A restarts file whose cells have workload profiles: the starts, the noise between starts of each profile per
+    cell, the stages (each --gates pair) and the client comparison of the starts that ran one."""
+    s = data["settings"]
+    out = [f"### {name}: server starts; gate level c={s['concurrency'][0]}, {s['prompt_tokens']}/{s['output_tokens']} "
+           f"tokens, {s['requests_per_slot']} requests per slot", ""] + workload_markdown(data)
+    out += ["", "| profile | c | workload | starts (runs) | sd within a start | sd between starts | F test p | start means "
+            "(spread) | smallest detectable drop, within only | with the between-start sd |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for profile in dict.fromkeys(st["profile"] for st in data["starts"]):
+        for key, (level, _p_, _o) in cells:
+            n = restart_noise(data, key, profile)
+            if n:
+                out.append(f"| {profile} | {level} | {workload_label(key)} | {n['starts']} ({n['runs']}) | {n['sd_within']:.2%} | "
+                           f"{n['sd_between']:.2%} | {n['p_between']:.2g} | "
+                           f"{', '.join(format(m, ',.0f') for m in n['start_means'])} ({n['spread_of_means']:.1%}) | "
+                           f"{n['sdd_within_only']:.1%} | {n['sdd_across_restart']:.1%} |")
+    out += ["", "Stages: each candidate start against its baseline start, the kernel upgrade's gate loop at the role's "
+            "defaults on every cell both measured (latency: baseline / candidate).", ""] + stage_markdown(data)
+    for st in data["starts"]:
+        if st.get("compare"):
+            out += ["", f"Our client against `vllm bench serve` at start {st['index']} ({st['profile']}), "
+                    f"{data['settings'].get('compare_lengths', '512/256')} tokens, paired rounds:", ""]
+            out += compare_markdown(compare_rows(st["compare"]))
+    return out + [""]
 
 
 def equivalence_rows(folder: str, data: dict) -> list[dict]:

@@ -293,7 +293,8 @@ def run_once(url: str, level: int, requests: int, seed: int, args, warmup: int =
     pcu = getattr(args, "per_chunk_usage", True) if per_chunk_usage is None else per_chunk_usage
     cfg = ic.BenchmarkConfig(url=url, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                              concurrency=[level], requests=requests, warmup=warmup, repetitions=repetitions, seed=seed,
-                             timeout=600, per_chunk_usage=pcu, prompt_mode=prompt_mode)
+                             timeout=600, per_chunk_usage=pcu, prompt_mode=prompt_mode,
+                             **{k: getattr(args, k) for k in WORKLOAD_KEYS if getattr(args, k, None)})
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     call = Watch(url)
     result = ic.run(ic.benchmark(cfg, monitor=lambda _pool, _headers: RunWatch(url, requests)))
@@ -310,7 +311,8 @@ def run_once(url: str, level: int, requests: int, seed: int, args, warmup: int =
                      "ttft_ms": run["ttft_ms"], "tpot_ms": run["tpot_ms"], "itl_ms": run["itl_ms"],
                      "itl_exact": run.get("itl_exact"), "tokens_per_chunk": run.get("tokens_per_chunk"),
                      "per_chunk_usage": pcu, "prompt_mode": prompt_mode,
-                     "prompt_tokens": run.get("prompt_tokens"), "server_load": run.get("server_load")})
+                     "prompt_tokens": run.get("prompt_tokens"), "server_load": run.get("server_load"),
+                     **{k: run[k] for k in ("goodput", "arrivals", "e2el_ms", "output_tokens", "error_reasons") if k in run}})
     return {"runs": runs, "process_cpu_s": round(cpu, 3), "process_cpu_s_per_request": round(cpu / (requests * repetitions + warmup), 6),
             "call_load": call_load, "server": {k: result["server"].get(k) for k in ("model", "max_model_len", "root")}}
 
@@ -390,6 +392,14 @@ def cmd_compare(args) -> int:
     Round r runs the clients in an order rotated by r; every client gets that round's seed, so no client
     meets prompts that an earlier run left in vLLM's prefix cache."""
     out = load(args.out, {"levels": {}, "settings": vars(args)})
+    rc = compare_rounds(out, args, lambda: dump(args.out, out))
+    dump(args.out, out)
+    return rc
+
+
+def compare_rounds(out: dict, args, save) -> int:
+    """The rounds of cmd_compare into ``out["levels"]`` (resumable: what is there is kept), against ``args.url``;
+    ``save()`` after every run; 3 when ``args.deadline`` stopped it."""
     with urllib.request.urlopen(args.url + "/v1/models", timeout=10) as resp:
         entry = json.load(resp)["data"][0]
     model, tokenizer = entry["id"], args.tokenizer or entry.get("root")
@@ -402,7 +412,7 @@ def cmd_compare(args) -> int:
             for rnd in range(args.rounds):
                 if time.time() > args.deadline:
                     out["deadline_hit"] = True
-                    dump(args.out, out)
+                    save()
                     return 3
                 seed = args.seed + 100 * rnd + level
                 for who in clients[rnd % len(clients):] + clients[:rnd % len(clients)]:
@@ -410,7 +420,7 @@ def cmd_compare(args) -> int:
                         continue  # done by an earlier call (the command is resumable)
                     if time.time() > args.deadline:
                         out["deadline_hit"] = True
-                        dump(args.out, out)
+                        save()
                         return 3
                     if who in CLIENTS:
                         got = run_once(args.url, level, requests, seed, args, warmup=args.warmup,
@@ -439,7 +449,7 @@ def cmd_compare(args) -> int:
                                "process_wall_s": res["wall_s"], "call_load": watch.result(requests + args.warmup + 1),
                                "round": rnd, "seed": seed}
                     rec.setdefault(who, []).append(run)
-                    dump(args.out, out)
+                    save()
                     print("compare", level, who, rnd, run["output_throughput"], run.get("client_cpu_s_per_request"),
                           run["process_cpu_s_per_request"], run["call_load"]["server_cpu_s_per_request"],
                           run["call_load"]["host_steal_pct"], flush=True)
@@ -449,11 +459,11 @@ def cmd_compare(args) -> int:
                     rec["no_usage"] = vfs.compare_summary(rec["ours_no_usage"], rec["vllm"])
                 if "ours_text" in rec and "vllm" in rec:
                     rec["text"] = vfs.compare_summary(rec["ours_text"], rec["vllm"])
-                dump(args.out, out)
+                save()
     finally:
         if bench:
             bench.close()
-    dump(args.out, out)
+    save()
     return 0
 
 
@@ -673,16 +683,19 @@ def server_roundtrip(url: str, model: str, words: str = "w5 w77 w31999 w100000")
 
 
 def plan_entry(entry: str) -> dict:
-    """A --plan entry: PROFILE[/OPTION,OPTION...], options eq=record|compare, runs=N, cells=0|1, swap=/DIR.
+    """A --plan entry: PROFILE[/OPTION,OPTION...], options eq=record|compare, runs=N, cells=0|1|I.J.., swap=/DIR,
+    cmp=ROUNDS.
 
     eq: the output-equivalence module against this start (record: the reference and its A/A; compare: against the
     reference recorded earlier). runs: runs at the gate level (default --runs; more while a gate asks). cells: the
-    --cells after them (default 1). swap: DIR is served at the profile's model path for this start (renamed in, and
+    --cells after them (0: none, 1: all, the default; I.J.. or I.: those of the --cells by index, "2." for cell 2 alone:
+    a bare 0 or 1 means none or all). cmp: that many paired rounds of our
+    client against vllm bench serve (compare_rounds()) after the gate level's runs. swap: DIR is served at the profile's model path for this start (renamed in, and
     back once the start is done), so that the reference's model identity (served name, path, tokenizer) matches a
     corrupted copy of the same model."""
     profile, rest = (entry.split("/", 1) + [""])[:2]
     opts = rest.split(",") if rest else []
-    out: dict = {"profile": profile, "eq": None, "runs": None, "cells": True, "swap": None}
+    out: dict = {"profile": profile, "eq": None, "runs": None, "cells": True, "swap": None, "cmp": 0}
     for opt in opts:
         key, value = (opt.split("=", 1) + [""])[:2]
         if key == "eq" and value in ("record", "compare"):
@@ -691,20 +704,44 @@ def plan_entry(entry: str) -> dict:
             out["runs"] = int(value)
         elif key == "cells" and value in ("0", "1"):
             out["cells"] = value == "1"
+        elif key == "cells" and "." in value and all(v.isdigit() for v in value.rstrip(".").split(".")):
+            out["cells"] = [int(v) for v in value.rstrip(".").split(".")]  # "2." is cell 2 alone, "0.1" cells 0 and 1
         elif key == "swap" and value.startswith("/"):
             out["swap"] = value
+        elif key == "cmp" and value.isdigit():
+            out["cmp"] = int(value)
         else:
-            raise SystemExit(f"--plan {entry!r}: option {opt!r} is not eq=record|compare, runs=N, cells=0|1 or swap=/DIR")
+            raise SystemExit(f"--plan {entry!r}: option {opt!r} is not eq=record|compare, runs=N, cells=0|1|I.J..|I., "
+                             "swap=/DIR or cmp=ROUNDS")
     return out
 
 
+# the workload profile of a cell (bench/profiles.py), as BenchmarkConfig takes it
+WORKLOAD_KEYS = ("profile", "profile_options", "arrivals", "goodput")
+
+
 def cell_args(args, cell: str):
-    """LEVELxPROMPT/OUTPUT (e.g. 16x2048/256) as (level, a copy of args with those lengths)."""
-    level, lengths = (cell.split("x", 1) + [""])[:2]
+    """LEVELxPROMPT/OUTPUT[@PROFILE[=OPTIONS]][~ARRIVALS] as (level, a copy of args with those lengths and that
+    workload): e.g. 16x2048/256, 64x512/256@shared_prefix={"prefix_tokens":1536} (1,536 shared tokens and 512 of
+    each request's own), 32x0/256@mixed_lengths={"preset":"document"}~{"mode":"poisson","rate":6} (OPTIONS and
+    ARRIVALS are JSON without spaces, checked by bench/profiles.py before any run)."""
+    from ansible_collections.gpufleet.inference.plugins.module_utils.bench import profiles as bp
+    head, _, arrivals = cell.partition("~")
+    head, _, workload = head.partition("@")
+    level, lengths = (head.split("x", 1) + [""])[:2]
     prompt, output = (lengths.split("/", 1) + [""])[:2]
     if not (level.isdigit() and prompt.isdigit() and output.isdigit()):
-        raise SystemExit(f"--cells {cell!r}: not LEVELxPROMPT/OUTPUT, e.g. 16x2048/256")
-    return int(level), argparse.Namespace(**{**vars(args), "prompt_tokens": int(prompt), "output_tokens": int(output)})
+        raise SystemExit(f"--cells {cell!r}: not LEVELxPROMPT/OUTPUT[@PROFILE[=JSON]][~JSON], e.g. 16x2048/256")
+    name, _, options = workload.partition("=")
+    extra = {"profile": name or None, "profile_options": json.loads(options) if options else None,
+             "arrivals": json.loads(arrivals) if arrivals else None}
+    try:
+        bp.check_profile(extra["profile"], extra["profile_options"])
+        bp.check_arrivals(extra["arrivals"])
+    except (bp.ProfileError, ValueError) as err:
+        raise SystemExit(f"--cells {cell!r}: {err}") from err
+    return int(level), argparse.Namespace(**{**vars(args), "prompt_tokens": int(prompt), "output_tokens": int(output),
+                                             **extra})
 
 
 def swap_model(model: str, other: str, back: bool) -> None:
@@ -737,6 +774,14 @@ def equivalence(st: dict, mode: str, logdir: str) -> dict:
     return result
 
 
+def compare_args(args, st: dict, rounds: int):
+    """The compare settings of a restart's cmp=ROUNDS: --compare-levels with --compare-requests at --compare-lengths."""
+    prompt, output = (int(x) for x in args.compare_lengths.split("/"))
+    return argparse.Namespace(**{**vars(args), "url": st["url"], "concurrency": args.compare_levels,
+                                 "requests": args.compare_requests, "rounds": rounds, "prompt_tokens": prompt,
+                                 "output_tokens": output, "clients": ["ours", "vllm"], "warmup": 0, "seed": 0})
+
+
 def cmd_restarts(args) -> int:
     """Server starts one after another (one server on the GPU at a time, as on a host with one model), each with whole
     runs at the gate's level (and, time permitting, at --extra-levels); resumable from --out.
@@ -752,7 +797,7 @@ def cmd_restarts(args) -> int:
         raise SystemExit(f"--plan {args.plan} does not extend the stored plan {out['settings'].get('plan')}")
     out["settings"].update(plan=args.plan, gates=args.gates)
     entries = [plan_entry(e) for e in args.plan]
-    cells = [cell_args(args, c) for c in args.cells]
+    cells = [(c, *cell_args(args, c)) for c in args.cells]
     level = args.concurrency[0]
     requests = args.requests_per_slot * level
     pairs = [tuple(int(x) for x in g.split(":")) for g in args.gates]
@@ -856,15 +901,24 @@ def cmd_restarts(args) -> int:
             dump(args.out, out)
             print("restarts: start", i, profile, "c", level, len(runs), runs[-1]["output_throughput"], runs[-1]["errors"],
                   flush=True)
-        # the cells (LEVELxPROMPT/OUTPUT) and the extra levels (at the gate level's lengths), each to --extra-runs
-        work = [(f"{lv}x{ca.prompt_tokens}/{ca.output_tokens}", lv, ca, 70) for lv, ca in (cells if entry["cells"] else [])]
+        if entry["cmp"]:
+            cmp = st.setdefault("compare", {"levels": {}})
+            if compare_rounds(cmp, compare_args(args, st, entry["cmp"]), lambda: dump(args.out, out)) == 3:
+                out["deadline_hit"] = True
+                dump(args.out, out)
+                return 3
+        # the cells (LEVELxPROMPT/OUTPUT[@PROFILE]) and the extra levels (at the gate level's lengths), to --extra-runs
+        chosen = cells if entry["cells"] is True else [cells[k] for k in entry["cells"] or []]
+        work = [(key, lv, ca, 70) for key, lv, ca in chosen]
         work += [(str(lv), lv, args, 50) for lv in args.extra_levels]
         for key, extra, cargs, offset in work:
             runs = st["levels"].setdefault(key, [])
             while len(runs) < args.extra_runs:
                 need_s = (runs[-1]["duration_s"] * 1.2 + 3) if runs else 30
-                if left() < need_s + args.reserve_s:
-                    break
+                if left() < need_s + args.reserve_s:  # the next call goes on with this start's cells (never done short)
+                    out["deadline_hit"] = True
+                    dump(args.out, out)
+                    return 3
                 runs.append(run_once(st["url"], extra, args.requests_per_slot * extra, seed + offset + len(runs), cargs,
                                      warmup=extra if not runs else 0)["runs"][0])
                 dump(args.out, out)
@@ -957,7 +1011,12 @@ def main() -> int:
             q.add_argument("--extra-runs", type=int, default=6)
             q.add_argument("--cells", nargs="*", default=[], help="LEVELxPROMPT/OUTPUT cells after the gate level (e.g. 16x2048/256)")
             q.add_argument("--start-budget", type=float, default=170, help="seconds left needed to start another server")
-            q.add_argument("--reserve-s", type=float, default=0, help="seconds kept back from the extra levels")
+            q.add_argument("--reserve-s", type=float, default=0, help="seconds kept back: a cell's run that would eat into them is left to the next call")
+            q.add_argument("--compare-levels", type=int, nargs="+", default=[16, 64, 256], help="cmp=: the levels")
+            q.add_argument("--compare-requests", type=int, nargs="+", default=[64, 256, 512], help="cmp=: requests a run")
+            q.add_argument("--compare-lengths", default="512/256", help="cmp=: PROMPT/OUTPUT tokens")
+            q.add_argument("--tokenizer", help="cmp=: the tokenizer vllm bench serve loads (default: the server's root)")
+            q.add_argument("--vllm-python", default=sys.executable, help="cmp=: the python that imports vLLM")
     sub.add_parser("vllmbench-worker", help="vllm bench serve runs from stdin (compare starts it)")
     args = p.parse_args()
     if getattr(args, "server_record", "") and os.path.exists(args.server_record):

@@ -242,6 +242,26 @@ def test_metrics_count_tokens(lab):
     assert lab.metric("vllm:num_requests_running") == 0
 
 
+@pytest.mark.parametrize("caching", [True, False])
+def test_prefix_caching_computes_a_shared_prefix_once(model_dir, caching):
+    """--enable-prefix-caching: a prompt's leading full blocks of 16 tokens that an earlier prefill computed are hits
+    (480 shared tokens = 30 blocks), a unique prompt hits nothing; without the flag nothing is looked up. What the
+    VM lab's measured-tuning e2e (tests/lab/test_profiles_vm.py) sees as throughput, counted here."""
+    flags = ["--enable-prefix-caching"] if caching else []
+    shared = list(range(1000, 1480))
+    with LabServer(model_dir, "--max-model-len", "1024", "--work", "1", "--step-work", "1", *flags) as lab:
+        def send(prompt):
+            resp, raw = lab.request("POST", "/v1/completions", {"model": "lab", "prompt": prompt, "max_tokens": 1})
+            assert resp.status == 200, raw
+
+        counts = []
+        for prompt in (shared + list(range(2000, 2032)), shared + list(range(3000, 3032)), list(range(1500, 2012))):
+            send(prompt)
+            counts.append((lab.metric("gpufleet_lab_prefix_cache_queries_total"),
+                           lab.metric("gpufleet_lab_prefix_cache_hits_total")))
+    assert counts == ([(512, 0), (1024, 480), (1536, 480)] if caching else [(0, 0)] * 3)
+
+
 def test_api_key_from_environment(model_dir):
     with LabServer(model_dir, env={"VLLM_API_KEY": "s3cret"}) as lab:
         assert lab.request("GET", "/v1/models")[0].status == 401

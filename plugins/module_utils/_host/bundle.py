@@ -33,7 +33,8 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
-from typing import Iterable, Mapping
+import sys
+from typing import Callable, Iterable, Mapping
 
 PACKAGE = "ansible_collections.gpufleet.inference.plugins.module_utils"
 FORMAT = "gpufleet-bundle/1"
@@ -259,6 +260,25 @@ def render_script(python: str, entry: str, sources: Mapping[str, str], header: I
     for name in names:
         lines += ["", f"SOURCES[{name!r}] = {_literal(name, sources[name])}"]
     return "\n".join(lines) + "\n" + _IMPORTER
+
+
+def entry_renderer(entry: str, header: Iterable[str], reinstall: str, python_hint: str) -> Callable[[str], str]:
+    """The ``render_script(python)`` of one entry: its script for an interpreter, rendered from the running Python's
+    sources (``loaded_sources``), once per interpreter (cached)."""
+    header = tuple(header)
+
+    @functools.lru_cache(maxsize=None)
+    def render(python: str) -> str:
+        return render_script(python, entry, loaded_sources([entry]), header, reinstall, python_hint)
+
+    render.__doc__ = f"The script of {entry} as its module installs it: ``#!python``, the entry and its closure."
+    return render
+
+
+def log(msg: str) -> None:
+    """One line of a script's log (stdout, flushed: the unit's journal shows what was done even if it hangs later)."""
+    sys.stdout.write(msg + "\n")
+    sys.stdout.flush()
 
 
 def bundled_sources(script: str) -> dict[str, str]:

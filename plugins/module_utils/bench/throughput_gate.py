@@ -730,6 +730,11 @@ def _latency_reason(m: dict[str, Any], inv: dict[str, Any]) -> str:
     return f"inconclusive: {where}; {m['runs_needed']} more candidate runs"
 
 
+# The latency part's reason when every metric's margin is null or 0 (left out on purpose, as the VM lab's kernel e2e does).
+NO_MARGIN = ("not measured: no latency margin set (TTFT p50/p90 and TPOT p50/p90 each null or 0), so the verdict is "
+             "throughput's alone")
+
+
 def latency_part(baseline_latency: Any, candidate_latency: Any, n_base: int, n_cand: int,
                  settings: GateSettings = GATE) -> dict[str, Any]:
     """The latency part: each metric both sides carry (the baseline alone before the change), judged at the settings'
@@ -743,8 +748,9 @@ def latency_part(baseline_latency: Any, candidate_latency: Any, n_base: int, n_c
     part: dict[str, Any] = {"status": "judged" if keys else "not measured", "margins": in_force, "alpha": alpha,
                             "metrics": {}}
     if not keys:
-        part["reason"] = ("not measured: no per-run TTFT/TPOT given for both sides (a result or journal from before the "
-                          "latency part), so the verdict is throughput's alone")
+        part["reason"] = NO_MARGIN if not in_force else (
+            "not measured: no per-run TTFT/TPOT given for both sides (a result or journal from before the latency part), "
+            "so the verdict is throughput's alone")
         return part
     missing = [LATENCY_LABELS[k] for k in in_force if k not in keys]
     if missing:

@@ -30,6 +30,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.health imp
 PARTS = ("throughput", "latency", "outputs", "stability")
 VERDICTS = ("pass", "unstable", "diverged", "regression", "inconclusive")
 OUTPUT_ANSWERS = {"equivalent": "yes", "drifted": "yes", "diverged": "no"}
+NOT_MEASURED = "not measured: "  # how the gate's reason for a part it left out starts (the part says it already)
 
 
 class VerdictError(ValueError):
@@ -95,8 +96,9 @@ def _throughput_part(gate: dict[str, Any]) -> dict[str, Any]:
 def _latency_part(gate: dict[str, Any]) -> dict[str, Any]:
     part = gate.get("latency") or {}
     metrics = part.get("metrics") or {}
-    if not metrics:
-        return {"answer": None, "says": "not measured", "reason": "no per-run latency was given to the gate"}
+    if not metrics:  # the gate's own reason when it gives one (no margin set, no per-run latency on a side)
+        why = str(part.get("reason") or "no per-run latency was given to the gate")
+        return {"answer": None, "says": "not measured", "reason": why[len(NOT_MEASURED):] if why.startswith(NOT_MEASURED) else why}
     bad = [m for m in metrics.values() if m.get("decision") == "regression"]
     open_ = [m for m in metrics.values() if m.get("decision") != "pass"]
     decision = "regression" if bad else ("pass" if not open_ else "inconclusive")

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 
+from ansible_collections.gpufleet.inference.plugins.module_utils._host import units
+
 PERSIST_CONFIG = "/etc/gpufleet/cpu_tuning.json"
 PERSIST_FORMAT = "gpufleet-cpu-tuning/1"
 APPLY_SCRIPT = "/usr/local/libexec/gpufleet-cpu-tuning-apply"
@@ -43,22 +45,14 @@ def render_persist(settings: dict) -> str:
 
 
 def render_unit(script: str = APPLY_SCRIPT, config: str = PERSIST_CONFIG) -> str:
-    return f"""# Installed by Ansible (gpufleet.inference.cpu_tuning); removed by its state=absent.
-# Re-applies the CPU governor, energy-performance preference, C-state limit and transparent-hugepage
-# policy in {config} once per boot, each write read back. Its log: journalctl -u {UNIT_NAME}
-[Unit]
-Description=Re-apply the CPU settings tuned by gpufleet.inference
-After=systemd-modules-load.service systemd-udev-trigger.service ondemand.service tuned.service power-profiles-daemon.service
-ConditionPathExists={config}
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart={script} {config}
-
-[Install]
-WantedBy=multi-user.target
-"""
+    return units.render_unit(
+        ["Installed by Ansible (gpufleet.inference.cpu_tuning); removed by its state=absent.",
+         "Re-applies the CPU governor, energy-performance preference, C-state limit and transparent-hugepage",
+         f"policy in {config} once per boot, each write read back. Its log: journalctl -u {UNIT_NAME}"],
+        ["Description=Re-apply the CPU settings tuned by gpufleet.inference",
+         "After=systemd-modules-load.service systemd-udev-trigger.service ondemand.service tuned.service "
+         "power-profiles-daemon.service", f"ConditionPathExists={config}"],
+        units.oneshot(f"{script} {config}"), "multi-user.target")
 
 
 def wanted_files(script: str, settings: dict, persist: bool) -> list[tuple[str, str | None, int]]:

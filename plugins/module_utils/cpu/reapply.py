@@ -14,11 +14,10 @@ cannot be used.
 from __future__ import annotations
 
 import argparse
-import functools
 import os
-import sys
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import bundle as reapply_bundle
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.bundle import log
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils.cpu import knobs
 from ansible_collections.gpufleet.inference.plugins.module_utils.cpu.boot import PERSIST_FORMAT, UNIT_NAME, load_persist
@@ -36,16 +35,8 @@ PYTHON_HINT = ("The module writes the interpreter it runs under: run it again wi
                "Python 3.7 or later.")
 
 
-@functools.lru_cache(maxsize=None)
-def render_script(python: str) -> str:
-    """The applier as the module installs it: ``#!python``, this module_utils and its closure (_host/bundle.py)."""
-    return reapply_bundle.render_script(python, ENTRY, reapply_bundle.loaded_sources([ENTRY]), HEADER, REINSTALL, PYTHON_HINT)
-
-
-def log(msg: str) -> None:
-    """One line of the unit's journal (stdout, flushed)."""
-    sys.stdout.write(msg + "\n")
-    sys.stdout.flush()
+# The applier as the module installs it: ``#!python``, this module_utils and its closure (_host/bundle.py).
+render_script = reapply_bundle.entry_renderer(ENTRY, HEADER, REINSTALL, PYTHON_HINT)
 
 
 def apply_settings(fs: HostFS, settings: dict) -> int:

@@ -17,7 +17,6 @@ a write failed (the vectors it changed are put back), 2 for unusable configurati
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 
@@ -39,10 +38,8 @@ REINSTALL = "Run the gpufleet.inference.irq_affinity role again to reinstall the
 PYTHON_HINT = "Set irq_affinity_python to a Python 3.7 or later and run the gpufleet.inference.irq_affinity role again."
 
 
-@functools.lru_cache(maxsize=None)
-def render_script(python: str) -> str:
-    """The re-apply script as the role installs it: ``#!python``, this module_utils and its closure (_host/bundle.py)."""
-    return reapply_bundle.render_script(python, ENTRY, reapply_bundle.loaded_sources([ENTRY]), HEADER, REINSTALL, PYTHON_HINT)
+# The re-apply script as the role installs it: ``#!python``, this module_utils and its closure (_host/bundle.py).
+render_script = reapply_bundle.entry_renderer(ENTRY, HEADER, REINSTALL, PYTHON_HINT)
 
 
 def say(msg: str, err: bool = False) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
+from typing import Any, Callable
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.metrics import samples as ms
@@ -21,7 +21,18 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.metrics.textfil
 
 DEFAULT_DIR = "/var/lib/prometheus/node-exporter"  # Debian's prometheus-node-exporter --collector.textfile.directory
 NAME_RE = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,99}$")
-KINDS = {"audit": dict, "health": list, "benchmark": dict, "verdict": dict, "tuning": dict, "changes": list}
+# Per source: the type its result has, the key under which a registered module result holds it (None: given as is),
+# and its samples (metrics/samples.py) from the result, the host's name and the module's options.
+CONVERTERS: dict[str, tuple[type, str | None, Callable[[Any, str, dict], list[Sample | None]]]] = {
+    "audit": (dict, "pcie", lambda data, host, p: ms.audit_samples(data, host, p.get("timestamp"))),
+    "health": (list, None, lambda data, host, p: ms.health_samples(data, host, p.get("timestamp"))),
+    "benchmark": (dict, "benchmark", lambda data, host, p: ms.benchmark_samples(
+        data, host, p.get("profile") or data.get("label") or "default")),
+    "verdict": (dict, None, lambda data, host, p: ms.verdict_samples(
+        data, host, p.get("stage") or "default", p.get("change") or "none")),
+    "tuning": (dict, "state", lambda data, host, p: ms.tuning_samples(data, host)),
+    "changes": (list, None, lambda data, host, p: ms.change_samples(data, host)),
+}
 
 
 class MetricsError(Exception):
@@ -34,27 +45,19 @@ def source_of(params: dict) -> tuple[str, Any]:
     if len(given) != 1:
         raise MetricsError(f"give exactly one of {', '.join(SOURCES)} (got {', '.join(given) or 'none'})")
     source = given[0]
-    if not isinstance(params[source], KINDS[source]):
-        raise MetricsError(f"{source} must be a {KINDS[source].__name__} (the registered result of the task that made "
+    kind = CONVERTERS[source][0]
+    if not isinstance(params[source], kind):
+        raise MetricsError(f"{source} must be a {kind.__name__} (the registered result of the task that made "
                            f"it), not a {type(params[source]).__name__}")
     return source, params[source]
 
 
 def build(source: str, data: Any, params: dict) -> list[Sample | None]:
-    host = params.get("host") or os.uname().nodename
-    if source == "audit":
-        return ms.audit_samples(data.get("pcie", data) if isinstance(data.get("pcie"), dict) else data, host,
-                                params.get("timestamp"))
-    if source == "health":
-        return ms.health_samples(data, host, params.get("timestamp"))
-    if source == "benchmark":
-        doc = data.get("benchmark") if isinstance(data.get("benchmark"), dict) else data
-        return ms.benchmark_samples(doc, host, params.get("profile") or doc.get("label") or "default")
-    if source == "verdict":
-        return ms.verdict_samples(data, host, params.get("stage") or "default", params.get("change") or "none")
-    if source == "tuning":
-        return ms.tuning_samples(data.get("state") if isinstance(data.get("state"), dict) else data, host)
-    return ms.change_samples(data, host)
+    """The samples of ``data``, the result given for ``source`` (a registered module result is unwrapped)."""
+    _kind, key, convert = CONVERTERS[source]
+    if key and isinstance(data.get(key), dict):
+        data = data[key]
+    return convert(data, params.get("host") or os.uname().nodename, params)
 
 
 def execute(params: dict, host: Host, check_mode: bool) -> dict[str, Any]:

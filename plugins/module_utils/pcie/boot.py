@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 
+from ansible_collections.gpufleet.inference.plugins.module_utils._host import units
+
 PERSIST_CONFIG = "/etc/gpufleet/pcie_payload.json"
 PERSIST_FORMAT = "gpufleet-pcie-payload/1"
 APPLY_SCRIPT = "/usr/local/libexec/gpufleet-pcie-payload-apply"
@@ -78,26 +80,16 @@ def render_persist(entries: list[dict], acs: list[dict] | None = None) -> str:
 
 
 def render_unit(script: str = APPLY_SCRIPT, config: str = PERSIST_CONFIG) -> str:
-    return f"""# Installed by Ansible (gpufleet.inference.pcie_payload, pcie_acs); removed by their state=default.
-# Re-applies the PCIe MaxPayload/MaxReadReq values and the ACS Control bits in {config} once per
-# boot, before udev coldplug loads the GPU drivers and before the services that use the GPUs start:
-# no DMA is in flight while a register changes. Its log: journalctl -u {UNIT_NAME}
-[Unit]
-Description=Re-apply PCIe MaxPayload/MaxReadReq and ACS settings tuned by gpufleet.inference
-DefaultDependencies=no
-After=systemd-remount-fs.service
-Before=systemd-udev-trigger.service sysinit.target shutdown.target nvidia-persistenced.service
-Conflicts=shutdown.target
-ConditionPathExists={config}
-
-[Service]
-Type=oneshot
-RemainAfterExit=yes
-ExecStart={script} {config}
-
-[Install]
-WantedBy=sysinit.target
-"""
+    return units.render_unit(
+        ["Installed by Ansible (gpufleet.inference.pcie_payload, pcie_acs); removed by their state=default.",
+         f"Re-applies the PCIe MaxPayload/MaxReadReq values and the ACS Control bits in {config} once per",
+         "boot, before udev coldplug loads the GPU drivers and before the services that use the GPUs start:",
+         f"no DMA is in flight while a register changes. Its log: journalctl -u {UNIT_NAME}"],
+        ["Description=Re-apply PCIe MaxPayload/MaxReadReq and ACS settings tuned by gpufleet.inference",
+         "DefaultDependencies=no", "After=systemd-remount-fs.service",
+         "Before=systemd-udev-trigger.service sysinit.target shutdown.target nvidia-persistenced.service",
+         "Conflicts=shutdown.target", f"ConditionPathExists={config}"],
+        units.oneshot(f"{script} {config}"), "sysinit.target")
 
 
 def persistence_plan(read, exists, script: str, systemctl_argv, devices: list[dict], acs: list[dict],

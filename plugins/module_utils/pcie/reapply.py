@@ -23,13 +23,12 @@ One log line per change, per value already set and per failure (the unit's journ
 from __future__ import annotations
 
 import argparse
-import functools
 import os
 import shutil
 import subprocess
-import sys
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import bundle as reapply_bundle
+from ansible_collections.gpufleet.inference.plugins.module_utils._host.bundle import log
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands import C_LOCALE
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.config import PCI_DEVICES
@@ -54,16 +53,8 @@ PYTHON_HINT = ("The modules write the interpreter they run under: run them again
                "to a Python 3.7 or later.")
 
 
-@functools.lru_cache(maxsize=None)
-def render_script(python: str) -> str:
-    """The applier as the modules install it: ``#!python``, this module_utils and its closure (_host/bundle.py)."""
-    return reapply_bundle.render_script(python, ENTRY, reapply_bundle.loaded_sources([ENTRY]), HEADER, REINSTALL, PYTHON_HINT)
-
-
-def log(msg: str) -> None:
-    """One line of the unit's journal (stdout, flushed: a hang later still shows what was done)."""
-    sys.stdout.write(msg + "\n")
-    sys.stdout.flush()
+# The applier as the modules install it: ``#!python``, this module_utils and its closure (_host/bundle.py).
+render_script = reapply_bundle.entry_renderer(ENTRY, HEADER, REINSTALL, PYTHON_HINT)
 
 
 def run_command(argv: list[str]) -> tuple[int, str, str]:

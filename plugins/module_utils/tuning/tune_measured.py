@@ -613,7 +613,7 @@ def _latency_inputs(g: dict[str, Any], profile: dict[str, Any], ref_lv: dict[str
 def latency_summary(part: dict[str, Any]) -> dict[str, Any]:
     """What the state and the stage table keep of the gate's latency part: its status and, per metric, the answer,
     the candidate/baseline ratio, its interval and the margin."""
-    return {"status": part["status"],
+    return {"status": part["status"], **({"reason": part["reason"]} if part.get("reason") else {}),
             "metrics": {k: {f: m[f] for f in ("decision", "ratio", "interval", "margin", "baseline_ms", "candidate_ms",
                                               "reason", "final") if f in m}
                         for k, m in part["metrics"].items()}}
@@ -754,9 +754,11 @@ def stage_gate(verdicts: dict[str, dict[str, Any]], verdict: str, worst: dict[st
     tp = hits[0] if hits else min(tps, key=lambda t: t["ratio"] if t.get("ratio") is not None else 1.0)
     metrics = {f"{name} c={key} {m}": dict(x) for name, key, v in levels
                for m, x in ((v.get("latency") or {}).get("metrics") or {}).items()}
+    # with no metric judged anywhere, why (the first level's reason: no margin set, or no per-run latency)
+    why = next((v["latency"]["reason"] for _n, _k, v in levels if (v.get("latency") or {}).get("reason")), None)
     return {"decision": verdict, "final": True, "reason": worst["reason"], "ratio": worst.get("ratio"),
             "throughput": {"decision": tp_verdict, "final": True, "ratio": tp.get("ratio"), "reason": tp.get("reason", "")},
-            "latency": {"metrics": metrics}}
+            "latency": {"metrics": metrics, **({"reason": why} if why and not metrics else {})}}
 
 
 def _part_left_out(state: dict[str, Any], e: dict[str, Any], ref: dict[str, Any], part: str) -> str:

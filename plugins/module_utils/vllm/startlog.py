@@ -51,6 +51,7 @@ _MLA_PREFILL = re.compile(r"Using (?P<b>[\w ]+?) MLA prefill backend")
 _MOE_BACKEND = re.compile(r"Using (?P<b>[\w ]+?) (?P<q>\w+) MoE backend out of potential backends: (?P<pot>\[[^\]]*\])")
 _MOE_EXPERTS = re.compile(r"^Using (?P<e>\w+) MoE backend$")
 _MOE_DEFAULT_CONFIG = re.compile(r"Using default MoE config\. .*Config file not found at (?P<path>\S+)")
+_CHUNKED_OFF = re.compile(r"does not officially support disabling chunked prefill")
 _JIT = re.compile(r"Triton kernel JIT compilation during inference: (?P<k>\w+)")
 _FP8_KV = re.compile(r"Using fp8 data type to store kv cache")
 
@@ -234,6 +235,15 @@ def _line_findings(ln: dict[str, Any], add) -> None:
                      "libtcmalloc-minimal4 / libomp packages), as vLLM's CPU install guide asks", ln["raw"]))
         return
     if _moe_finding(ln, add) or _kv_finding(ln, add):
+        return
+    if _CHUNKED_OFF.search(msg):
+        add(_finding("chunked_prefill_off_unsupported", "warning",
+                     "chunked prefill is off and vLLM warns that this model does not support that: the engine may "
+                     "crash or give wrong outputs",
+                     "remove vllm_service_enable_chunked_prefill: false (vLLM's scheduler is built around chunked "
+                     "prefill; lower vllm_service_max_num_batched_tokens instead to bound the decode stalls of long "
+                     "prompts); if it must stay, judge the outputs with gpufleet.inference.output_equivalence first",
+                     ln["raw"]))
         return
     if "FlashInfer top-p/top-k sampling disabled" in msg:
         add(_finding("sampler_flashinfer_off", "info", "top-p/top-k sampling runs in PyTorch, not FlashInfer",

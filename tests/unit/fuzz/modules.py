@@ -95,6 +95,8 @@ def _aspm(root: Path) -> None:
 
 def _cpu_host(root: Path) -> None:
     cpu_knobs(FakeHost(root))
+    (root / "dev").mkdir(exist_ok=True)
+    (root / "dev/cpu_dma_latency").write_bytes((2_000_000_000).to_bytes(4, "little"))  # the PM QoS device
 
 
 def _placement_host(root: Path) -> None:
@@ -152,7 +154,8 @@ def specs(vllm_url: str) -> dict[str, Spec]:
                               ["/etc/gpufleet/irq_affinity.json"]),
         "cpu_tuning": Spec(cpu_tuning, _cpu_host, lambda r: {
             "root": r, "governor": "performance", "cstate_max_latency_us": 10, "thp_enabled": "madvise", "persist": False},
-            ["/var/lib/gpufleet/cpu_tuning.json", "/etc/gpufleet/cpu_tuning.json"]),
+            ["/var/lib/gpufleet/cpu_tuning.json", "/etc/gpufleet/cpu_tuning.json",
+             "/etc/systemd/system/gpufleet-pm-qos.service", "/dev/cpu_dma_latency"]),
         "gpu_health": Spec(gpu_health, _gpu_host, lambda r: {"root": r, "dcgm_timeout": 60, "clock_ratio": 0.9}),
         "host_lease": Spec(host_lease, lease_build, lease_base, ["/var/lib/gpufleet/lease.json"]),
         "host_lint": Spec(host_lint, _copied_guide, lambda r: {"root": r}, ["/etc/nccl.conf", "/etc/default/grub", "/proc/cmdline"]),

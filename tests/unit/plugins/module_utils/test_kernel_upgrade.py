@@ -387,5 +387,5 @@ def test_fleet_report_shows_each_part_of_the_serving_verdict_and_why_one_said_no
     md = kr.render_markdown(rep)
     assert "| throughput | latency | outputs | stability |" in md and "no (diverged) top-1 0.800" in md
     assert "  - outputs: no (diverged): diverged (simulated)" in md
-    assert "  - latency: not measured: no per-run latency was given to the gate" in md
+    assert "  - latency: not measured: no per-run TTFT/TPOT given for both sides" in md
     assert md.startswith("# Kernel rollout r1\n\nOutcome: 1 diverged, 1 pass;")

@@ -31,6 +31,7 @@ import pytest
 import yaml
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host import bundle
+from ansible_collections.gpufleet.inference.plugins.module_utils.cpu import cpu_tuning as cpu_tuning_executor
 from ansible_collections.gpufleet.inference.plugins.module_utils.cpu import reapply as cpu_reapply
 from ansible_collections.gpufleet.inference.plugins.module_utils.irq import reapply as irq_reapply
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import reapply as pcie_reapply
@@ -219,6 +220,7 @@ SCRIPTS = {
     "pcie.reapply": (pcie_reapply.render_script, ["pcie_payload", "pcie_acs"]),
     "irq.reapply": (irq_reapply.render_script, ["irq_affinity"]),
     "cpu.reapply": (cpu_reapply.render_script, ["cpu_tuning"]),
+    "cpu.pm_qos": (cpu_tuning_executor.render_holder, ["cpu_tuning"]),  # the PM QoS holder (not a re-apply)
 }
 
 
@@ -258,7 +260,10 @@ def test_each_script_carries_exactly_the_closure_of_its_entry(entry):
     assert dependency_ordered(list(carried)) == []
     for name, source in carried.items():  # the collection's own files, byte for byte: one capability walk, one apply loop
         assert source == (MODULE_UTILS / (name.replace(".", "/") + ".py")).read_text(encoding="utf-8"), name
-    assert {"_pci.config", "_host.device_apply", "_host.files"} <= set(carried)
+    if entry.endswith(".reapply"):
+        assert {"_pci.config", "_host.device_apply", "_host.files"} <= set(carried)
+    else:  # the holder is the standard library and its own file (with the unit renderer)
+        assert set(carried) == {entry, "_host.units"}
 
 
 @pytest.mark.parametrize("entry", sorted(SCRIPTS))

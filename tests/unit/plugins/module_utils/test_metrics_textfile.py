@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.verdict import VERDICTS
 from ansible_collections.gpufleet.inference.plugins.module_utils.metrics import textfile as tf
+from ansible_collections.gpufleet.inference.plugins.module_utils.metrics.metrics_textfile import CONVERTERS
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie import health as hc
 from ansible_collections.gpufleet.inference.plugins.modules import metrics_textfile, pcie_facts
 from tests.unit.fakenvml import FakeNVML
@@ -75,6 +76,13 @@ def test_the_catalogue_follows_prometheus_naming():
     assert tf.catalogue_problems([tf.Metric("gpufleet_x_ms", "counter", "", ("gpu",), "audit")]) == [
         "gpufleet_x_ms: _total is for counters, and every counter ends in it",
         "gpufleet_x_ms: labels ('gpu',) (host first, lower-case, each once)"]
+
+
+def test_every_source_has_one_converter_and_metrics():
+    """The module's table of sources (a result's type, the key a registered result holds it under, its samples) and
+    the catalogue's sources are the same, so no source is given that writes nothing and none is left unreachable."""
+    assert tuple(CONVERTERS) == tf.SOURCES
+    assert all(tf.metrics_of(source) for source in tf.SOURCES)
 
 
 def test_the_real_h200_audit(tmp_path, capsys):

@@ -110,6 +110,27 @@ def test_latency_is_a_part_of_its_own():
     assert v["parts"]["throughput"]["answer"] == "pass"
 
 
+NO_MARGINS = {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": 0}
+
+
+def test_latency_left_out_by_null_margins_says_so():
+    """Margins set null (the VM lab's kernel e2e does it) leave the latency part out: it says no margin was set, not that
+    no latency was given, and the verdict is throughput's with latency named not measured."""
+    lat = {"ttft_p50": [100.0] * 8, "ttft_p90": [120.0] * 8, "tpot_p50": [10.0] * 8, "tpot_p90": [12.0] * 8}
+    slow = {k: [x * 3 + i * 0.01 for i, x in enumerate(v)] for k, v in lat.items()}  # would be a regression if judged
+    g = tg.decide(BASE, SAME, baseline_latency=lat, candidate_latency=slow, latency_margins=NO_MARGINS)
+    assert g["latency"]["status"] == "not measured" and g["latency"]["reason"] == tg.NO_MARGIN
+    v = serving_verdict(g)
+    assert v["verdict"] == "pass" and v["parts"]["latency"]["says"] == "not measured"
+    assert v["parts"]["latency"]["reason"].startswith("no latency margin set (TTFT p50/p90 and TPOT")
+    assert v["reason"].endswith("(latency, outputs, stability not measured)")
+    # margins in force but no per-run latency on a side: that reason, as before
+    g = tg.decide(BASE, SAME, baseline_latency=lat, candidate_latency=None)
+    assert serving_verdict(g)["parts"]["latency"]["reason"].startswith("no per-run TTFT/TPOT given")
+    bare = {k: v for k, v in gate(SAME).items() if k != "latency"}  # a gate result without its latency part
+    assert serving_verdict(bare)["parts"]["latency"]["reason"] == "no per-run latency was given to the gate"
+
+
 def test_shapes_no_part_has_are_refused():
     with pytest.raises(VerdictError, match="the gate's result is required"):
         serving_verdict({})

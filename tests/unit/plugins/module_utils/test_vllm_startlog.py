@@ -167,3 +167,20 @@ def test_fp8_kv_cache_is_named_with_the_check_that_judges_it():
     assert res["kv_cache"]["tokens"] == 3862368
     fp8 = ids(res)["kv_cache_fp8"]
     assert fp8["severity"] == "info" and "output_equivalence" in fp8["fix"]
+
+
+S9 = os.path.join(REPO, "docs", "examples", "h200-7b-stages")
+
+
+def test_chunked_prefill_off_is_named_with_what_to_do_instead():
+    """The H200's start with --no-enable-chunked-prefill (the 7B architecture): vLLM 0.26 warns that the model does not
+    support it; the finding says so, with the way to bound decode stalls that keeps chunked prefill on. A start with a
+    larger batch token budget (chunked prefill on) has no such finding."""
+    res = vs.parse(read(os.path.join(S9, "server-start2-qwen7b_nochunk.log")))
+    assert res["started"] and not res["failed"]
+    found = ids(res)
+    off = found["chunked_prefill_off_unsupported"]
+    assert off["severity"] == "warning" and "max_num_batched_tokens" in off["fix"] and "output_equivalence" in off["fix"]
+    assert not [f for f in res["findings"] if "chunked prefill" in f["message"] and f["id"] != off["id"]]  # named once
+    other = vs.parse(read(os.path.join(S9, "server-start5-qwen7b_mbt16k.log")))
+    assert other["started"] and "chunked_prefill_off_unsupported" not in ids(other)

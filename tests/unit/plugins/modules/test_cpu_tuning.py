@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.cpu import boot
+from ansible_collections.gpufleet.inference.plugins.module_utils.cpu import boot, pm_qos
 from ansible_collections.gpufleet.inference.plugins.module_utils.cpu.cpu_placement import dropin_path
 from ansible_collections.gpufleet.inference.plugins.module_utils.cpu.knobs import value_of
 from ansible_collections.gpufleet.inference.plugins.modules import cpu_placement, cpu_tuning
@@ -140,6 +140,72 @@ def test_persist_false_keeps_no_boot_unit(tmp_path, capsys):
     root = host_tree(tmp_path / "host")
     result = run(root, capsys, governor="performance", persist=False)
     assert result["changed"] and result["persisted"] == {} and not (root / boot.UNIT_PATH.lstrip("/")).exists()
+
+
+# ---- the C-state limit through the PM QoS holder --------------------------------------------------
+def holder_files(root: Path) -> dict[str, bool]:
+    return {p: (root / p.lstrip("/")).exists() or (root / p.lstrip("/")).is_symlink()
+            for p in (pm_qos.HOLD_SCRIPT, pm_qos.UNIT_PATH, pm_qos.UNIT_WANTS)}
+
+
+@needs_systemctl
+def test_the_pm_qos_holder_is_installed_enabled_read_back_and_removed(tmp_path, capsys):
+    root = host_tree(tmp_path / "host")
+    FakeHost(root).write(pm_qos.DEVICE, "")
+    (root / pm_qos.DEVICE.lstrip("/")).write_bytes(pm_qos.encode(pm_qos.NO_LIMIT_US))
+    firmware = snapshot(root)
+    args = {"cstate_max_latency_us": 99, "cstate_method": "pm_qos"}
+    check = run(root, capsys, _ansible_check_mode=True, _ansible_diff=True, **args)
+    assert [a["action"] for a in check["actions"]] == ["create", "create", "enable_unit"]
+    assert check["after"]["pm_qos"]["holds_us"] == 99 and not any(holder_files(root).values())
+    assert check["before"]["pm_qos"] == {"installed": False, "enabled": False, "active": None, "holds_us": None,
+                                         "in_force_us": pm_qos.NO_LIMIT_US}
+
+    done = run(root, capsys, **args)
+    assert not done.get("failed"), done["msg"]
+    assert done["changed"] and all(holder_files(root).values()) and snapshot(root) == firmware  # no cpuidle file
+    assert done["after"]["pm_qos"] == {"installed": True, "enabled": True, "active": None, "holds_us": 99,
+                                       "in_force_us": pm_qos.NO_LIMIT_US}  # a tree: nothing started, nothing held
+    assert done["persisted"] == {} and not (root / boot.UNIT_PATH.lstrip("/")).exists()  # the holder is its own boot
+    assert f"ExecStart={pm_qos.HOLD_SCRIPT} 99" in (root / pm_qos.UNIT_PATH.lstrip("/")).read_text()
+    assert (root / pm_qos.HOLD_SCRIPT.lstrip("/")).stat().st_mode & 0o777 == 0o755
+    assert run(root, capsys, **args)["changed"] is False  # idempotent
+    moved = run(root, capsys, cstate_max_latency_us=20, cstate_method="pm_qos")
+    assert moved["changed"] and moved["after"]["pm_qos"]["holds_us"] == 20
+
+    gone = run(root, capsys, state="absent", restore=["cstate"])
+    assert gone["changed"] and not any(holder_files(root).values()) and snapshot(root) == firmware
+    assert {a["action"] for a in gone["actions"]} == {"disable_unit", "remove"}
+    assert run(root, capsys, state="absent", restore=["cstate"])["changed"] is False
+
+
+@needs_systemctl
+def test_the_two_c_state_methods_replace_each_other(tmp_path, capsys):
+    root = host_tree(tmp_path / "host")
+    FakeHost(root).write(pm_qos.DEVICE, "")
+    firmware = snapshot(root)
+    run(root, capsys, cstate_max_latency_us=5)  # cpuidle: C1E and C6 disabled, recorded, kept for the boot
+    assert (root / C6.format(0)).read_text() == "1" and not any(holder_files(root).values())
+
+    held = run(root, capsys, cstate_max_latency_us=5, cstate_method="pm_qos")
+    assert snapshot(root) == firmware and all(holder_files(root).values())  # the states put back, the holder in
+    assert held["originals"] == {} and held["after"]["cstates_disabled"]["cpu0"] == []
+    assert not (root / boot.UNIT_PATH.lstrip("/")).exists()  # nothing left for the boot unit to re-apply
+
+    back = run(root, capsys, cstate_max_latency_us=5)
+    assert (root / C6.format(3)).read_text() == "1" and not any(holder_files(root).values())
+    assert "remove" in {a["action"] for a in back["actions"]} and back["after"]["pm_qos"]["installed"] is False
+    run(root, capsys, state="absent")
+    assert snapshot(root) == firmware and not any(holder_files(root).values())
+
+
+@needs_systemctl
+def test_without_the_device_the_holder_is_skipped_with_the_reason(tmp_path, capsys):
+    root = host_tree(tmp_path / "host")
+    result = run(root, capsys, cstate_max_latency_us=99, cstate_method="pm_qos", governor="performance")
+    assert "/dev/cpu_dma_latency does not exist" in result["unavailable"]["cstate"]
+    assert not any(holder_files(root).values()) and result["persisted"] == {"governor": "performance"}
+    assert result["after"]["cstates_disabled"]["cpu0"] == []  # and the cpuidle method was not used instead
 
 
 # ---- cpu_placement --------------------------------------------------------------------------------
