@@ -23,11 +23,11 @@ def pytest_configure(config):
                                        "before the teardown")
 
 
-# test_measured_vm, test_serving_verdict_vm, test_serving_verdict_stability_vm, test_fleet_ops_vm, test_profiles_vm and
-# test_cpu_vm boot their own single VM and power it off before the session's lab starts.
+# test_measured_vm, test_serving_verdict_vm, test_serving_verdict_stability_vm, test_fleet_ops_vm, test_profiles_vm,
+# test_cpu_vm and test_vllm_upgrade_vm boot their own single VM and power it off before the session's lab starts.
 MODULE_ORDER = ("test_measured_vm", "test_serving_verdict_vm", "test_serving_verdict_stability_vm", "test_fleet_ops_vm",
                 "test_profiles_vm",
-                "test_cpu_vm",
+                "test_cpu_vm", "test_vllm_upgrade_vm",
                 "test_container_host", "test_lab", "test_audit_vm",
                 "test_tuning_vm", "test_kernel_lock_vm",
                 "test_pcie_safety_vm", "test_site_vm", "test_kernel_upgrade_vm")

@@ -240,6 +240,31 @@ def test_a_candidate_whose_outputs_diverge_is_switched_back_without_a_reboot(vm)
     assert archived("0.34.0")["stage"] == "rolled_back"
 
 
+# The server's own in-flight count (what the benchmark's load monitor reads), run on the host.
+IN_FLIGHT = r"""
+import re, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:8000/metrics", timeout=20).read().decode()
+print(sum(float(v) for v in re.findall(r"^vllm:num_requests_(?:running|waiting)(?:\{[^}]*\})? (\S+)", text, re.M)))
+"""
+
+
+def settle(timeout: float = 900) -> float:
+    """Seconds until the server has had no request in flight for 15 s: a controller killed during a benchmark leaves
+    the host's benchmark module running to its end (it would load the re-run's first runs, as foreign load)."""
+    t0 = time.monotonic()
+    quiet_since = None
+    while time.monotonic() - t0 < timeout:
+        try:
+            idle = float(lab_ssh(VM, "python3 -", stdin=IN_FLIGHT).strip()) == 0
+        except (AssertionError, subprocess.TimeoutExpired, ValueError):
+            idle = False
+        quiet_since = (quiet_since or time.monotonic()) if idle else None
+        if quiet_since and time.monotonic() - quiet_since >= 15:
+            return time.monotonic() - t0
+        time.sleep(3)
+    raise AssertionError(f"the server did not settle within {timeout} s")
+
+
 def journal_stage() -> str | None:
     text = lab_ssh(VM, f"cat {JOURNAL} 2>/dev/null || true").strip()
     return json.loads(text)["stage"] if text else None
@@ -271,8 +296,10 @@ def test_a_controller_killed_during_the_candidate_is_finished_by_a_plain_rerun(v
             proc.wait(timeout=60)
     killed = json.loads(lab_ssh(VM, f"cat {JOURNAL}"))
     assert killed["stage"] == "candidate" and current()[1] == "0.35.0"
+    print(f"settled {settle():.0f} s after the kill")
     r, report = upgrade("0.35.0")
     ok(r, "the re-run of vllm_upgrade.yml to 0.35.0")
+    assert "Benchmark the inference server (baseline)" not in r.stdout, "the re-run must not measure a second baseline"
     rec = json.loads((report / "hosts" / f"{VM}.json").read_text())
     assert rec["decision"] == "pass", rec["reason"]
     done = archived("0.35.0")

@@ -285,3 +285,16 @@ def test_a_rollback_lost_between_the_link_and_the_restart_restarts_on_the_rerun(
     result = drive(host)
     assert result["finish"]["decision"] == "regression"
     assert (host.link, host.serving) == (OLD, OLD)
+
+
+def test_the_history_keeps_every_vllm_change_with_its_kind_and_verdict(tmp_path):
+    from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh  # pylint: disable=import-outside-toplevel
+    db = bh.connect(str(tmp_path / "history.sqlite"))
+    for host in (Host(), Host(outputs_new="diverged")):
+        result = drive(host)
+        record = flow.record_facts(upgrade.VLLM, host.history[-1], result["finish"])
+        assert record["kind"] == "vllm"
+        bh.append_verdict(db, record["serving_verdict"], "gpu1", "vllm_upgrade")
+    stored = bh.verdicts(db, "gpu1")
+    assert [(v["source"], v["stage"], v["verdict"], v["keep"]) for v in stored] == [
+        ("vllm_upgrade", f"vllm {OLD} -> {NEW}", "pass", True), ("vllm_upgrade", f"vllm {OLD} -> {NEW}", "diverged", False)]
