@@ -217,7 +217,9 @@ def test_roles_accept_the_values(inventory_copy: str, tmp_path) -> None:
                 "-e", "vault_vllm_api_key=exampleexampleexampleexample0123",
                 # the kernel pin is commented out in the example (kernels are left alone until a user pins one), but
                 # the kernel_upgrade role requires it: validate with the example's own value
-                "-e", "kernel_upgrade_target=6.1.0-56-amd64"],
+                "-e", "kernel_upgrade_target=6.1.0-56-amd64",
+                # the same for the vLLM version move (vllm_upgrade requires its target version)
+                "-e", "vllm_upgrade_version=0.26.1"],
                cwd=str(tmp_path), env={"ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
                                        "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.default"}, timeout=600)
     assert_ok(proc, "validate_argument_spec over inventories/example", lines=60)
