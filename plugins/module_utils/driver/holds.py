@@ -31,4 +31,4 @@ def hold_packages(installed: list[str], extra: list[str] | None = None) -> list[
 
 def dropin(packages: list[str]) -> str:
     """The unattended-upgrades blacklist of the held driver packages (the kernel lock's own renderer)."""
-    return render_uu_dropin(packages)
+    return render_uu_dropin(packages, owner="driver_upgrade", what="the GPU driver and its user space")

@@ -101,10 +101,11 @@ def lock_packages(version: str, installed: list[str], extra: list[str] | None = 
     return sorted(out)
 
 
-def render_uu_dropin(packages: list[str]) -> str:
+def render_uu_dropin(packages: list[str], owner: str = "kernel_upgrade", what: str = "the kernel and GPU driver") -> str:
     """An apt.conf drop-in that keeps unattended-upgrades off the held packages (its own blacklist:
-    ``apt-mark hold`` alone is not what every unattended-upgrades version honours)."""
-    lines = ["// Managed by Ansible (gpufleet.inference.kernel_upgrade): the kernel and GPU driver stay as",
+    ``apt-mark hold`` alone is not what every unattended-upgrades version honours); ``owner`` is the role that
+    manages it and ``what`` the packages in words, for the header."""
+    lines = [f"// Managed by Ansible (gpufleet.inference.{owner}): {what} stay as",
              "// the last gated upgrade left them; unattended-upgrades must not touch them.",
              "Unattended-Upgrade::Package-Blacklist {"]
     lines += [f'    "^{p.replace(".", "[.]").replace("+", "[+]")}$";' for p in packages]
