@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 
 HERE = Path(__file__).resolve().parent
@@ -100,6 +104,34 @@ def lab_qemu_processes() -> list[str]:
                 any(str(LAB_DIR).encode() + b"/" in a for a in args):
             found.append(f"{d.name}: {b' '.join(args[:3]).decode(errors='replace')} ...")
     return found
+
+
+@contextlib.contextmanager
+def one_vm(work: Path):
+    """lab1 alone for one test module: skipped without root or QEMU, refused while a lab of this checkout runs; the
+    image built, ``work`` made anew, ``lab up 1``; powered off (and checked) on the way out, also when the module's
+    own setup inside the block fails. Yields what the module may record: the image, ``build_s`` and ``up_s``."""
+    if os.geteuid() != 0:
+        pytest.skip("the VM lab needs root (loop devices to build the image)")
+    if not shutil.which("qemu-system-x86_64"):
+        pytest.skip("qemu-system-x86_64 missing: run scripts/bootstrap")
+    if lab_qemu_processes() or lab_containers():
+        pytest.fail("a lab is already running in this checkout; `tests/lab/lab down` first (a module of one VM boots "
+                    "its own and runs before the session's lab)")
+    t0 = time.time()
+    b = run([BUILD_IMAGE], timeout=1800)
+    assert b.returncode == 0, f"build-image failed:\n{b.stderr[-3000:]}"
+    built = {"image": b.stdout.strip().splitlines()[-1] if b.stdout.strip() else "", "build_s": round(time.time() - t0)}
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    t0 = time.time()
+    up = run([LAB, "up", "1"], timeout=900)
+    try:
+        assert up.returncode == 0, f"lab up 1 failed:\n{up.stderr[-3000:]}"
+        yield {**built, "up_s": round(time.time() - t0)}
+    finally:
+        down = run([LAB, "down"], timeout=240)
+        assert down.returncode == 0, down.stderr
 
 
 def ansible_env() -> dict:

@@ -20,15 +20,13 @@ The module boots its own single VM (``lab up 1``) and powers it off at its end, 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import time
 
 import pytest
 
-from tests.lab.labutil import (BUILD_IMAGE, INVENTORY_DIR, LAB, LAB_DIR, REPO, ansible_env, boot_id, lab_containers,
-                               lab_qemu_processes, lab_ssh, play_recap, record_figure, run)
+from tests.lab.labutil import (INVENTORY_DIR, LAB_DIR, REPO, ansible_env, boot_id, lab_ssh, one_vm, play_recap,
+                               record_figure, run)
 
 # e2e: about 15-20 min under TCG (a boot, three reboots, seven role runs); opt-in
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
@@ -111,22 +109,9 @@ def other(current: str, words: list[str]) -> str:
 @pytest.fixture(scope="module")
 def vm():
     """lab1 alone, booted for this module and powered off at its end."""
-    if os.geteuid() != 0:
-        pytest.skip("the VM lab needs root (loop devices to build the image)")
-    if not shutil.which("qemu-system-x86_64"):
-        pytest.skip("qemu-system-x86_64 missing: run scripts/bootstrap")
-    if lab_qemu_processes() or lab_containers():
-        pytest.fail("a lab is already running in this checkout; `tests/lab/lab down` first")
-    b = run([BUILD_IMAGE], timeout=1800)
-    assert b.returncode == 0, f"build-image failed:\n{b.stderr[-3000:]}"
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
-    (WORK / "cpu.yml").write_text(PLAYBOOK)
-    t0 = time.time()
-    up = run([LAB, "up", "1"], timeout=900)
-    try:
-        assert up.returncode == 0, f"lab up 1 failed:\n{up.stderr[-3000:]}"
-        record_figure(WORK / "figures.jsonl", "cpu_vm", up_s=round(time.time() - t0))
+    with one_vm(WORK) as lab:
+        (WORK / "cpu.yml").write_text(PLAYBOOK)
+        record_figure(WORK / "figures.jsonl", "cpu_vm", up_s=lab["up_s"])
         lab_ssh(VM, "cat > /etc/systemd/system/vllm.service && systemctl daemon-reload && systemctl enable --now vllm.service",
                 stdin=STANDIN_UNIT)
         # what irq_affinity would have pinned: nic1's vectors on CPU 0, named in its configuration (irqbalance stopped
@@ -135,9 +120,6 @@ def vm():
         lab_ssh(VM, f"mkdir -p /etc/gpufleet && echo '{{\"devices\": {{\"{NIC1}\": {{\"cpus\": \"0\"}}}}}}' > /etc/gpufleet/irq_affinity.json"
                     f" && for i in $(ls /sys/bus/pci/devices/{NIC1}/msi_irqs); do echo 0 > /proc/irq/$i/smp_affinity_list; done")
         yield VM
-    finally:
-        down = run([LAB, "down"], timeout=240)
-        assert down.returncode == 0, down.stderr
 
 
 def test_cpu_stages_apply_survive_a_reboot_and_revert_exactly(vm):

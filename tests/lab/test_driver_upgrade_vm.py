@@ -23,14 +23,11 @@ no reboot (module reloads): 4 passed in 539 s under TCG on 2026-12-04. Run alone
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 
 import pytest
 
-from tests.lab.labutil import (BUILD_IMAGE, INVENTORY_DIR, LAB, LAB_DIR, REPO, ansible_env, lab_containers,
-                               lab_qemu_processes, lab_ssh, play_recap, run)
+from tests.lab.labutil import (INVENTORY_DIR, LAB_DIR, REPO, ansible_env, lab_ssh, one_vm, play_recap, run)
 
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
 
@@ -70,26 +67,11 @@ def host() -> dict:
 @pytest.fixture(scope="module")
 def vm():
     """lab1 alone with the stand-in driver 1.0 installed (DKMS builds it) and loaded; powered off at the end."""
-    if os.geteuid() != 0:
-        pytest.skip("the VM lab needs root (loop devices to build the image)")
-    if not shutil.which("qemu-system-x86_64"):
-        pytest.skip("qemu-system-x86_64 missing: run scripts/bootstrap")
-    if lab_qemu_processes() or lab_containers():
-        pytest.fail("a lab is already running in this checkout; `tests/lab/lab down` first")
-    b = run([BUILD_IMAGE], timeout=1800)
-    assert b.returncode == 0, f"build-image failed:\n{b.stderr[-3000:]}"
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
-    up = run([LAB, "up", "1"], timeout=900)
-    try:
-        assert up.returncode == 0, f"lab up 1 failed:\n{up.stderr[-3000:]}"
+    with one_vm(WORK):
         lab_ssh(VM, f"apt-get install -y -q --no-install-recommends {UTILS}=1.0 {DKMS}=1.0 && modprobe gpufleet_nvidia",
                 timeout=900)
         assert host()["loaded"] == "1.0"
         yield VM
-    finally:
-        down = run([LAB, "down"], timeout=240)
-        assert down.returncode == 0, down.stderr
 
 
 def test_the_preflight_holds_the_driver_and_reads_it(vm):

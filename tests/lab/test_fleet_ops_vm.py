@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 from datetime import datetime, timezone
 
@@ -33,8 +32,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.metrics.textfile import CATALOGUE
 
-from tests.lab.labutil import (BUILD_IMAGE, INVENTORY_DIR, LAB, LAB_DIR, REPO, ansible_env, boot_id, lab_containers,
-                               lab_qemu_processes, lab_ssh, play_recap, record_figure, run)
+from tests.lab.labutil import (INVENTORY_DIR, LAB_DIR, REPO, ansible_env, boot_id, lab_ssh, one_vm, play_recap,
+                               record_figure, run)
 
 # e2e: 17.5 min under TCG on 2026-12-04 (one VM, one reboot, one short benchmark); opt-in
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
@@ -89,32 +88,15 @@ def new_hook_lines(before: list[dict]) -> list[dict]:
 @pytest.fixture(scope="module")
 def vm():
     """lab1 alone, serving the lab stand-in through serve.yml; powered off at the module's end."""
-    if os.geteuid() != 0:
-        pytest.skip("the VM lab needs root (loop devices to build the image)")
-    if not shutil.which("qemu-system-x86_64"):
-        pytest.skip("qemu-system-x86_64 missing: run scripts/bootstrap")
-    if lab_qemu_processes() or lab_containers():
-        pytest.fail("a lab is already running in this checkout; `tests/lab/lab down` first")
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
-    t0 = time.time()
-    b = run([BUILD_IMAGE], timeout=1800)
-    assert b.returncode == 0, f"build-image failed:\n{b.stderr[-3000:]}"
-    record_figure(FIGURES, "build-image", seconds=round(time.time() - t0), image=b.stdout.strip().splitlines()[-1])
-    (WORK / "settings.json").write_text(json.dumps(SETTINGS, indent=1))
-    t0 = time.time()
-    up = run([LAB, "up", "1"], timeout=900)
-    try:
-        assert up.returncode == 0, f"lab up 1 failed:\n{up.stderr[-3000:]}"
-        record_figure(FIGURES, "lab up 1", seconds=round(time.time() - t0))
+    with one_vm(WORK) as lab:
+        record_figure(FIGURES, "build-image", seconds=lab["build_s"], image=lab["image"])
+        (WORK / "settings.json").write_text(json.dumps(SETTINGS, indent=1))
+        record_figure(FIGURES, "lab up 1", seconds=lab["up_s"])
         t0 = time.time()
         r = playbook("playbooks/serve.yml", "--tags", "vllm_service", "-e", "gpufleet_site_benchmark=never", timeout=1800)
         ok(r, "serve.yml --tags vllm_service")
         record_figure(FIGURES, "serve.yml (install)", seconds=round(time.time() - t0))
         yield VM
-    finally:
-        down = run([LAB, "down"], timeout=240)
-        assert down.returncode == 0, down.stderr
 
 
 def test_node_exporter_serves_the_collections_textfile_metrics(vm):

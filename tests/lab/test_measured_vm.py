@@ -26,15 +26,12 @@ they get. Figures go to .lab/measured_vm/figures.json, the reports to .lab/measu
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import time
 
 import pytest
 
-from tests.lab.labutil import (BUILD_IMAGE, INVENTORY_DIR, LAB, LAB_DIR, REPO, ansible_env, lab_containers, lab_qemu_processes,
-                               lab_ssh, play_recap, run)
+from tests.lab.labutil import (INVENTORY_DIR, LAB, LAB_DIR, REPO, ansible_env, lab_ssh, one_vm, play_recap, run)
 
 # e2e: about 20-30 min under TCG (3 boots, 7 benchmarks, 2 health runs); opt-in
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
@@ -172,26 +169,9 @@ def figures(**kw) -> None:
 @pytest.fixture(scope="module")
 def vm():
     """lab1 alone, booted for this module and powered off at its end (the session's 3-VM lab starts after)."""
-    if os.geteuid() != 0:
-        pytest.skip("the VM lab needs root (loop devices to build the image)")
-    if not shutil.which("qemu-system-x86_64"):
-        pytest.skip("qemu-system-x86_64 missing: run scripts/bootstrap")
-    if lab_qemu_processes() or lab_containers():
-        pytest.fail("a lab is already running in this checkout; `tests/lab/lab down` first (this module boots "
-                    "its own VM and runs before the session's lab)")
-    b = run([BUILD_IMAGE], timeout=1800)
-    assert b.returncode == 0, f"build-image failed:\n{b.stderr[-3000:]}"
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
-    t0 = time.time()
-    up = run([LAB, "up", "1"], timeout=900)
-    try:
-        assert up.returncode == 0, f"lab up 1 failed:\n{up.stderr[-3000:]}"
-        figures(up_s=round(time.time() - t0))
+    with one_vm(WORK) as lab:
+        figures(up_s=lab["up_s"])
         yield VM
-    finally:
-        down = run([LAB, "down"], timeout=240)
-        assert down.returncode == 0, down.stderr
 
 
 @pytest.fixture(scope="module")

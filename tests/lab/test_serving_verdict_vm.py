@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import time
 
 import pytest
 
-from tests.lab.labutil import (BUILD_IMAGE, INVENTORY_DIR, LAB, LAB_DIR, REPO, ansible_env, lab_containers, lab_qemu_processes,
-                               lab_ssh, play_recap, run)
+from tests.lab.labutil import (INVENTORY_DIR, LAB_DIR, REPO, ansible_env, lab_ssh, one_vm, play_recap, run)
 
 # e2e: about 30-45 min under TCG (a kernel install, two reboots, benchmarks); opt-in
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
@@ -127,27 +125,12 @@ def single_vm(work=WORK, serve_vars: dict | None = None):
     """lab1 alone, its image built, booted and serving through serve.yml (with ``serve_vars`` as extra vars); powered
     off when the generator ends (the module fixture of this file, of test_serving_verdict_stability_vm.py and of
     test_profiles_vm.py; ``work``, made anew, holds the logs)."""
-    if os.geteuid() != 0:
-        pytest.skip("the VM lab needs root (loop devices to build the image)")
-    if not shutil.which("qemu-system-x86_64"):
-        pytest.skip("qemu-system-x86_64 missing: run scripts/bootstrap")
-    if lab_qemu_processes() or lab_containers():
-        pytest.fail("a lab is already running in this checkout; `tests/lab/lab down` first")
-    b = run([BUILD_IMAGE], timeout=1800)
-    assert b.returncode == 0, f"build-image failed:\n{b.stderr[-3000:]}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    up = run([LAB, "up", "1"], timeout=900)
-    try:
-        assert up.returncode == 0, f"lab up 1 failed:\n{up.stderr[-3000:]}"
+    with one_vm(work):
         more = ["-e", json.dumps(serve_vars)] if serve_vars else []
         r = playbook("playbooks/serve.yml", "--tags", "vllm_service", "-e", "gpufleet_site_benchmark=never", *more,
                      timeout=1800, work=work)
         ok(r, "serve.yml --tags vllm_service")
         yield VM
-    finally:
-        down = run([LAB, "down"], timeout=240)
-        assert down.returncode == 0, down.stderr
 
 
 def test_a_flag_stage_slower_to_its_first_token_at_equal_throughput_is_reverted(vm):

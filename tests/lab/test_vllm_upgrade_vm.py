@@ -36,8 +36,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lab.labutil import (BUILD_IMAGE, INVENTORY_DIR, LAB, LAB_DIR, REPO, ansible_env, boot_id, lab_containers,
-                               lab_qemu_processes, lab_ssh, play_recap, run)
+from tests.lab.labutil import (INVENTORY_DIR, LAB_DIR, REPO, ansible_env, boot_id, lab_ssh, one_vm, play_recap, run)
 
 # e2e: about 30-50 min under TCG (three upgrades with benchmarks, one of them killed and resumed); opt-in
 pytestmark = [pytest.mark.vmlab, pytest.mark.e2e]
@@ -168,21 +167,9 @@ def archived(version: str) -> dict:
 @pytest.fixture(scope="module")
 def vm():
     """lab1 alone, serving "vLLM" 0.32.0 from its venv; powered off at the module's end."""
-    if os.geteuid() != 0:
-        pytest.skip("the VM lab needs root (loop devices to build the image)")
-    if not shutil.which("qemu-system-x86_64"):
-        pytest.skip("qemu-system-x86_64 missing: run scripts/bootstrap")
     if not PIP_WHEELS:
         pytest.skip("no pip wheel in /usr/share/python-wheels for the offline wheelhouses (python3-pip-whl)")
-    if lab_qemu_processes() or lab_containers():
-        pytest.fail("a lab is already running in this checkout; `tests/lab/lab down` first")
-    b = run([BUILD_IMAGE], timeout=1800)
-    assert b.returncode == 0, f"build-image failed:\n{b.stderr[-3000:]}"
-    shutil.rmtree(WORK, ignore_errors=True)
-    WORK.mkdir(parents=True)
-    up = run([LAB, "up", "1"], timeout=900)
-    try:
-        assert up.returncode == 0, f"lab up 1 failed:\n{up.stderr[-3000:]}"
+    with one_vm(WORK):
         serve = WORK / "serve.json"
         serve.write_text(json.dumps({**SERVE, "vllm_service_version": "0.32.0",
                                      "vllm_service_wheelhouse": str(wheelhouse("0.32.0"))}))
@@ -191,9 +178,6 @@ def vm():
         ok(r, "serve.yml with vLLM 0.32.0 from its wheelhouse")
         assert current()[1] == "0.32.0" and serving()
         yield VM
-    finally:
-        down = run([LAB, "down"], timeout=240)
-        assert down.returncode == 0, down.stderr
 
 
 def upgrade(version: str, timeout: int = 3600):
