@@ -409,6 +409,11 @@ def compare_rounds(out: dict, args, save) -> int:
         for i, level in enumerate(args.concurrency):
             requests = (args.requests[i] if args.requests else args.requests_per_slot * level)
             rec = out["levels"].setdefault(str(level), {"requests": requests, **{c: [] for c in clients}})
+            if getattr(args, "level_warmup", False) and "warmup" not in rec:
+                # one unrecorded run of the round's size first: the server's first runs at a new level are slower
+                # (the ninth session's c=256 rounds 0-1), and the first client of round 0 would pay for it alone
+                rec["warmup"] = run_once(args.url, level, requests, args.seed + 99, args)["runs"][0]
+                save()
             for rnd in range(args.rounds):
                 if time.time() > args.deadline:
                     out["deadline_hit"] = True
@@ -779,7 +784,8 @@ def compare_args(args, st: dict, rounds: int):
     prompt, output = (int(x) for x in args.compare_lengths.split("/"))
     return argparse.Namespace(**{**vars(args), "url": st["url"], "concurrency": args.compare_levels,
                                  "requests": args.compare_requests, "rounds": rounds, "prompt_tokens": prompt,
-                                 "output_tokens": output, "clients": ["ours", "vllm"], "warmup": 0, "seed": 0})
+                                 "output_tokens": output, "clients": ["ours", "vllm"], "warmup": 0, "seed": 0,
+                                 "level_warmup": True})
 
 
 def cmd_restarts(args) -> int:
