@@ -352,13 +352,14 @@ def stage_rows(data: dict) -> list[dict]:
         b, c = by[g["baseline_start"]], by[g["candidate_start"]]
         cells = []
         for key in [gate_key] + sorted(set(b["levels"]) & set(c["levels"]) - {gate_key}):
-            rb, rc = b["levels"][key], c["levels"][key]
+            rb, rc = b["levels"].get(key), c["levels"].get(key)
             if not rb or not rc:
                 continue
             v = g if key == gate_key else hr.upgrade_gate([r["output_throughput"] for r in rb],
                                                           [r["output_throughput"] for r in rc])
             cells.append({"key": key, "workload": workload_label(key), "level": cell_key(key, data["settings"]),
                           "decision": v.get("decision"), "needs": v.get("needs"), "ratio": (v.get("gate") or {}).get("ratio"),
+                          "interval": (v.get("gate") or {}).get("interval"),
                           "runs": (v.get("baseline_runs_used", len(rb)), v.get("candidate_runs_used", len(rc))),
                           "ttft_p50": (_p(rb, "ttft_ms", "p50"), _p(rc, "ttft_ms", "p50")),
                           "tpot_p50": (_p(rb, "tpot_ms", "p50"), _p(rc, "tpot_ms", "p50")),
@@ -373,8 +374,8 @@ def _pair(values, fmt: str = ".0f") -> str:
 
 
 def stage_markdown(data: dict) -> list[str]:
-    out = ["| stage (start) | changed | cell | workload | runs used | ratio | verdict | TTFT p50 ms | TPOT p50 ms | ITL p99 ms |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| stage (start) | changed | cell | workload | runs used | ratio | interval | verdict | TTFT p50 ms | TPOT p50 ms | "
+           "ITL p99 ms |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in stage_rows(data):
         for i, cell in enumerate(r["cells"]):
             lv, p, o = cell["level"]
@@ -383,8 +384,9 @@ def stage_markdown(data: dict) -> list[str]:
             verdict = (f"not decided ({cell['needs']['runs']} {cell['needs']['side']} runs needed)" if cell["needs"] else
                        f"**{cell['decision']}**")
             ratio = "-" if cell["ratio"] is None else f"{cell['ratio']:.4f}"
+            interval = "-" if not cell["interval"] else f"{cell['interval'][0]:.4f}-{cell['interval'][1]:.4f}"
             size = f"c={lv} {p}/{o}" if cell["workload"] == "random" else f"c={lv}"
-            out.append(f"{head} {size} | {cell['workload']} | {cell['runs'][0]} + {cell['runs'][1]} | {ratio} | "
+            out.append(f"{head} {size} | {cell['workload']} | {cell['runs'][0]} + {cell['runs'][1]} | {ratio} | {interval} | "
                        f"{verdict} | {_pair(cell['ttft_p50'])} | {_pair(cell['tpot_p50'], '.2f')} | "
                        f"{_pair(cell['itl_p99'], '.1f')} |")
     return out
