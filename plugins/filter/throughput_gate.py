@@ -10,7 +10,8 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_sett
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import decide, latency_series
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
 
-FLOATS = ("threshold", "alpha", "pass_alpha", "detect", "power", "screen_alpha", "drift_alpha", "trend_guard", "pass_floor")
+FLOATS = ("threshold", "alpha", "pass_alpha", "detect", "power", "screen_alpha", "drift_alpha", "trend_guard", "pass_floor",
+          "between_start_sd")
 INTS = ("min_runs", "candidate_min_runs", "max_runs", "step", "max_baseline_runs", "baseline_step", "bootstrap", "seed",
         "baseline_failed", "baseline_requests", "candidate_failed", "candidate_requests", "requests_per_run")
 
@@ -46,7 +47,7 @@ def throughput_gate(baseline, candidate, threshold=GATE.threshold, alpha=GATE.al
 
 def latency_samples(levels):
     """``inference_benchmark_result.benchmark.levels | gpufleet.inference.latency_samples``: per concurrency level (a
-    string key), the gate's per-run latency, {metric: [ms per run]} (TTFT and TPOT, p50 and p90 of each run)."""
+    string key), the gate's per-run latency, {metric: [ms per run]} (TTFT and TPOT, p50 and p90 of each run; ITL p99)."""
     if not isinstance(levels, (list, tuple)):
         raise AnsibleFilterError(f"latency_samples: expected the benchmark's levels (a list), got {type(levels).__name__}")
     out = {}
