@@ -277,9 +277,10 @@ def drift_check(sides: dict[str, list[float]], half_margin: float, alpha: float,
             se = math.sqrt(ss / df / fit["sxx"])
             t = fit["slope"] / se if se > 0 else math.copysign(math.inf, fit["slope"]) if fit["slope"] else 0.0
             per_run = half_margin / (len(sides[name]) - 1)  # the slope of a change of half the margin
+            # with no residual spread (runs on a line) the slope is exact: beyond half the margin or not at all
             entry.update(t=t, p_rising=t_sf(t, df), p_falling=t_sf(-t, df),
-                         p_rising_beyond=t_sf((fit["slope"] - per_run) / se, df) if se > 0 else float(t > 0),
-                         p_falling_beyond=t_sf((-fit["slope"] - per_run) / se, df) if se > 0 else float(t < 0))
+                         p_rising_beyond=t_sf((fit["slope"] - per_run) / se, df) if se > 0 else float(fit["slope"] <= per_run),
+                         p_falling_beyond=t_sf((-fit["slope"] - per_run) / se, df) if se > 0 else float(-fit["slope"] <= per_run))
         info[name] = entry
         if flag or df < min_df:
             continue
