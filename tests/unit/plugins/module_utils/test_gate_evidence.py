@@ -202,3 +202,16 @@ def test_identical_runs_are_not_drift():
     assert g["decided_by"] == "baseline-ready" and g["baseline"]["drift"]["p_rising_beyond"] == 1.0
     info, flag = tg.drift_check({"baseline": [0.0, 0.01, 0.02, 0.03, 0.04, 0.05, 0.06, 0.07]}, 0.025, 0.001)
     assert flag and info["baseline"]["p_rising_beyond"] < 1e-9  # a line beyond half the margin still is drift
+
+
+def test_measured_tuning_takes_between_start_sd_checked_before_the_baseline():
+    from ansible_collections.gpufleet.inference.plugins.module_utils.tuning import tune_measured as tm
+    stages = tm.plan_stages([{"name": "a", "role": "r", "revert": [{"role": "r"}]}])
+    profiles = tm.resolve_profiles(["serving"], max_model_len=4096)
+    state = tm.new_state("h", stages, profiles, {"between_start_sd": "0.008"})
+    assert state["gate"]["between_start_sd"] == 0.008 and tm.GATE_DEFAULTS["between_start_sd"] is None
+    with pytest.raises(tm.TuneError, match="between_start_sd must be a standard deviation between 0 and 0.2"):
+        tm.new_state("h", stages, profiles, {"between_start_sd": 0.5})
+    summary = tm.latency_summary(tg.decide(BASE, SAME, baseline_latency={"itl_p99": [9.0, 23.0, 11.0, 19.0, 15.0]},
+                                           candidate_latency={"itl_p99": [10.0, 22.0, 12.0, 18.0]})["latency"])
+    assert summary["status"] == "not judged" and "itl_p99" in summary["not_judged"]
