@@ -115,7 +115,7 @@ options:
         O(profiles)) overrides these for its levels. With C(threshold=auto) the default margins of metrics not set are
         widened alike, to C(auto_k) x the baseline's largest run-to-run CV of that metric (at most 1.0).
       - C(between_start_sd), the noise between server starts (the sd of the log of a start's mean tok/s, 0 to 0.2; null,
-        the default, counts the runs' own noise only): a vLLM flag stage restarts the server, so its runs and the
+        the default, counts the runs' own noise only); a vLLM flag stage restarts the server, so its runs and the
         baseline's come from different starts; docs/benchmark.md gives the H200's figures.
       - Checked at O(op=start), before the baseline, with the allowed ranges (C(min_runs) 3 to C(max_runs), C(max_runs)
         at most 1000).
