@@ -828,8 +828,8 @@ def latency_part(baseline_latency: Any, candidate_latency: Any, n_base: int, n_c
         part["not_judged"] = not_judged
     if not part["metrics"]:
         part["status"] = "not judged"
-        part["reason"] = ("not measured: " + "; ".join(f"{LATENCY_LABELS[k]} not judged: {why}" for k, why in
-                                                     not_judged.items()) + ", so the verdict is throughput's alone")
+        why = "; ".join(f"{LATENCY_LABELS[k]} not judged: {text}" for k, text in not_judged.items())
+        part["reason"] = f"not measured: {why}, so the verdict is throughput's alone"
     return part
 
 
