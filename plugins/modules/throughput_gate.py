@@ -205,8 +205,8 @@ options:
     description:
       - Each baseline run's latency in ms, per metric, C(ttft_p50), C(ttft_p90), C(tpot_p50), C(tpot_p90) (the p50 and p90
         of that run's requests) and C(itl_p99) (the 99th percentile of its inter-token gaps), a list each with one
-        figure per O(baseline) run in the same order. The P(gpufleet.inference.latency_samples#filter) filter makes it from an M(gpufleet.inference.inference_benchmark)
-        result's C(benchmark.levels), per level.
+        figure per O(baseline) run in the same order. The P(gpufleet.inference.latency_samples#filter) filter makes it
+        from an M(gpufleet.inference.inference_benchmark) result's C(benchmark.levels), per level.
       - A metric judged needs both sides; without latency the verdict is throughput's alone (C(status) of RV(latency) is V(not measured)).
     type: dict
   candidate_latency:
