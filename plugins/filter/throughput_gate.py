@@ -9,6 +9,7 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import decide, latency_series
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import start_noise as _start_noise
 
 FLOATS = ("threshold", "alpha", "pass_alpha", "detect", "power", "screen_alpha", "drift_alpha", "trend_guard", "pass_floor",
           "between_start_sd")
@@ -57,8 +58,18 @@ def latency_samples(levels):
     return out
 
 
+def start_noise(starts):
+    """``[[tok/s of start 1's runs], [start 2's], ...] | gpufleet.inference.start_noise``: the noise within and between
+    server starts of one configuration; its ``sd_between`` is the gate's ``between_start_sd``."""
+    try:
+        return _start_noise([list(s) if isinstance(s, tuple) else s for s in starts]
+                            if isinstance(starts, (list, tuple)) else starts)
+    except GateError as err:
+        raise AnsibleFilterError(f"start_noise: {err}") from err
+
+
 class FilterModule:
     """Throughput gate filters."""
 
     def filters(self):
-        return {"throughput_gate": throughput_gate, "latency_samples": latency_samples}
+        return {"throughput_gate": throughput_gate, "latency_samples": latency_samples, "start_noise": start_noise}

@@ -215,3 +215,24 @@ def test_measured_tuning_takes_between_start_sd_checked_before_the_baseline():
     summary = tm.latency_summary(tg.decide(BASE, SAME, baseline_latency={"itl_p99": [9.0, 23.0, 11.0, 19.0, 15.0]},
                                            candidate_latency={"itl_p99": [10.0, 22.0, 12.0, 18.0]})["latency"])
     assert summary["status"] == "not judged" and "itl_p99" in summary["not_judged"]
+
+
+def test_start_noise_estimates_the_between_start_sd_and_refuses_what_gives_none():
+    """The one-way random-effects estimate: starts whose levels differ by more than their runs explain give a positive
+    sd_between and a small F-test p; starts alike give 0; the filter returns the same and names bad input."""
+    from ansible.errors import AnsibleFilterError
+    from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import start_noise
+    wob = [1.0, 1.004, 0.996, 1.002, 0.998, 1.001]
+    apart = [[1000.0 * level * w for w in wob] for level in (1.0, 1.02, 0.985, 1.01)]
+    got = start_noise(apart)
+    assert (got["starts"], got["runs"], got["df"]) == (4, 24, [3, 20]) and got["p_between"] < 1e-6
+    assert got["sd_within"] == pytest.approx(0.0029, abs=2e-4) and got["sd_between"] == pytest.approx(0.0147, abs=1e-3)
+    alike = start_noise([[1000.0 * w for w in wob], [1000.0 * w for w in reversed(wob)]])
+    assert alike["sd_between"] == 0.0 and alike["p_between"] == pytest.approx(1.0)
+    assert gate_filter.start_noise(apart) == got
+    for bad, match in (([[1000.0, 1001.0]], "at least two server starts"), ([[1000.0], [1000.0, 1001.0]], "start 1"),
+                       ([[1000.0, 0.0], [1000.0, 1001.0]], "start 1 run 2 is 0.0")):
+        with pytest.raises(GateError, match=match):
+            start_noise(bad)
+        with pytest.raises(AnsibleFilterError, match="start_noise: .*" + match):
+            gate_filter.start_noise(bad)
