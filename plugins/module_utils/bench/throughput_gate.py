@@ -10,7 +10,8 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
 
 * **Scale.** Run-to-run noise is multiplicative, so the test works on log throughput; d = mean(log candidate)
   - mean(log baseline) estimates the log of the ratio, with the pooled standard deviation s of both sides
-  (df = n_b + n_c - 2) and SE = s sqrt(1/n_b + 1/n_c).
+  (df = n_b + n_c - 2) and SE = s sqrt(1/n_b + 1/n_c); with ``between_start_sd`` (sigma_b, the noise between server
+  starts) SE = sqrt(s^2 (1/n_b + 1/n_c) + 2 sigma_b^2), the same df, and every result says which noise it counted.
 * **Outliers.** Before anything else, each side's run farthest from its median is screened out when a
   leave-one-out prediction test (Student's t, Bonferroni over the side's runs) gives p <= ``screen_alpha``
   (at most one run per side, only with ``min_runs`` runs or more); what was screened is reported.
@@ -63,12 +64,15 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
   what the change under test is about (RunFacts ``change``, ``CHANGES``) is a GateError naming each field,
   "field: baseline X, candidate Y" (``workload_mismatch()``; the rule for older results that carry no
   fingerprint is in its docstring and docs/benchmark.md).
-* **Latency.** decide() is decide_throughput() plus the latency part: given each run's TTFT and TPOT (p50 and p90,
-  ``baseline_latency``/``candidate_latency``), each metric is judged by decide_throughput() on 1/latency at threshold
-  1/(1 + its margin) (``latency_margins``, DEFAULT_LATENCY_MARGINS) and ``latency_alpha``, each part a sequential test
-  of its own (its first final answer over the looks), and the parts combined by _combine(): any regression is a
-  regression, any final inconclusive is inconclusive, a pass needs every part's pass. Without latency the answer is
-  throughput's alone, ``latency.status`` ``not measured`` (docs/benchmark.md, "The latency part").
+* **Latency.** decide() is decide_throughput() plus the latency part: given each run's TTFT and TPOT (p50 and p90)
+  and ITL p99 (``baseline_latency``/``candidate_latency``), each metric is judged by decide_throughput() on 1/latency
+  at threshold 1/(1 + its margin) (``latency_margins``, DEFAULT_LATENCY_MARGINS) and ``latency_alpha``, each part a
+  sequential test of its own (its first final answer over the looks), and the parts combined by _combine(): any
+  regression is a regression, any final inconclusive is inconclusive, a pass needs every part's pass. Without latency
+  the answer is throughput's alone, ``latency.status`` ``not measured`` (docs/benchmark.md, "The latency part"). A
+  metric is ``not judged`` (``latency.not_judged``, with why) where its runs cannot tell: TTFT and TPOT of a closed
+  loop of fewer than MIN_REQUESTS_PER_SLOT requests per slot (wave_guard()), a tail metric whose baseline cannot tell
+  its margin (_tail_unjudged()).
 * **Settings** are checked before any run (``check_all_settings()``), each with its allowed range; run counts
   are at most ``MAX_RUNS`` (1000) and bootstrap resamples at most ``MAX_BOOTSTRAP`` (100000).
 
