@@ -777,8 +777,8 @@ NO_MARGIN = ("not measured: no latency margin set (TTFT p50/p90, TPOT p50/p90 an
 
 def wave_guard(workload: Any) -> str:
     """Why a closed loop's runs cannot tell TTFT and TPOT (WAVE_METRICS) apart, '' when they can or when the workload is
-    not known: fewer than MIN_REQUESTS_PER_SLOT requests per slot start most of a run's requests in waves, and whole
-    runs fall into one of two latency regimes. Open loops (``arrivals``) and WAVE_FREE_PROFILES are judged."""
+    not known: with fewer than MIN_REQUESTS_PER_SLOT requests per slot a large share of a run's requests start together
+    (in waves), and whole runs fall into one of two latency regimes. Open loops (``arrivals``) and WAVE_FREE_PROFILES are judged."""
     fp = workload if isinstance(workload, dict) else {}
     arrivals = fp.get("arrivals") if isinstance(fp.get("arrivals"), dict) else {"mode": "closed"}
     profile = fp.get("workload_profile") if isinstance(fp.get("workload_profile"), dict) else {}
@@ -791,8 +791,8 @@ def wave_guard(workload: Any) -> str:
     per_slot = requests / level
     if per_slot >= MIN_REQUESTS_PER_SLOT:
         return ""
-    return (f"a closed loop of {requests} requests at {level} in flight ({per_slot:.3g} per slot) starts most of them "
-            "together, and whole runs then fall into one of two latency regimes (on the H200 at 2 per slot a run's TTFT "
+    return (f"a closed loop of {requests} requests at {level} in flight ({per_slot:.3g} per slot) sends {1 / per_slot:.0%} "
+            "of them together at its start, and whole runs then fall into one of two latency regimes (on the H200 at 2 per slot a run's TTFT "
             "p50 was about 730 or about 1,600 ms within one server start), which a few runs a side cannot tell from a "
             f"change: run at least {MIN_REQUESTS_PER_SLOT * level} requests a run ({MIN_REQUESTS_PER_SLOT} per slot, "
             "inference_benchmark_requests) or an open loop (arrivals) to judge it")
