@@ -9,8 +9,10 @@ from ansible.errors import AnsibleFilterError
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import GATE
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.throughput_gate import decide, latency_series
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import GateError
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import start_noise as _start_noise
 
-FLOATS = ("threshold", "alpha", "pass_alpha", "detect", "power", "screen_alpha", "drift_alpha", "trend_guard", "pass_floor")
+FLOATS = ("threshold", "alpha", "pass_alpha", "detect", "power", "screen_alpha", "drift_alpha", "trend_guard", "pass_floor",
+          "between_start_sd")
 INTS = ("min_runs", "candidate_min_runs", "max_runs", "step", "max_baseline_runs", "baseline_step", "bootstrap", "seed",
         "baseline_failed", "baseline_requests", "candidate_failed", "candidate_requests", "requests_per_run")
 
@@ -46,7 +48,7 @@ def throughput_gate(baseline, candidate, threshold=GATE.threshold, alpha=GATE.al
 
 def latency_samples(levels):
     """``inference_benchmark_result.benchmark.levels | gpufleet.inference.latency_samples``: per concurrency level (a
-    string key), the gate's per-run latency, {metric: [ms per run]} (TTFT and TPOT, p50 and p90 of each run)."""
+    string key), the gate's per-run latency, {metric: [ms per run]} (TTFT and TPOT, p50 and p90 of each run; ITL p99)."""
     if not isinstance(levels, (list, tuple)):
         raise AnsibleFilterError(f"latency_samples: expected the benchmark's levels (a list), got {type(levels).__name__}")
     out = {}
@@ -56,8 +58,18 @@ def latency_samples(levels):
     return out
 
 
+def start_noise(starts):
+    """``[[tok/s of start 1's runs], [start 2's], ...] | gpufleet.inference.start_noise``: the noise within and between
+    server starts of one configuration; its ``sd_between`` is the gate's ``between_start_sd``."""
+    try:
+        return _start_noise([list(s) if isinstance(s, tuple) else s for s in starts]
+                            if isinstance(starts, (list, tuple)) else starts)
+    except GateError as err:
+        raise AnsibleFilterError(f"start_noise: {err}") from err
+
+
 class FilterModule:
     """Throughput gate filters."""
 
     def filters(self):
-        return {"throughput_gate": throughput_gate, "latency_samples": latency_samples}
+        return {"throughput_gate": throughput_gate, "latency_samples": latency_samples, "start_noise": start_noise}

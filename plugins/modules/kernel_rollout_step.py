@@ -120,7 +120,7 @@ options:
   gate:
     description: The gate's settings (C(threshold), C(alpha), C(pass_alpha), C(min_runs), C(max_runs), and optionally
       C(max_baseline_runs), C(candidate_min_runs) (the first look, default 4), C(requests_per_run), C(latency_margins)
-      (TTFT/TPOT p50/p90 margins; missing keys keep the gate's defaults) and C(latency_alpha)), checked before any run.
+      (TTFT/TPOT p50/p90 and ITL p99 margins; missing keys keep the gate's defaults) and C(latency_alpha)), checked before any run.
     type: dict
     default: {}
   journal:

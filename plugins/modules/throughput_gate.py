@@ -204,9 +204,9 @@ options:
   baseline_latency:
     description:
       - Each baseline run's latency in ms, per metric, C(ttft_p50), C(ttft_p90), C(tpot_p50), C(tpot_p90) (the p50 and p90
-        of that run's requests), a list each with one figure per O(baseline) run in the same order. The
-        P(gpufleet.inference.latency_samples#filter) filter makes it from an M(gpufleet.inference.inference_benchmark)
-        result's C(benchmark.levels), per level.
+        of that run's requests) and C(itl_p99) (the 99th percentile of its inter-token gaps), a list each with one
+        figure per O(baseline) run in the same order. The P(gpufleet.inference.latency_samples#filter) filter makes it
+        from an M(gpufleet.inference.inference_benchmark) result's C(benchmark.levels), per level.
       - A metric judged needs both sides; without latency the verdict is throughput's alone (C(status) of RV(latency) is V(not measured)).
     type: dict
   candidate_latency:
@@ -216,12 +216,25 @@ options:
     description:
       - Per latency metric, the largest increase that is still a pass (V(0.10) is +10%; 0.01 to 1.0; null leaves the metric
         unjudged); metrics not given keep the defaults, C(ttft_p50) 0.10, C(ttft_p90) 0.15, C(tpot_p50) 0.075, C(tpot_p90)
-        0.10 (docs/benchmark.md says why and how to calibrate them).
+        0.10, C(itl_p99) 0.25 (docs/benchmark.md says why and how to calibrate them).
+      - C(itl_p99) is judged only where the baseline's own runs can tell its margin, else it is not judged (said in
+        RV(latency)); TTFT and TPOT are not judged for a closed loop of fewer than 4 requests per slot (given
+        O(baseline_workload)), whose runs fall into two latency regimes.
     type: dict
   latency_alpha:
-    description: Each latency metric's false-regression rate over all looks (the four together spend 0.01); in (0, 0.5).
+    description: Each latency metric's false-regression rate over all looks (the five together spend 0.01); in (0, 0.5).
     type: float
-    default: 0.0025
+    default: 0.002
+  between_start_sd:
+    description:
+      - The noise between server starts, the standard deviation of the log of a start's mean throughput (V(0.008) is
+        0.8%), when baseline and candidate runs come from different starts of the server (a kernel, driver or vLLM
+        change). It widens the throughput test's variance by 2 x its square and the smallest detectable drop; from 0 to
+        0.2.
+      - Null (the default) counts the runs' own, within-start noise only, and the result says so (C(noise) of RV(gate)).
+        docs/benchmark.md gives the H200's measured figures (0.36-0.79% for a GPU-bound 7B model).
+    type: float
+    version_added: 0.3.0
   bootstrap_resamples:
     description: Resamples of the bootstrap interval of the median ratio; V(0) skips it (at most 100000).
     type: int
@@ -364,10 +377,12 @@ latency:
       C(margins) in force and C(alpha); C(metrics), per metric judged, C(decision), C(final), C(ratio) (candidate/baseline
       of the runs' geometric means), C(interval) (its interval at the look's levels), C(margin), C(baseline_ms),
       C(candidate_ms) (medians of the runs), C(p_value) (that it rose), C(p_value_pass), C(cv), C(look_runs), C(runs_needed)
-      and C(reason); C(not_measured), metrics with a margin that one side did not carry.
+      and C(reason); C(not_measured), metrics with a margin that one side did not carry; C(not_judged), per metric
+      left unjudged, why (a closed loop in waves, an ITL p99 its baseline cannot tell); C(status) V(not judged) when
+      every metric given was.
   returned: always
   type: dict
-  sample: {status: judged, margins: {ttft_p50: 0.1, ttft_p90: 0.15, tpot_p50: 0.075, tpot_p90: 0.1}, alpha: 0.0025,
+  sample: {status: judged, margins: {ttft_p50: 0.1, ttft_p90: 0.15, tpot_p50: 0.075, tpot_p90: 0.1, itl_p99: 0.25}, alpha: 0.002,
            metrics: {ttft_p50: {decision: regression, final: true, ratio: 2.01, interval: [1.93, 2.09], margin: 0.1,
                                 baseline_ms: 50.2, candidate_ms: 100.9, reason: "TTFT p50 regression: candidate/baseline 2.01x"}}}
 throughput:
@@ -536,6 +551,7 @@ ARGUMENT_SPEC = dict(
     candidate_latency=dict(type="dict"),
     latency_margins=dict(type="dict"),
     latency_alpha=dict(type="float", default=GATE.latency_alpha),
+    between_start_sd=dict(type="float"),
     bootstrap_resamples=dict(type="int", default=GATE.bootstrap),
     seed=dict(type="int", default=GATE.seed),
     unit=dict(type="str", default=GATE.unit),

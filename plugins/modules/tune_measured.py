@@ -109,11 +109,14 @@ options:
         the module's; it was 0.05 here before).
       - C(threshold=auto) sets it from the baseline's largest run-to-run CV, C(1 - auto_k x CV) (C(auto_k) 3), at least
         C(auto_floor) (0.5), at most 0.95. With a threshold given, the state says whether it fits that CV.
-      - C(latency_margins), per metric (C(ttft_p50), C(ttft_p90), C(tpot_p50), C(tpot_p90)), the largest increase still a
-        pass (0.01 to 1.0, null leaves one unjudged; defaults 0.10, 0.15, 0.075, 0.10), and C(latency_alpha) (0.0025), each
-        metric's false-regression rate. A profile's own C(latency_margins) (in O(profiles)) overrides these for its levels.
-        With C(threshold=auto) the default margins of metrics not set are widened alike, to C(auto_k) x the baseline's
-        largest run-to-run CV of that metric (at most 1.0).
+      - C(latency_margins), per metric (C(ttft_p50), C(ttft_p90), C(tpot_p50), C(tpot_p90), C(itl_p99)), the largest
+        increase still a pass (0.01 to 1.0, null leaves one unjudged; defaults 0.10, 0.15, 0.075, 0.10, 0.25), and
+        C(latency_alpha) (0.002), each metric's false-regression rate. A profile's own C(latency_margins) (in
+        O(profiles)) overrides these for its levels. With C(threshold=auto) the default margins of metrics not set are
+        widened alike, to C(auto_k) x the baseline's largest run-to-run CV of that metric (at most 1.0).
+      - C(between_start_sd), the noise between server starts (the sd of the log of a start's mean tok/s, 0 to 0.2; null,
+        the default, counts the runs' own noise only); a vLLM flag stage restarts the server, so its runs and the
+        baseline's come from different starts; docs/benchmark.md gives the H200's figures.
       - Checked at O(op=start), before the baseline, with the allowed ranges (C(min_runs) 3 to C(max_runs), C(max_runs)
         at most 1000).
     type: dict

@@ -80,7 +80,7 @@ def serve_through_wrapper(name: str, flags: list[str]) -> list[str]:
 # "inconclusive on latency: TTFT p50 too noisy for a +10% margin (CV 73.3%)", honestly); the latency no is the flag
 # stage's test above, where the hold is a 13x change.
 KERNEL = {
-    "kernel_upgrade_gate_latency_margins": {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": None},
+    "kernel_upgrade_gate_latency_margins": {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": None, "itl_p99": None},
     "kernel_upgrade_target": NEW, "kernel_upgrade_reboot_ok": True, "kernel_upgrade_serial": [1],
     "kernel_upgrade_reboot_timeout": 1500, "kernel_upgrade_gate_threshold": 0.40, "kernel_upgrade_vllm_timeout": 300,
     "kernel_upgrade_outputs_prompt_lengths": OUTPUTS["prompt_lengths"], "kernel_upgrade_outputs_max_tokens": OUTPUTS["max_tokens"],

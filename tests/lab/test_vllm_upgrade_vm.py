@@ -55,7 +55,7 @@ SERVE = {"vllm_service_install": True, "vllm_service_command": [], "vllm_service
 # the outputs part is what says no here
 UPGRADE = {
     "vllm_upgrade_restart_ok": True, "vllm_upgrade_serial": [1], "vllm_upgrade_gate_threshold": 0.40,
-    "vllm_upgrade_gate_latency_margins": {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": None},
+    "vllm_upgrade_gate_latency_margins": {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": None, "itl_p99": None},
     "vllm_upgrade_ready_timeout": 300, "vllm_upgrade_outputs_prompt_lengths": ["short"],
     "vllm_upgrade_outputs_max_tokens": 8,
     "inference_benchmark_url": "http://127.0.0.1:8000", "inference_benchmark_model": "lab",

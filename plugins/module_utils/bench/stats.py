@@ -448,3 +448,36 @@ def screen_one(values: Sequence[float], alpha: float = 0.001, min_n: int = 5) ->
     if p > alpha:
         return None
     return {"index": far, "value": values[far], "p": p, "median_of_rest": median(rest)}
+
+
+# ---- the noise between server starts ------------------------------------------------------------------
+def start_noise(starts: Any) -> dict[str, Any]:
+    """Within- and between-start noise of log throughput from the runs of several server starts of one configuration
+    (one-way random effects, the ANOVA estimator): ``sd_within`` (pooled within a start, about the runs' CV),
+    ``sd_between`` (the sd of a start's own level, (MS_between - MS_within) / n0 floored at 0: the gate's
+    ``between_start_sd``), the F test of "no between-start variance" (``f``, ``df``, ``p_between``), the starts' and
+    runs' counts and the starts' geometric means. GateError, naming the start and run, for input that gives none: at
+    least two starts of two or more positive runs each (three or more starts for an estimate worth setting)."""
+    if not isinstance(starts, (list, tuple)) or len(starts) < 2:
+        raise GateError("give the runs of at least two server starts, a list of lists of tok/s (three or more starts "
+                        "for an estimate worth setting as between_start_sd)")
+    logs = []
+    for i, runs in enumerate(starts):
+        if not isinstance(runs, (list, tuple)) or len(runs) < 2:
+            raise GateError(f"start {i + 1} must be a list of two or more runs' tok/s, got {runs!r}")
+        for j, value in enumerate(runs):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise GateError(f"start {i + 1} run {j + 1} is {value!r}: a throughput must be a positive number")
+        logs.append([math.log(v) for v in runs])
+    k, n = len(logs), [len(s) for s in logs]
+    total = sum(n)
+    means = [sum(s) / len(s) for s in logs]
+    grand = sum(sum(s) for s in logs) / total
+    msw = sum((x - m) ** 2 for s, m in zip(logs, means) for x in s) / (total - k)
+    msb = sum(ni * (m - grand) ** 2 for ni, m in zip(n, means)) / (k - 1)
+    n0 = (total - sum(ni * ni for ni in n) / total) / (k - 1)
+    f = msb / msw if msw > 0 else (math.inf if msb > 0 else 1.0)
+    d1, d2 = k - 1, total - k
+    p = 1.0 if f <= 0 else (0.0 if math.isinf(f) else betainc(d2 / 2.0, d1 / 2.0, d2 / (d2 + d1 * f)))
+    return {"starts": k, "runs": total, "sd_within": math.sqrt(msw), "sd_between": math.sqrt(max(0.0, (msb - msw) / n0)),
+            "f": f, "df": [d1, d2], "p_between": p, "start_means": [math.exp(m) for m in means]}

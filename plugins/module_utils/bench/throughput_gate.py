@@ -10,7 +10,8 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
 
 * **Scale.** Run-to-run noise is multiplicative, so the test works on log throughput; d = mean(log candidate)
   - mean(log baseline) estimates the log of the ratio, with the pooled standard deviation s of both sides
-  (df = n_b + n_c - 2) and SE = s sqrt(1/n_b + 1/n_c).
+  (df = n_b + n_c - 2) and SE = s sqrt(1/n_b + 1/n_c); with ``between_start_sd`` (sigma_b, the noise between server
+  starts) SE = sqrt(s^2 (1/n_b + 1/n_c) + 2 sigma_b^2), the same df, and every result says which noise it counted.
 * **Outliers.** Before anything else, each side's run farthest from its median is screened out when a
   leave-one-out prediction test (Student's t, Bonferroni over the side's runs) gives p <= ``screen_alpha``
   (at most one run per side, only with ``min_runs`` runs or more); what was screened is reported.
@@ -63,12 +64,15 @@ The design (docs/benchmark.md has the long form and the simulated error rates):
   what the change under test is about (RunFacts ``change``, ``CHANGES``) is a GateError naming each field,
   "field: baseline X, candidate Y" (``workload_mismatch()``; the rule for older results that carry no
   fingerprint is in its docstring and docs/benchmark.md).
-* **Latency.** decide() is decide_throughput() plus the latency part: given each run's TTFT and TPOT (p50 and p90,
-  ``baseline_latency``/``candidate_latency``), each metric is judged by decide_throughput() on 1/latency at threshold
-  1/(1 + its margin) (``latency_margins``, DEFAULT_LATENCY_MARGINS) and ``latency_alpha``, each part a sequential test
-  of its own (its first final answer over the looks), and the parts combined by _combine(): any regression is a
-  regression, any final inconclusive is inconclusive, a pass needs every part's pass. Without latency the answer is
-  throughput's alone, ``latency.status`` ``not measured`` (docs/benchmark.md, "The latency part").
+* **Latency.** decide() is decide_throughput() plus the latency part: given each run's TTFT and TPOT (p50 and p90)
+  and ITL p99 (``baseline_latency``/``candidate_latency``), each metric is judged by decide_throughput() on 1/latency
+  at threshold 1/(1 + its margin) (``latency_margins``, DEFAULT_LATENCY_MARGINS) and ``latency_alpha``, each part a
+  sequential test of its own (its first final answer over the looks), and the parts combined by _combine(): any
+  regression is a regression, any final inconclusive is inconclusive, a pass needs every part's pass. Without latency
+  the answer is throughput's alone, ``latency.status`` ``not measured`` (docs/benchmark.md, "The latency part"). A
+  metric is ``not judged`` (``latency.not_judged``, with why) where its runs cannot tell: TTFT and TPOT of a closed
+  loop of fewer than MIN_REQUESTS_PER_SLOT requests per slot (wave_guard()), a tail metric whose baseline cannot tell
+  its margin (_tail_unjudged()).
 * **Settings** are checked before any run (``check_all_settings()``), each with its allowed range; run counts
   are at most ``MAX_RUNS`` (1000) and bootstrap resamples at most ``MAX_BOOTSTRAP`` (100000).
 
@@ -88,7 +92,8 @@ from typing import Any, Sequence
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.result import Failed
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.gate_settings import (
-    CANDIDATE_MIN_RUNS, GATE, LATENCY_LABELS, LATENCY_METRICS, NO_FACTS, GateSettings, RunFacts, gate_inputs,
+    CANDIDATE_MIN_RUNS, GATE, LATENCY_LABELS, LATENCY_METRICS, LATENCY_TAIL_METRICS, MIN_REQUESTS_PER_SLOT, NO_FACTS,
+    WAVE_FREE_PROFILES, WAVE_METRICS, GateSettings, RunFacts, gate_inputs,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import (
     GateError, bootstrap_ratio_ci, median, mwu_less, sample_stats, screen_one, slope_test, spent_alpha, t_quantile,
@@ -198,12 +203,33 @@ def detectable_drop(sd_log: float, n_b: int, df: int, settings: GateSettings) ->
     """Smallest drop (a fraction) told from no change with the set power, for this spread, at the cap.
 
     The textbook size of a fixed one-sided test at level ``alpha`` with ``max_runs`` candidate runs:
-    1 - exp(-(t_alpha + t_power) x s sqrt(1/n_b + 1/max_runs)), t quantiles with the cap's degrees of freedom.
+    1 - exp(-(t_alpha + t_power) x SE_cap), SE_cap = sqrt(s^2 (1/n_b + 1/max_runs) + 2 sigma_b^2) (sigma_b the
+    settings' ``between_start_sd``, 0 when None), t quantiles with the cap's degrees of freedom.
     """
-    se_cap = sd_log * math.sqrt(1.0 / n_b + 1.0 / settings.max_runs)
+    se_cap = _se(sd_log, n_b, settings.max_runs, settings.start_sd())
     df = max(df, 1)
     q = t_quantile(settings.alpha, df) + t_quantile(1.0 - settings.power, df)
     return 1.0 - math.exp(-q * se_cap)
+
+
+def _se(sd_log: float, n_b: int, n_c: int, start_sd: float) -> float:
+    """The standard error of d = mean(log candidate) - mean(log baseline): the runs' pooled spread over both sides'
+    runs, plus each side's server start as one draw of the between-start noise (2 sigma_b^2; 0: within-start only)."""
+    return math.sqrt(sd_log * sd_log * (1.0 / n_b + 1.0 / n_c) + 2.0 * start_sd * start_sd)
+
+
+def noise_counted(settings: GateSettings) -> str:
+    """Which noise the gate's interval, p-values and smallest detectable drop count (said in every result)."""
+    sb = settings.start_sd()
+    if not sb:
+        return ("within-start noise only (between_start_sd not set: across a server restart the interval leaves out how "
+                "much two starts of one server differ)")
+    return f"within-start noise and a between-start sd of {sb:.2%} (between_start_sd)"
+
+
+def _noise_short(settings: GateSettings) -> str:
+    sb = settings.start_sd()
+    return f"between-start sd {sb:.2%} counted" if sb else "within-start noise only"
 
 
 def _cv(sd_log: float) -> float:
@@ -255,9 +281,10 @@ def drift_check(sides: dict[str, list[float]], half_margin: float, alpha: float,
             se = math.sqrt(ss / df / fit["sxx"])
             t = fit["slope"] / se if se > 0 else math.copysign(math.inf, fit["slope"]) if fit["slope"] else 0.0
             per_run = half_margin / (len(sides[name]) - 1)  # the slope of a change of half the margin
+            # with no residual spread (runs on a line) the slope is exact: beyond half the margin or not at all
             entry.update(t=t, p_rising=t_sf(t, df), p_falling=t_sf(-t, df),
-                         p_rising_beyond=t_sf((fit["slope"] - per_run) / se, df) if se > 0 else float(t > 0),
-                         p_falling_beyond=t_sf((-fit["slope"] - per_run) / se, df) if se > 0 else float(t < 0))
+                         p_rising_beyond=t_sf((fit["slope"] - per_run) / se, df) if se > 0 else float(fit["slope"] <= per_run),
+                         p_falling_beyond=t_sf((-fit["slope"] - per_run) / se, df) if se > 0 else float(-fit["slope"] <= per_run))
         info[name] = entry
         if flag or df < min_df:
             continue
@@ -374,6 +401,7 @@ def _first_result(base: list[float], cand: list[float], s: GateSettings, unrecor
         "cv": None, "smallest_detectable_drop": None, "too_noisy": False, "screened": [], "look": None,
         "interval": None, "ci": None, "ci_level": s.ci_level, "runs_needed": 0, "baseline_runs_needed": 0,
         "decided_by": "waiting", "advice": "", "warnings": [unrecorded] if unrecorded else [], "reason": "",
+        "noise": {"between_start_sd": s.start_sd() or None, "counted": noise_counted(s)},
     }
 
 
@@ -410,18 +438,27 @@ def _baseline_verdict(base: list[float], fit: _Fit, drift: str | None, s: GateSe
     elif sdd_b <= margin:
         result.update(runs_needed=first, decided_by="baseline-ready", advice="",
                       reason=(f"baseline ready: {len(base)} runs, CV {result['cv']:.1%}, smallest detectable drop "
-                              f"{sdd_b:.1%} (margin {margin:.0%}): measure {first} candidate runs"))
+                              f"{sdd_b:.1%} (margin {margin:.0%}; {_noise_short(s)}): measure {first} candidate runs"))
+    elif detectable_drop(0.0, len(fit.logs), len(fit.logs) - 1 + s.max_runs - 1, s) > margin:
+        floor = detectable_drop(0.0, len(fit.logs), len(fit.logs) - 1 + s.max_runs - 1, s)
+        result.update(final=True, too_noisy=True, decided_by="too-noisy",
+                      advice=("a lower threshold, or both sides measured in one server start (the between-start noise "
+                              "does not average out over more runs)"))
+        result["reason"] = (f"host too noisy for a {margin:.0%} gate across a server restart: the between-start sd of "
+                            f"{s.start_sd():.2%} alone makes the smallest detectable drop {floor:.1%} however many runs "
+                            f"are taken ({sdd_b:.1%} with the runs' CV of {result['cv']:.1%}); try "
+                            f"{result['advice']}. Nothing was changed.")
     elif len(base) < cap:
         result.update(baseline_runs_needed=min(s.baseline_step or 1, cap - len(base)),
                       decided_by="baseline-noisy", advice=_advice(sdd_b, margin, s.requests_per_run))
-        result["reason"] = (f"inconclusive: with {len(base)} baseline runs (CV {result['cv']:.1%}) the smallest "
-                            f"detectable drop is {sdd_b:.1%}, above the {margin:.0%} margin: run "
+        result["reason"] = (f"inconclusive: with {len(base)} baseline runs (CV {result['cv']:.1%}; {_noise_short(s)}) "
+                            f"the smallest detectable drop is {sdd_b:.1%}, above the {margin:.0%} margin: run "
                             f"{result['baseline_runs_needed']} more baseline runs before any change "
                             f"(cap {cap})")
     else:
         result.update(final=True, too_noisy=True, decided_by="too-noisy", advice=_advice(sdd_b, margin, s.requests_per_run))
         result["reason"] = (f"host too noisy for a {margin:.0%} gate: CV {result['cv']:.1%}, smallest detectable drop "
-                            f"{sdd_b:.1%} with {len(base)} baseline and {s.max_runs} candidate runs; try "
+                            f"{sdd_b:.1%} with {len(base)} baseline and {s.max_runs} candidate runs ({_noise_short(s)}); try "
                             f"{result['advice']}. Nothing was changed.")
     return result
 
@@ -454,7 +491,7 @@ def _look(base: list[float], cand: list[float], fit: _Fit, s: GateSettings, b: _
     n_b, n_c = len(fit.logs), len(c_logs)
     df = n_b + n_c - 2
     sd = math.sqrt((fit.ss + c_ss) / df)
-    se = sd * math.sqrt(1.0 / n_b + 1.0 / n_c)
+    se = _se(sd, n_b, n_c, s.start_sd())  # df stays the runs' (sigma_b is a setting, not estimated from these runs)
     d = c_mean - fit.mean
     nominal_p, spent_p, tau = look_level(len(base), len(cand), first, step, s.max_runs, s.pass_alpha, s.spending, s.reserve)
     nominal_r, spent_r, _tau = look_level(len(base), len(cand), first, step, s.max_runs, s.alpha, s.spending, s.reserve)
@@ -576,7 +613,7 @@ def _candidate_verdict(base: list[float], cand: list[float], fit: _Fit, fails: t
     drift = _drift_and_noise(base, cand, (fit, c_fit), s, b, result)
     counts = f"{len(base)} vs {len(cand)} runs" + (f", {len(result['screened'])} screened" if result["screened"] else "")
     where = (f"candidate/baseline {result['ratio']:.1%} (geometric means; threshold {s.threshold:.0%}, CV {result['cv']:.1%}, "
-             f"look {len(cand)}/{s.max_runs}, {counts})")
+             f"look {len(cand)}/{s.max_runs}, {counts}; {_noise_short(s)})")
     if fails[1] > fails[0]:
         result.update(decision="regression", final=True, decided_by="failures")
         result["reason"] = (f"regression: the candidate failed or cut short {facts.candidate_failed} of "
@@ -624,12 +661,14 @@ def decide_throughput(baseline: Sequence[float], candidate: Sequence[float], set
 # calibration on the stored H200 A/A runs are in docs/benchmark.md ("The latency part").
 def run_latency(run: Any) -> dict[str, float | None]:
     """One benchmark run's latency figures (an inference_benchmark run: ``ttft_ms`` and ``tpot_ms`` with ``p50`` and
-    ``p90``), by metric; None where the run does not carry one (a result stored before, or a run with no tokens)."""
+    ``p90``, ``itl_ms`` with ``p99``), by metric; None where the run does not carry one (a result stored before, or a
+    run with no tokens)."""
     run = run if isinstance(run, dict) else {}
     out: dict[str, float | None] = {}
     for key in LATENCY_METRICS:
-        stats = run.get(key[:4] + "_ms")
-        value = stats.get(key[5:]) if isinstance(stats, dict) else None
+        quantity, quantile = key.split("_")
+        stats = run.get(quantity + "_ms")
+        value = stats.get(quantile) if isinstance(stats, dict) else None
         out[key] = value if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
     return out
 
@@ -687,7 +726,8 @@ def _at_looks(base: list[float], cand: list[float], settings: GateSettings, judg
 def _latency_metric(key: str, margin: float, base: list[float], cand: list[float], settings: GateSettings) -> dict[str, Any]:
     """One metric judged like throughput on 1/latency at threshold 1/(1 + margin) and ``latency_alpha``, without the
     throughput part's failures, workloads, ``detect`` and bootstrap, translated back to latency."""
-    s = replace(settings, threshold=1.0 / (1.0 + margin), alpha=settings.latency_alpha, bootstrap=0, unit="/s", detect=None)
+    s = replace(settings, threshold=1.0 / (1.0 + margin), alpha=settings.latency_alpha, bootstrap=0, unit="/s", detect=None,
+                between_start_sd=None)
     inv = _at_looks([1000.0 / v for v in base], [1000.0 / v for v in cand], settings,
                     lambda b, c: decide_throughput(b, c, s))
     label = LATENCY_LABELS[key]
@@ -731,15 +771,40 @@ def _latency_reason(m: dict[str, Any], inv: dict[str, Any]) -> str:
 
 
 # The latency part's reason when every metric's margin is null or 0 (left out on purpose, as the VM lab's kernel e2e does).
-NO_MARGIN = ("not measured: no latency margin set (TTFT p50/p90 and TPOT p50/p90 each null or 0), so the verdict is "
-             "throughput's alone")
+NO_MARGIN = ("not measured: no latency margin set (TTFT p50/p90, TPOT p50/p90 and ITL p99 each null or 0), so the verdict "
+             "is throughput's alone")
+
+
+def wave_guard(workload: Any) -> str:
+    """Why a closed loop's runs cannot tell TTFT and TPOT (WAVE_METRICS) apart, '' when they can or when the workload is
+    not known: with fewer than MIN_REQUESTS_PER_SLOT requests per slot a large share of a run's requests start together
+    (in waves), and whole runs fall into one of two latency regimes. Open loops (``arrivals``) and WAVE_FREE_PROFILES are judged."""
+    fp = workload if isinstance(workload, dict) else {}
+    arrivals = fp.get("arrivals") if isinstance(fp.get("arrivals"), dict) else {"mode": "closed"}
+    profile = fp.get("workload_profile") if isinstance(fp.get("workload_profile"), dict) else {}
+    requests, level = fp.get("requests"), fp.get("concurrency")
+    if arrivals.get("mode", "closed") != "closed" or profile.get("name") in WAVE_FREE_PROFILES:
+        return ""
+    if isinstance(requests, bool) or isinstance(level, bool) or not isinstance(requests, int) \
+            or not isinstance(level, int) or requests <= 0 or level <= 0:
+        return ""  # not recorded, or a sweep compared whole: nothing to tell from
+    per_slot = requests / level
+    if per_slot >= MIN_REQUESTS_PER_SLOT:
+        return ""
+    return (f"a closed loop of {requests} requests at {level} in flight ({per_slot:.3g} per slot) sends {1 / per_slot:.0%} "
+            "of them together at its start, and whole runs then fall into one of two latency regimes (on the H200 at 2 per slot a run's TTFT "
+            "p50 was about 730 or about 1,600 ms within one server start), which a few runs a side cannot tell from a "
+            f"change: run at least {MIN_REQUESTS_PER_SLOT * level} requests a run ({MIN_REQUESTS_PER_SLOT} per slot, "
+            "inference_benchmark_requests) or an open loop (arrivals) to judge it")
 
 
 def latency_part(baseline_latency: Any, candidate_latency: Any, n_base: int, n_cand: int,
-                 settings: GateSettings = GATE) -> dict[str, Any]:
+                 settings: GateSettings = GATE, workload: Any = None) -> dict[str, Any]:
     """The latency part: each metric both sides carry (the baseline alone before the change), judged at the settings'
     ``latency_margins`` and ``latency_alpha``; ``status`` ``not measured`` (no latency given: the verdict is
-    throughput's alone, never a guess) or ``judged``."""
+    throughput's alone, never a guess), ``judged``, or ``not judged`` (every metric given was left unjudged, each with
+    its reason in ``not_judged``: TTFT and TPOT of a closed loop in waves, wave_guard() of the ``workload``
+    fingerprint; a tail metric whose baseline cannot tell its margin)."""
     in_force = settings.latency_in_force()
     alpha = settings.latency_alpha
     base = _latency_side("baseline", baseline_latency, n_base)
@@ -755,9 +820,39 @@ def latency_part(baseline_latency: Any, candidate_latency: Any, n_base: int, n_c
     missing = [LATENCY_LABELS[k] for k in in_force if k not in keys]
     if missing:
         part["not_measured"] = missing
+    waves = wave_guard(workload)
+    not_judged: dict[str, str] = {}
     for key in keys:
+        why = waves if key in WAVE_METRICS else _tail_unjudged(key, in_force[key], base[key], settings)
+        if why:
+            not_judged[key] = why
+            continue
         part["metrics"][key] = _latency_metric(key, in_force[key], base[key], cand.get(key, []), settings)
+    if not_judged:
+        part["not_judged"] = not_judged
+    if not part["metrics"]:
+        part["status"] = "not judged"
+        why = "; ".join(f"{LATENCY_LABELS[k]} not judged: {text}" for k, text in not_judged.items())
+        part["reason"] = f"not measured: {why}, so the verdict is throughput's alone"
     return part
+
+
+def _tail_unjudged(key: str, margin: float, base: list[float], settings: GateSettings) -> str:
+    """Why a tail metric (LATENCY_TAIL_METRICS) is not judged: its baseline's runs alone cannot tell its margin (not
+    ready, noisy, drifting or screened); '' when they can, and for every other metric. Decided on the baseline only,
+    so the same before and after the change."""
+    if key not in LATENCY_TAIL_METRICS:
+        return ""
+    alone = _latency_metric(key, margin, base, [], settings)
+    if alone["decided_by"] == "baseline-ready":
+        return ""
+    sdi = alone["smallest_detectable_increase"]
+    figures = (f"CV {alone['cv']:.1%} over {len(base)} baseline runs, smallest detectable increase {sdi:.0%}"
+               if sdi is not None and alone["cv"] is not None else f"{len(base)} baseline runs")
+    return (f"its baseline cannot tell a +{margin:.0%} increase ({figures}): a run's 99th percentile of inter-token gaps "
+            "sits on the edge between decode steps and prefill stalls when about 1% of the gaps are stalls, so it jumps "
+            "from run to run; it is reported, never judged, at this workload (longer prompts or runs, or a wider "
+            "itl_p99 margin, make it judged)")
 
 
 def _combine(throughput: dict[str, Any], part: dict[str, Any]) -> dict[str, Any]:
@@ -820,7 +915,9 @@ def decide(baseline: Sequence[float], candidate: Sequence[float], settings: Gate
     """
     s, facts = gate_inputs(settings, facts, options)
     sizes = [len(side) if isinstance(side, (list, tuple)) else 0 for side in (baseline, candidate)]
-    part = latency_part(baseline_latency, candidate_latency, sizes[0], sizes[1], s)
+    fingerprint = (side_workload("baseline", facts.baseline_workload)
+                   or side_workload("candidate", facts.candidate_workload))
+    part = latency_part(baseline_latency, candidate_latency, sizes[0], sizes[1], s, fingerprint)
     if not part["metrics"]:
         result = decide_throughput(baseline, candidate, s, facts)
         result["latency"] = part
@@ -880,7 +977,7 @@ _OPTION_OF = {"bootstrap": "bootstrap_resamples"}
 MODULE_SETTINGS = ("threshold", "alpha", "pass_alpha", "detect", "min_runs", "candidate_min_runs", "step", "max_runs",
                    "max_baseline_runs", "baseline_step", "power", "spending", "screen_alpha", "drift_alpha", "trend_guard",
                    "order", "pass_floor", "requests_per_run", "bootstrap", "seed", "unit", "latency_margins",
-                   "latency_alpha")
+                   "latency_alpha", "between_start_sd")
 
 
 def module_settings(params: dict) -> GateSettings:

@@ -103,8 +103,11 @@ def _latency_part(gate: dict[str, Any]) -> dict[str, Any]:
     open_ = [m for m in metrics.values() if m.get("decision") != "pass"]
     decision = "regression" if bad else ("pass" if not open_ else "inconclusive")
     final = bool(bad) or all(m.get("final", True) for m in metrics.values())
-    return {"answer": decision, "says": _says(decision, final),
-            "reason": "; ".join(str(m.get("reason", "")) for m in (bad or open_ or metrics.values()))}
+    reason = "; ".join(str(m.get("reason", "")) for m in (bad or open_ or metrics.values()))
+    unjudged = part.get("not_judged") or {}
+    if isinstance(unjudged, dict) and unjudged:  # said, so that a pass never reads as if they were judged
+        reason += f" ({', '.join(str(k) for k in unjudged)} not judged: see latency.not_judged)"
+    return {"answer": decision, "says": _says(decision, final), "reason": reason}
 
 
 def _outputs_part(outputs: dict[str, Any] | None) -> dict[str, Any]:

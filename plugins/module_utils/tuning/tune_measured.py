@@ -90,7 +90,7 @@ FLAG_PROFILES = {"vllm_service_enable_prefix_caching": "shared_prefix",
 # The gate's settings here: the gate's own defaults (GateSettings), and the automatic threshold's two of its own.
 GATE_DEFAULTS = {"threshold": GATE.threshold, "alpha": GATE.alpha, "pass_alpha": GATE.pass_alpha, "min_runs": GATE.min_runs,
                  "max_runs": GATE.max_runs, "auto_k": 3.0, "auto_floor": 0.5, "latency_margins": {},
-                 "latency_alpha": GATE.latency_alpha}
+                 "latency_alpha": GATE.latency_alpha, "between_start_sd": GATE.between_start_sd}
 # What a benchmark result must share with its profile to be taken as that profile's measurement (its config);
 # repetitions, warm-up, settle runs and the seed differ between rounds by design.
 PROFILE_MATCH = ("prompt_tokens", "output_tokens", "requests", "prompt_mode", "ignore_eos", "token_id_range")
@@ -350,11 +350,17 @@ def new_state(host: str, stages: list[dict[str, Any]], profiles: list[dict[str, 
             g[key] = float(g[key]) if isinstance(g[key], str) else g[key]
         except ValueError:
             raise TuneError(f"gate {key} must be a number in (0, 0.5), got {g[key]!r}") from None
+    if isinstance(g["between_start_sd"], str):  # templated by the playbook: "0.008" is 0.008, "" is null
+        try:
+            g["between_start_sd"] = float(g["between_start_sd"]) if g["between_start_sd"].strip() else None
+        except ValueError:
+            raise TuneError(f"gate between_start_sd must be a number from 0 to 0.2 or null, got {g['between_start_sd']!r}") from None
     try:  # every setting the gate will use, before the baseline is measured (auto: the threshold comes later)
         threshold = g["threshold"] if g["threshold_basis"] == "given" and g["threshold"] < 1.0 else GATE.threshold
         check_all_settings(threshold=threshold, alpha=g["alpha"], pass_alpha=g["pass_alpha"], min_runs=g["min_runs"],
                            max_runs=g["max_runs"], max_baseline_runs=_baseline_cap(g), candidate_min_runs=3, bootstrap=1000,
-                           latency_margins=g["latency_margins"], latency_alpha=g["latency_alpha"])
+                           latency_margins=g["latency_margins"], latency_alpha=g["latency_alpha"],
+                           between_start_sd=g["between_start_sd"])
     except (GateError, TypeError) as err:
         raise TuneError(f"gate settings cannot be used: {err}") from None
     entries = [{"name": "baseline", "kind": "baseline", "description": "as found", "apply": [], "revert": [],
@@ -614,6 +620,7 @@ def latency_summary(part: dict[str, Any]) -> dict[str, Any]:
     """What the state and the stage table keep of the gate's latency part: its status and, per metric, the answer,
     the candidate/baseline ratio, its interval and the margin."""
     return {"status": part["status"], **({"reason": part["reason"]} if part.get("reason") else {}),
+            **({"not_judged": dict(part["not_judged"])} if part.get("not_judged") else {}),
             "metrics": {k: {f: m[f] for f in ("decision", "ratio", "interval", "margin", "baseline_ms", "candidate_ms",
                                               "reason", "final") if f in m}
                         for k, m in part["metrics"].items()}}
@@ -676,7 +683,7 @@ def judge(state: dict[str, Any], e: dict[str, Any]) -> None:
                            max_baseline_runs=_baseline_cap(g),
                            **_failures("baseline", ref_lv), **_failures("candidate", lv),
                            baseline_workload=ref_lv.get("workload"), candidate_workload=lv.get("workload"),
-                           change=stage_change(e),
+                           change=stage_change(e), between_start_sd=g.get("between_start_sd"),
                            **_latency_inputs(g, prof, ref_lv, lv))
             except GateError as err:
                 raise TuneError(f"the gate cannot judge {e['name']!r} {name} c={key}: {err}") from err

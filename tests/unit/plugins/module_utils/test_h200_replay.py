@@ -792,20 +792,150 @@ def test_7b_stages_client_comparison_recomputed():
 
 def test_7b_stages_ttft_p50_is_bimodal_in_short_closed_loop_runs():
     """At c=64 with 2 requests per slot whole runs fall into two regimes within one start (TTFT p50 about 730 or
-    1,600 ms). The gate's latency part, fed the first 5 + 4 runs (the baseline's all fast, the candidates' mostly
-    slow), calls max_num_batched_tokens 16384 and the FP8 KV cache latency regressions on TTFT p50 (x2.1) while
-    throughput passes: the figures behind gpu_h200.md's warning."""
+    1,600 ms). Fed the first 5 + 4 runs with no workload (the gate cannot tell the loop), the latency part calls
+    max_num_batched_tokens 16384 and the FP8 KV cache latency regressions on TTFT p50 (x2.1) while throughput passes:
+    the figures behind gpu_h200.md's warning. Given the runs' workload (128 requests at 64 in flight, a closed loop)
+    it judges neither TTFT nor TPOT there and says why; ITL p99, steady at this workload, is judged: the 16384 stage
+    is a regression on it (x1.87), the FP8 KV cache passes."""
     from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg
     by = {st["index"]: st["levels"]["64"] for st in _load9("restarts.json")["starts"] if "64" in st["levels"]}
     for start in (0, 3):
         p50 = [r["ttft_ms"]["p50"] for r in by[start]]
         assert max(p50) / min(p50) > 1.9 and sorted(p50)[len(p50) // 2] < 1000
-    for cand in (5, 6):
+    wl = _stages_workload(by[3])
+    for cand, decision, decided_by in ((5, "regression", "latency: itl_p99"), (6, "pass", "test")):
         base, other = by[3][:5], by[cand][:4]
-        got = tg.decide([r["output_throughput"] for r in base], [r["output_throughput"] for r in other], threshold=0.95,
-                        baseline_latency=tg.latency_series(base), candidate_latency=tg.latency_series(other))
-        assert got["decision"] == "regression" and got["decided_by"] == "latency: ttft_p50"
-        assert got["latency"]["metrics"]["ttft_p50"]["ratio"] > 2.0
+        args = ([r["output_throughput"] for r in base], [r["output_throughput"] for r in other])
+        lat = {"baseline_latency": tg.latency_series(base), "candidate_latency": tg.latency_series(other)}
+        blind = tg.decide(*args, threshold=0.95, **lat)
+        assert blind["decision"] == "regression" and blind["decided_by"] == "latency: ttft_p50"
+        assert blind["latency"]["metrics"]["ttft_p50"]["ratio"] > 2.0
+        got = tg.decide(*args, threshold=0.95, baseline_workload=wl, candidate_workload=wl, **lat)
+        assert (got["decision"], got["decided_by"]) == (decision, decided_by)
+        assert sorted(got["latency"]["not_judged"]) == ["tpot_p50", "tpot_p90", "ttft_p50", "ttft_p90"]
+        assert "(2 per slot)" in got["latency"]["not_judged"]["ttft_p50"] and list(got["latency"]["metrics"]) == ["itl_p99"]
+        assert got["throughput"]["decision"] == "pass"
+
+
+def _stages_workload(runs):
+    """The ninth session's gate level as the gate's workload fingerprint: 2,048/256 tokens, the runs' requests at 64 in
+    flight, a closed loop of unique random prompts (as the H200 driver ran it)."""
+    return {"model": "qwen7b", "prompt_tokens": 2048, "output_tokens": 256, "requests": runs[0]["requests"],
+            "concurrency": 64, "workload_profile": {"name": "random"}, "arrivals": {"mode": "closed"}}
+
+
+# ---- issue 34's verdict defects on the stored runs (ITL p99, closed loops in waves, the noise between starts) ------
+def _replay_with_latency(base, cand, level, **settings):
+    """The gate's replay (the looks in the order taken) over two starts' stored runs with their latency and workload."""
+    wl = {"model": "m", "prompt_tokens": 1, "output_tokens": 1, "requests": base[0]["requests"], "concurrency": level}
+    return tg.replay([r["output_throughput"] for r in base], [r["output_throughput"] for r in cand],
+                     baseline_latency=tg.latency_series(base), candidate_latency=tg.latency_series(cand),
+                     baseline_workload=wl, candidate_workload=wl, threshold=0.95, **settings)
+
+
+@pytest.mark.parametrize("pair,decision,itl_decision,itl_ratio", [
+    ("0:1", "pass", "pass", 0.999),         # prefix caching off
+    ("0:2", "pass", "pass", 0.771),         # chunked prefill off: ITL p99 182 -> 140 ms
+    ("0:3", "pass", "pass", 1.001),         # A/A across a restart
+    ("3:5", "regression", "regression", 1.873),  # max_num_batched_tokens 16384: ITL p99 182 -> 341 ms
+    ("3:6", "pass", "pass", 0.992),         # FP8 KV cache
+])
+def test_verdict_evidence_the_flag_stages_judged_on_itl_p99(pair, decision, itl_decision, itl_ratio):
+    """Issue 34's first defect on the ninth session's gate level (c=64, 2048/256, 2 per slot): every stage neutral on
+    throughput, the 16384 token budget a regression on ITL p99 alone, decided at the first look (5 + 4 runs)."""
+    by = {st["index"]: st["levels"]["64"] for st in _load9("restarts.json")["starts"] if "64" in st["levels"]}
+    b, c = (int(x) for x in pair.split(":"))
+    g = _replay_with_latency(by[b][:5], by[c], 64)
+    m = g["latency"]["metrics"]["itl_p99"]
+    assert (g["decision"], m["decision"], g["candidate_runs_used"]) == (decision, itl_decision, 4)
+    assert m["ratio"] == pytest.approx(itl_ratio, abs=5e-4) and g["throughput"]["decision"] == "pass"
+    if decision == "regression":
+        assert g["decided_by"] == "latency: itl_p99" and "ITL p99 regression" in g["reason"]
+
+
+def _log_sd(values):
+    import math
+    import statistics
+    return statistics.stdev([math.log(v) for v in values])
+
+
+def test_verdict_evidence_itl_p99_spread_in_the_stored_runs():
+    """The figures docs/benchmark.md gives for ITL p99's margin: within one start the runs' ITL p99 varies by 0.3-1.0%
+    at 2,048/256 (c=64: the stalls are well over 1% of the gaps) and by 13-31% at 512/256 (c=64, where about 1% are);
+    between starts of one configuration at 2,048/256 the medians lie within 0.6%."""
+    steady = [r["itl_ms"]["p99"] for r in _load9("restarts.json")["starts"][0]["levels"]["64"]]
+    assert 0.009 < _log_sd(steady) < 0.011
+    ds = {st["index"]: st["levels"] for st in _load_ds("restarts.json")["starts"]}
+    assert 0.002 < _log_sd([r["itl_ms"]["p99"] for r in ds[3]["64x2048/256"]]) < 0.003
+    jumpy = [_log_sd([r["itl_ms"]["p99"] for r in st["levels"]["64"]]) for name in ("restarts-m1.json", "restarts-m2.json")
+             for st in _load7(name)["starts"]]
+    assert 0.13 < min(jumpy) and max(jumpy) < 0.31
+    import statistics
+    medians = [statistics.median(r["itl_ms"]["p99"] for r in ds[i]["64x2048/256"]) for i in (0, 3)]
+    medians += [statistics.median(r["itl_ms"]["p99"] for r in st["levels"]["64"]) for st in _load9("restarts.json")["starts"]
+                if st["profile"] == "qwen7b" and "64" in st["levels"]]
+    assert max(medians) / min(medians) < 1.006
+
+
+def test_verdict_evidence_a_jumpy_itl_p99_is_not_judged_and_the_restart_aa_still_pass():
+    """At 512/256, c=64 (4 requests per slot) ITL p99 is not judged (its baseline cannot tell +25%), TTFT and TPOT
+    are: machine 1's A/A and machine 2's first and last pass with the latency part on, and max_num_seqs 48 is still a
+    regression."""
+    for name, pair, decision in (("restarts-m1.json", (0, 1), "pass"), ("restarts-m2.json", (0, 2), "pass"),
+                                 ("restarts-m2.json", (3, 4), "pass"), ("restarts-m2.json", (0, 1), "regression")):
+        by = {st["index"]: st["levels"]["64"] for st in _load7(name)["starts"]}
+        g = _replay_with_latency(by[pair[0]][:5], by[pair[1]], 64)
+        assert g["decision"] == decision, (name, pair)
+        assert list(g["latency"]["not_judged"]) == ["itl_p99"] and "cannot tell a +25% increase" in g["latency"]["not_judged"]["itl_p99"]
+        assert sorted(g["latency"]["metrics"]) == ["tpot_p50", "tpot_p90", "ttft_p50", "ttft_p90"]
+
+
+MEASURED_BETWEEN_START_SD = EXPECTED_7B["all_starts"][64]["sd_between"]  # 0.79%: six starts on two machines, c=64
+
+
+def test_verdict_evidence_between_start_sd_at_the_measured_value_keeps_every_verdict():
+    """Issue 34's third defect: with the between-start sd measured over the six starts of the 7B model (0.79%) the
+    kernel upgrade's gate loop still passes every stored A/A across a restart (7B on both machines, the ninth
+    session's gate level, the eighth session's 7B pair) and still calls max_num_seqs 48 (0.779) a regression, each at
+    the first look, and so does every flag stage of the ninth session on throughput; its intervals are wider and say
+    that they count the starts' noise."""
+    import h200_restarts as hr
+    assert MEASURED_BETWEEN_START_SD == pytest.approx(0.0079, abs=1e-4)
+    settings = {"between_start_sd": MEASURED_BETWEEN_START_SD}
+    seen = []
+    for data in [_load7(n) for n in sorted(EXPECTED_7B["files"])] + [_load9("restarts.json"), _load_ds("restarts.json")]:
+        level = str(data["settings"]["concurrency"][0])
+        by = {st["index"]: st for st in data["starts"]}
+        for g in h200_report.restart_gates(data):
+            if g["candidate_profile"] == "dsv2lite":
+                continue  # below
+            runs = [[r["output_throughput"] for r in by[i]["levels"][level]] for i in (g["baseline_start"], g["candidate_start"])]
+            wide = hr.upgrade_gate(*runs, settings)
+            assert (wide["decision"], wide["candidate_runs_used"]) == (g["decision"], g["candidate_runs_used"])
+            assert wide["gate"]["ratio"] == g["gate"]["ratio"]
+            width = [x[1] - x[0] for x in (wide["gate"]["interval"], g["gate"]["interval"])]
+            assert width[0] > 1.5 * width[1] and "between-start sd 0.79% counted" in wide["gate"]["reason"]
+            assert "within-start noise only" in g["gate"]["reason"]
+            seen.append((by[g["candidate_start"]]["profile"], wide["decision"]))
+    stages = [("qwen7b_noprefix", "pass"), ("qwen7b_nochunk", "pass"), ("qwen7b_mbt16k", "pass"), ("qwen7b_fp8kv", "pass")]
+    assert sorted(seen) == sorted([("qwen7b", "pass")] * 6 + [("qwen7b_seqs48", "regression")] + stages)
+    # DeepSeek-V2-Lite's runs vary more (CV 2.8% at c=64, 512/256): there the 7B's figure makes the baseline ask for
+    # more runs than the 6 stored (smallest detectable drop 5.8% > 5% with 5 and 6 runs); within-start only it passed
+    by = {st["index"]: st for st in _load_ds("restarts.json")["starts"]}
+    runs = [[r["output_throughput"] for r in by[i]["levels"]["64"]] for i in (4, 5)]
+    assert hr.upgrade_gate(*runs)["decision"] == "pass"
+    assert hr.upgrade_gate(*runs, settings)["needs"] == {"side": "baseline", "runs": 7}
+
+
+def test_verdict_evidence_machine_ones_two_starts_would_stop_a_restart_gate():
+    """Machine 1's two starts differed by 2.4% (between-start sd 1.67% from two starts, one degree of freedom): at that
+    value the noise between starts alone hides a 5% drop, and the gate stops before any change, saying so."""
+    import h200_restarts as hr
+    sd = EXPECTED_7B["files"]["restarts-m1.json"]["noise"][64]["sd_between"]
+    runs = {st["index"]: [r["output_throughput"] for r in st["levels"]["64"]] for st in _load7("restarts-m1.json")["starts"]}
+    g = hr.upgrade_gate(runs[0], runs[1], {"between_start_sd": sd})
+    assert g["stopped_before_change"] and g["baseline_gate"]["too_noisy"]
+    assert "between-start sd of 1.67% alone" in g["reason"]
 
 
 # ---- the tenth session (docs/examples/h200-dsv2-starts/): DeepSeek-V2-Lite across four starts, prefix caching -------

@@ -110,7 +110,7 @@ def test_latency_is_a_part_of_its_own():
     assert v["parts"]["throughput"]["answer"] == "pass"
 
 
-NO_MARGINS = {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": 0}
+NO_MARGINS = {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": 0, "itl_p99": None}
 
 
 def test_latency_left_out_by_null_margins_says_so():
@@ -122,7 +122,7 @@ def test_latency_left_out_by_null_margins_says_so():
     assert g["latency"]["status"] == "not measured" and g["latency"]["reason"] == tg.NO_MARGIN
     v = serving_verdict(g)
     assert v["verdict"] == "pass" and v["parts"]["latency"]["says"] == "not measured"
-    assert v["parts"]["latency"]["reason"].startswith("no latency margin set (TTFT p50/p90 and TPOT")
+    assert v["parts"]["latency"]["reason"].startswith("no latency margin set (TTFT p50/p90, TPOT p50/p90 and ITL p99")
     assert v["reason"].endswith("(latency, outputs, stability not measured)")
     # margins in force but no per-run latency on a side: that reason, as before
     g = tg.decide(BASE, SAME, baseline_latency=lat, candidate_latency=None)

@@ -55,12 +55,14 @@ def test_measured_tuning_playbook_keeps_the_helpful_flag_and_reverts_the_harmful
                                     "token_id_range": [100, 4000]}],
         # the stand-in batches 16 sequences a step with seqs_16: its tokens/s rise several-fold while each step, and so
         # TPOT, grows on these 2 shared cores (by 1.29x in one run): a trade the latency part rightly calls a
-        # regression at its default margins; under load from other processes the TPOT and TTFT ratios spread so wide
-        # that even a 100% margin stays undecided. This test is about the loop keeping the helpful flag and reverting
-        # the harmful one, so it leaves latency unjudged (margins 0), as a throughput-bound site may; the latency part
-        # is tested in test_tune_measured_latency.py and test_gate_latency.py.
+        # regression at its default margins (ITL p99 too: each step's gap grows with its batch); under load from other
+        # processes the TPOT and TTFT ratios spread so wide that even a 100% margin stays undecided. This test is about
+        # the loop keeping the helpful flag and reverting the harmful one, so it leaves latency unjudged (margins 0), as
+        # a throughput-bound site may; the latency part is tested in test_tune_measured_latency.py and
+        # test_gate_latency.py.
         "tune_measured_gate": {"threshold": "auto",
-                               "latency_margins": {"ttft_p50": 0, "ttft_p90": 0, "tpot_p50": 0, "tpot_p90": 0}},
+                               "latency_margins": {"ttft_p50": 0, "ttft_p90": 0, "tpot_p50": 0, "tpot_p90": 0,
+                                                   "itl_p99": 0}},
         "host_lease_path": str(tmp_path / "host" / "lease.json"),
         # the serving verdict's outputs part for real against the stand-in (a reference at the baseline, compared after
         # each flag stage: max_num_seqs does not change what it answers); this container has no GPU to audit, so the

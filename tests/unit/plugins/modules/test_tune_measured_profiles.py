@@ -79,7 +79,7 @@ def test_prefix_caching_is_judged_on_shared_prefix_and_the_table_says_so(tmp_pat
 
 
 def test_a_stage_whose_latency_margins_are_null_says_latency_was_not_measured_for_that(tmp_path, capsys):
-    off = {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": None}
+    off = {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": None, "itl_p99": None}
     profiles = [{"name": "serving", "latency_margins": off}, {"name": "shared_prefix", "latency_margins": off}]
     stage = stage_of(through(tmp_path, capsys, SAME, FASTER, profiles=profiles))
     latency = stage["serving"]["parts"]["latency"]
