@@ -30,7 +30,7 @@ for _path in (os.path.join(REPO, ".collections"), REPO):
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg  # noqa: E402
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import gate_settings
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import betainc, t_quantile  # noqa: E402
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.stats import start_noise, t_quantile  # noqa: E402
 
 # the kernel upgrade's gate settings at the role's defaults (kernel_upgrade_flow._gate_settings)
 UPGRADE_GATE = {"threshold": 0.95, "alpha": 0.01, "pass_alpha": 0.005, "min_runs": 5, "max_runs": 15,
@@ -80,50 +80,31 @@ def upgrade_gate(baseline: Sequence[float], candidate: Sequence[float], settings
     return out
 
 
-def _f_sf(f: float, d1: int, d2: int) -> float:
-    """P(F > f) for Snedecor's F with (d1, d2) degrees of freedom."""
-    if f <= 0:
-        return 1.0
-    return betainc(d2 / 2.0, d1 / 2.0, d2 / (d2 + d1 * f))
-
-
 def between_starts(starts: Sequence[Sequence[float]], max_runs: int = 15, alpha: float = 0.005,
                    power: float = 0.8) -> dict[str, Any]:
-    """Within- and between-start noise of log throughput (one-way random effects, ANOVA estimator).
-
-    sd_within: pooled within-start sd of the logs (about the CV); sd_between: the sd of a start's own level
-    ((MS_between - MS_within) / n0, floored at 0); p_between: the F test of "no start-to-start variance".
-    A restart gate's difference of means carries sd_within^2 (1/n_b + 1/n_c) + 2 sd_between^2: the smallest drop a
-    fixed one-sided test at ``alpha`` and ``power`` would detect with 5 baseline and ``max_runs`` candidate runs is
-    given with and without the between-start term (the gate knows only the first)."""
-    logs = [[math.log(v) for v in s] for s in starts if len(s) >= 2]
-    k = len(logs)
-    if k < 2:
+    """Within- and between-start noise of log throughput: bench/stats.py's start_noise (one-way random effects, the
+    ANOVA estimator, as the start_noise filter gives it) over the starts of two or more runs, with what the report
+    prints beside it: each start's runs, mean, CV and range, the spread of the starts' means, and the smallest drop a
+    fixed one-sided test at ``alpha`` and ``power`` would detect with 5 baseline and ``max_runs`` candidate runs, with
+    and without the between-start term (a restart gate's difference of means carries
+    sd_within^2 (1/n_b + 1/n_c) + 2 sd_between^2)."""
+    starts = [list(s) for s in starts if len(s) >= 2]
+    if len(starts) < 2:
         raise ValueError("at least two starts with two runs each")
-    n = [len(s) for s in logs]
-    total = sum(n)
-    means = [sum(s) / len(s) for s in logs]
-    grand = sum(sum(s) for s in logs) / total
-    ssw = sum((x - m) ** 2 for s, m in zip(logs, means) for x in s)
-    ssb = sum(ni * (m - grand) ** 2 for ni, m in zip(n, means))
-    msw, msb = ssw / (total - k), ssb / (k - 1)
-    n0 = (total - sum(ni * ni for ni in n) / total) / (k - 1)
-    var_b = max(0.0, (msb - msw) / n0)
-    f = msb / msw if msw > 0 else float("inf")
-    df = total - k
+    noise = start_noise(starts)
+    df = noise["df"][1]
 
     def sdd(extra_var: float) -> float:
-        se = math.sqrt(msw * (1.0 / 5 + 1.0 / max_runs) + extra_var)
+        se = math.sqrt(noise["sd_within"] ** 2 * (1.0 / 5 + 1.0 / max_runs) + extra_var)
         return 1.0 - math.exp(-(t_quantile(alpha, df) + t_quantile(1.0 - power, df)) * se)
 
     per = []
-    for s, raw in zip(logs, starts):
-        m = sum(s) / len(s)
-        sd = math.sqrt(sum((x - m) ** 2 for x in s) / (len(s) - 1))
-        per.append({"runs": len(s), "mean": sum(raw) / len(raw), "cv_log": sd, "min": min(raw), "max": max(raw)})
-    start_means = [math.exp(m) for m in means]
-    return {"starts": k, "runs": total, "per_start": per, "sd_within": math.sqrt(msw), "sd_between": math.sqrt(var_b),
-            "f": f, "df": [k - 1, df], "p_between": _f_sf(f, k - 1, df),
-            "start_means": start_means, "spread_of_means": max(start_means) / min(start_means) - 1.0,
-            "sdd_within_only": sdd(0.0), "sdd_across_restart": sdd(2.0 * var_b),
+    for raw in starts:
+        logs = [math.log(v) for v in raw]
+        m = sum(logs) / len(logs)
+        sd = math.sqrt(sum((x - m) ** 2 for x in logs) / (len(logs) - 1))
+        per.append({"runs": len(raw), "mean": sum(raw) / len(raw), "cv_log": sd, "min": min(raw), "max": max(raw)})
+    means = noise["start_means"]
+    return {**noise, "per_start": per, "spread_of_means": max(means) / min(means) - 1.0,
+            "sdd_within_only": sdd(0.0), "sdd_across_restart": sdd(2.0 * noise["sd_between"] ** 2),
             "settings": {"alpha": alpha, "power": power, "baseline_runs": 5, "candidate_runs": max_runs}}
