@@ -56,6 +56,9 @@ ALLOWED = {
     # sums; its verify reads GPUs with gpu_health's NVML reader and Xids with the health audit's parser
     # and the upgrade is a kind of change
     "driver": {"kernel", "gpu", "pcie", "change"},
+    # an NCCL settings change is a kind of change; its check first runs the host lint's NCCL rules on the candidate;
+    # its verification reads vllm_ready's start-log findings as the vLLM upgrade does
+    "nccl": {"change", "lint", "vllm"},
 }
 
 
