@@ -14,7 +14,7 @@ description:
   - A change of the NCCL settings (the C(gpufleet.inference.nccl_env) profile, its settings and the P2P choice) on a
     running vLLM service, as a state machine kept on the host, on the change flow every kind of change shares
     (docs/change_flow.md, docs/nccl_change.md). The controller reports what it just did (O(event) and O(data)); the
-    module reads the two NCCL files (O(conf_path), O(env_file): bytes, mode, owner), the environment of O(unit)'s main
+    module reads the two NCCL files (O(conf_path), O(env_file); bytes, mode, owner), the environment of O(unit)'s main
     process (C(systemctl show -p MainPID), then C(/proc/PID/environ)) and the journal
     C(/var/lib/gpufleet/nccl_change/journal.json), decides, writes the journal durably (temp file, fsync, rename, fsync
     of the directory) and returns RV(next_action). A controller lost at any point resumes on the next run from the
