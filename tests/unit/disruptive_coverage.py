@@ -71,6 +71,7 @@ def expand(text: str, bound: dict) -> str:
     """``text`` with each ``{{ name }}`` of a bound variable replaced by its value."""
     return PLAIN_VAR.sub(lambda m: bound.get(m.group(1), m.group(0)), text)
 
+
 # Restarts that do not interrupt serving, each with why; the key is "<file>: <task name>".
 NOT_DISRUPTIVE = {
     "roles/irq_affinity/tasks/main.yml: Restart irqbalance (only if it runs)":
