@@ -33,19 +33,16 @@ description:
     the verdict with O(findings=note)), the candidate's benchmark rounds, the outputs and the host's health, the serving
     verdict; V(pass) is committed, anything else puts the original bytes back (a file that did not exist is removed),
     restarts the unit and checks the original environment. No reboot.
-  - With O(lease_run_id) set, every step renews the host's lease (C(gpufleet.inference.host_lease)) and refuses when this
-    run no longer holds it; with it empty no lease is written, but a live lease of another run still refuses the step.
-    A refused step writes nothing.
-  - The journal belongs to the run that started it. Another run resumes it only at its V(start), when it holds the
-    host's lease under its own run id or names the journal's run in O(take_over).
-  - A journal that is not valid JSON or not of the expected shape, and event data of the wrong shape, are refused with
-    the file and the field named; nothing is changed.
 author:
   - gpufleet.inference contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.inference.common
   - gpufleet.inference.common.attributes
+  - gpufleet.inference.change_step
 options:
+  target:
+    description: The name of the candidate settings (the C(gpufleet.inference.nccl_env) filter's C(id)); it must name
+      O(settings).
   settings:
     description: The candidate NCCL settings (C(KEY) to value), as the C(gpufleet.inference.nccl_env) filter resolves
       them (its C(settings)).
@@ -75,10 +72,7 @@ options:
     type: path
     default: /etc/gpufleet/nccl.env
   event:
-    description: What the controller just did (V(start) at the beginning of a run).
-    type: str
     choices: [start, locked, benchmarked, audited, outputs, checked, committed, rolled_back, error, installed, activated]
-    default: start
   data:
     description:
       - The event's data. V(benchmarked) - C(label), C(samples), C(files), C(nccl) (the name of the settings measured),
@@ -88,12 +82,6 @@ options:
         V(activated) - C(restart) (C(failed), C(msg)), C(ready) (vllm_ready's answer on the candidate - C(ok), C(msg),
         C(kernel_path)). V(checked) - C(outputs), C(pcie), C(kernel_log). V(committed)/V(rolled_back) - C(locked),
         C(server), C(files). V(error) - C(msg).
-    type: dict
-    default: {}
-  run_id:
-    description: The rollout's id, kept in the journal.
-    type: str
-    default: ""
   restart_ok:
     description: The explicit yes to write the files and restart the service; without it the answer is the plan
       (C(planned)).
@@ -102,21 +90,8 @@ options:
   lock:
     description: Answer the V(lock) action at the start (NCCL settings hold no package; the nccl_env role refuses to
       write while a change is open).
-    type: bool
-    default: true
   verify_pcie:
-    description: Audit the PCIe path before the change (the stability part audits it in any case).
-    type: bool
     default: false
-  outputs:
-    description: The outputs part of the serving verdict (a reference recorded on the old settings, compared after the
-      gate); V(false) leaves it out and the verdict names it as not measured.
-    type: bool
-    default: true
-  stability:
-    description: The stability part of the serving verdict (the host's health before and after); V(false) leaves it out.
-    type: bool
-    default: true
   findings:
     description:
       - What a start-log finding of the candidate (warning or error, from vllm_ready's kernel path) that the old settings
@@ -125,35 +100,14 @@ options:
     type: str
     choices: [fail, note]
     default: fail
-  gate:
-    description: The gate's settings, as C(gpufleet.inference.kernel_rollout_step)'s O(gate).
-    type: dict
-    default: {}
   journal:
-    description: The journal's path on the host.
-    type: path
     default: /var/lib/gpufleet/nccl_change/journal.json
-  lease_run_id:
-    description: Renew the host's lease for this run at every step (empty - no lease is written).
-    type: str
-    default: ""
-  take_over:
-    description: The run id of an unfinished journal this run takes over although it did not start it.
-    type: str
-    default: ""
-  lease_ttl:
-    description: Seconds each renewal extends the lease.
-    type: int
-    default: 7200
-  preflight:
-    description: This run's go or no-go before a change starts (C(ok), C(msg)); empty - go.
-    type: dict
-    default: {}
 """
 
 EXAMPLES = r"""
 - name: Start (or resume) the NCCL change to P2P off
   gpufleet.inference.nccl_change_step:
+    target: "{{ ('p2p_off' | gpufleet.inference.nccl_env).id }}"
     settings: "{{ ('p2p_off' | gpufleet.inference.nccl_env).settings }}"
     event: start
     restart_ok: true
@@ -162,6 +116,7 @@ EXAMPLES = r"""
 
 - name: Report the restart and the candidate's readiness
   gpufleet.inference.nccl_change_step:
+    target: "{{ ('p2p_off' | gpufleet.inference.nccl_env).id }}"
     settings: "{{ ('p2p_off' | gpufleet.inference.nccl_env).settings }}"
     event: activated
     data:
@@ -230,33 +185,20 @@ actions:
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import FlowError
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.step import step_argument_spec
 from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.nccl_change_step import EVENTS, execute
 
-ARGUMENT_SPEC = dict(
+ARGUMENT_SPEC = step_argument_spec(
+    EVENTS, "/var/lib/gpufleet/nccl_change/journal.json",
     settings=dict(type="dict", required=True),
     allow_unknown=dict(type="list", elements="str", default=[]),
     allow_findings=dict(type="list", elements="str", default=[]),
     unit=dict(type="str", default="vllm.service"),
     conf_path=dict(type="path", default="/etc/nccl.conf"),
     env_file=dict(type="path", default="/etc/gpufleet/nccl.env"),
-    event=dict(type="str", choices=EVENTS, default="start"),
-    data=dict(type="dict", default={}),
-    run_id=dict(type="str", default=""),
     restart_ok=dict(type="bool", default=False),
-    lock=dict(type="bool", default=True),
-    verify_pcie=dict(type="bool", default=False),
-    outputs=dict(type="bool", default=True),
-    stability=dict(type="bool", default=True),
     findings=dict(type="str", choices=["fail", "note"], default="fail"),
-    gate=dict(type="dict", default={}),
-    journal=dict(type="path", default="/var/lib/gpufleet/nccl_change/journal.json"),
-    lease_run_id=dict(type="str", default=""),
-    take_over=dict(type="str", default=""),
-    lease_ttl=dict(type="int", default=7200),
-    preflight=dict(type="dict", default={}),
-    root=dict(type="path", default="/"),
 )
-
 
 def main():
     run_module(ModuleSpec("nccl_change_step", ARGUMENT_SPEC, "reads the NCCL files and the unit's environment and "

@@ -15,7 +15,7 @@ the candidate's values, with vllm_ready proving it serves (a new start-log findi
 the shared candidate rounds, the checks and the serving verdict; ``pass`` keeps the candidate, anything else puts the
 original bytes back (or removes a file that did not exist), restarts the unit and checks the original environment.
 
-Names: a set of settings is named by ``settings_id`` (``nccl-`` and 12 hex digits of its SHA-256, ``nccl-none`` for no
+Names: a set of settings is named by env.py's ``settings_id`` (``nccl-`` and 12 hex digits of its SHA-256, ``nccl-none`` for no
 setting at all), over the *managed view*: every ``NCCL_*`` variable and the other variables (CUDA_*, TORCH_*) that the
 old or the candidate settings name. ``running`` in the observation is the name of the view of the unit's main process'
 environment (None when the unit has no main process or its environment cannot be read), ``default`` the name of the
@@ -29,7 +29,6 @@ Stages of the kind: ``installing`` (written before the files are: a run that fin
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
@@ -39,7 +38,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.change.shapes i
     is_dict, is_text, list_of, optional,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.lint.host_lint import Setting, rule_nccl
-from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.env import NcclEnvError, is_nccl_key, validate
+from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.env import (
+    NcclEnvError, is_nccl_key, settings_id, validate,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.upgrade import (
     FINDINGS_MODES, new_path_findings, path_findings,
 )
@@ -61,7 +62,6 @@ ACTIONS = ({"name": "lock", "reports": "locked"}, {"name": "benchmark", "reports
 FILES = ("conf", "env")  # the journal's names of the file NCCL reads and the EnvironmentFile
 # The most a settings file may hold to be recorded in the journal and put back byte for byte.
 MAX_FILE_BYTES = 65536
-NONE_ID = "nccl-none"
 
 
 # ---- names of settings ---------------------------------------------------------------------------------
@@ -73,14 +73,6 @@ def managed_keys(*settings: dict[str, Any] | None) -> set[str]:
 def view(env: dict[str, Any] | None, keys: set[str]) -> dict[str, str]:
     """The managed view of an environment: every NCCL_* variable and the variables of ``keys``."""
     return {k: str(v) for k, v in sorted((env or {}).items()) if is_nccl_key(k) or k in keys}
-
-
-def settings_id(settings: dict[str, Any]) -> str:
-    """The name of a set of settings (its managed view): ``nccl-`` and 12 hex digits, ``nccl-none`` when empty."""
-    if not settings:
-        return NONE_ID
-    blob = json.dumps({str(k): str(v) for k, v in settings.items()}, sort_keys=True, separators=(",", ":"))
-    return "nccl-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:12]
 
 
 def names(candidate: dict[str, str], on_disk: dict[str, str], environ: dict[str, str] | None,

@@ -21,6 +21,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow imp
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.journal import load_journal
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.step import take_step
 from ansible_collections.gpufleet.inference.plugins.module_utils.lint.host_lint import env_file
+from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.env import settings_id
 from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.change import (
     EVENTS as FLOW_EVENTS, HISTORY_DIR, MAX_FILE_BYTES, NCCL, check_journal, names,
 )
@@ -107,6 +108,10 @@ def execute(p: dict, host: Host, check_mode: bool, now: float | None = None) -> 
         journal = load_journal(fs, p["journal"], NCCL)
         journal = check_journal(journal, p["journal"]) if journal is not None else None
         seen.update(read_host(p, host, journal))
+        if p["target"] != settings_id(seen["candidate"]):
+            raise FlowError(f"target {p['target']!r} is not the name of the settings given "
+                            f"({settings_id(seen['candidate'])}): pass the gpufleet.inference.nccl_env filter's id and "
+                            "settings of one resolution; nothing was changed")
         if journal is not None and not journal.get("finished") and journal["target"] != seen["target"]:
             raise FlowError(
                 f"an NCCL change to {journal['target']} ({json.dumps(journal['target_settings'], sort_keys=True)}; run "

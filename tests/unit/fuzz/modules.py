@@ -220,7 +220,8 @@ def specs(vllm_url: str) -> dict[str, Spec]:
                 "verdict": {"verdict": "regression"}, "ratio": 0.91, "p_value": 0.001, "runs_needed": 0}},
             ["/var/lib/prometheus/node-exporter/gpufleet_verdict.prom"]),
         "nccl_change_step": Spec(nccl_change_step, _nccl_change_baseline, lambda r: {
-            "root": r, "settings": FilterModule().filters()["nccl_env"]("p2p_off")["settings"], "run_id": "run1",
+            "root": r, "settings": FilterModule().filters()["nccl_env"]("p2p_off")["settings"],
+            "target": FilterModule().filters()["nccl_env"]("p2p_off")["id"], "run_id": "run1",
             "restart_ok": True, "event": "start"},
             ["/var/lib/gpufleet/nccl_change/journal.json", "/etc/gpufleet/nccl.env", "/etc/nccl.conf",
              "/proc/4242/environ"]),

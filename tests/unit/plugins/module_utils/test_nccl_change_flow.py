@@ -20,7 +20,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.driver.upgrade 
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import KERNEL
 from ansible_collections.gpufleet.inference.plugins.module_utils.lint.host_lint import env_file
 from ansible_collections.gpufleet.inference.plugins.module_utils.nccl import change
-from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.env import render_conf, render_envfile, resolve
+from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.env import (
+    NONE_ID, render_conf, render_envfile, resolve, settings_id,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.upgrade import VLLM
 from tests.unit.plugins.module_utils.flow_sim import BASE_RUNS
 
@@ -343,9 +345,10 @@ def test_settings_no_step_can_use_are_refused(bad, match):
 
 
 def test_names_are_stable_and_name_the_managed_view_only():
-    assert change.settings_id({}) == change.NONE_ID
-    assert change.settings_id({"NCCL_A": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}) == \
-        change.settings_id({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "NCCL_A": "1"})
+    assert settings_id({}) == NONE_ID == "nccl-none"
+    assert settings_id({"NCCL_A": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}) == \
+        settings_id({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "NCCL_A": "1"})
+    assert settings_id(NEW).startswith("nccl-") and len(settings_id(NEW)) == 17
     seen = change.names(NEW, OLD, {**OLD, "PATH": "/bin", "CUDA_VISIBLE_DEVICES": "0,1"}, None)
     assert seen["environ"] == OLD and seen["running"] == seen["default"] != seen["target"]
     assert change.p2p_choice(NEW) == "p2p_off" and change.p2p_choice({}) == "p2p_on"

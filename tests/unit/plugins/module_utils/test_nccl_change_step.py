@@ -16,8 +16,10 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._host.commands 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.host import Host
 from ansible_collections.gpufleet.inference.plugins.module_utils.nccl import nccl_change_step as step_mod
-from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.change import JOURNAL, settings_id
-from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.env import render_conf, render_envfile, resolve
+from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.change import JOURNAL
+from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.env import (
+    render_conf, render_envfile, resolve, settings_id,
+)
 
 NOW = 1_796_000_000.0
 OLD, NEW = resolve("pcie_safe"), resolve("p2p_off")
@@ -56,7 +58,7 @@ def tree(root: Path, settings: dict | None = OLD, environ: dict | None = None, p
 
 
 def params(**over) -> dict:
-    p = {"settings": NEW, "allow_unknown": [], "allow_findings": [], "unit": "vllm.service", "conf_path": "/etc/nccl.conf",
+    p = {"target": settings_id(NEW), "settings": NEW, "allow_unknown": [], "allow_findings": [], "unit": "vllm.service", "conf_path": "/etc/nccl.conf",
          "env_file": "/etc/gpufleet/nccl.env", "event": "start", "data": {}, "run_id": "run1", "restart_ok": True,
          "lock": True, "verify_pcie": False, "outputs": False, "stability": False, "findings": "fail",
          "gate": {"min_runs": 5, "max_runs": 15}, "journal": JOURNAL, "lease_run_id": "", "take_over": "",
@@ -127,7 +129,8 @@ def test_a_symlinked_file_cannot_be_put_back_byte_for_byte_and_is_refused(tmp_pa
 
 def test_an_invalid_candidate_and_a_corrupt_journal_are_refused_and_nothing_is_written(tmp_path):
     host = tree(tmp_path)
-    result = step_mod.execute(params(settings=dict(NEW, NCCL_SOCKET_IFNAME="eth 0")), host, False, now=NOW)
+    bad = dict(NEW, NCCL_SOCKET_IFNAME="eth 0")
+    result = step_mod.execute(params(settings=bad, target=settings_id(bad)), host, False, now=NOW)
     assert result["next_action"]["decision"] == "refused" and "NCCL_SOCKET_IFNAME" in result["next_action"]["reason"]
     path = tmp_path / JOURNAL.lstrip("/")
     path.parent.mkdir(parents=True)
@@ -140,7 +143,8 @@ def test_an_invalid_candidate_and_a_corrupt_journal_are_refused_and_nothing_is_w
 def test_other_settings_while_a_change_is_open_are_refused_naming_both(tmp_path):
     host = tree(tmp_path)
     baseline(host)
-    result = step_mod.execute(params(settings=dict(NEW, NCCL_DEBUG="INFO")), host, False, now=NOW)
+    other = dict(NEW, NCCL_DEBUG="INFO")
+    result = step_mod.execute(params(settings=other, target=settings_id(other)), host, False, now=NOW)
     reason = result["next_action"]["reason"]
     assert result["next_action"]["decision"] == "refused" and "is in progress at stage installing" in reason
     assert '"NCCL_DEBUG": "INFO"' in reason and "nccl_change_settings" in reason
@@ -151,3 +155,11 @@ def test_check_mode_plans_and_writes_nothing(tmp_path):
     result = step_mod.execute(params(event="locked"), host, True, now=NOW)
     assert result["next_action"]["decision"] == "planned" and not (tmp_path / "var/lib/gpufleet").exists()
     assert "NCCL_P2P_DISABLE is not set in the running settings (want 1)" in result["next_action"]["reason"]
+
+
+def test_a_target_that_does_not_name_the_settings_is_refused(tmp_path):
+    host = tree(tmp_path)
+    result = step_mod.execute(params(target=settings_id(OLD)), host, False, now=NOW)
+    assert result["next_action"]["decision"] == "refused"
+    assert f"target '{settings_id(OLD)}' is not the name of the settings given ({settings_id(NEW)})" in \
+        result["next_action"]["reason"]

@@ -47,7 +47,8 @@ def test_the_role_keeps_no_decisions_of_its_own():
 
 def test_the_step_passes_every_setting_the_flow_reads():
     step = load("step.yml")[0]["gpufleet.inference.nccl_change_step"]
-    assert {"settings", "allow_unknown", "allow_findings", "unit", "conf_path", "env_file", "event", "data", "run_id",
+    assert step["target"] == "{{ __nccl_change.id }}" and step["settings"] == "{{ __nccl_change.settings }}"
+    assert {"target", "settings", "allow_unknown", "allow_findings", "unit", "conf_path", "env_file", "event", "data", "run_id",
             "restart_ok", "verify_pcie", "outputs", "stability", "findings", "lease_run_id", "lease_ttl",
             "gate"} <= set(step) <= set(ARGUMENT_SPEC)
     data = load("action_benchmark.yml")[-1]["vars"]["__nccl_change_data"]
