@@ -354,6 +354,7 @@ def test_names_are_stable_and_name_the_managed_view_only():
     assert change.p2p_choice(NEW) == "p2p_off" and change.p2p_choice({}) == "p2p_on"
 
 
+# Every kind's shape, in one place (it was the vLLM upgrade's test over kernel and vLLM): the same test for every kind.
 @pytest.mark.parametrize("kind", [KERNEL, VLLM, DRIVER, change.NCCL], ids=["kernel", "vllm", "driver", "nccl"])
 def test_every_kind_answers_the_shared_actions_and_has_the_shared_stages(kind):
     actions = {a["name"]: a["reports"] for a in kind.actions}
