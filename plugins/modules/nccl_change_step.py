@@ -200,6 +200,7 @@ ARGUMENT_SPEC = step_argument_spec(
     findings=dict(type="str", choices=["fail", "note"], default="fail"),
 )
 
+
 def main():
     run_module(ModuleSpec("nccl_change_step", ARGUMENT_SPEC, "reads the NCCL files and the unit's environment and "
                           "writes /var/lib/gpufleet", (FlowError,)), execute)

@@ -325,7 +325,7 @@ def test_files_changed_outside_the_flow_during_the_candidate_are_a_verdict_of_th
 def test_other_settings_asked_for_while_a_change_is_open_are_refused_and_a_damaged_journal_too():
     host = Host()
     event, data = "start", {}
-    for _ in range(3):
+    for _step in range(3):
         journal, action = change.step(host.journal, host.observe(event, data))
         host.write(journal)
         event, data = host.execute(action)

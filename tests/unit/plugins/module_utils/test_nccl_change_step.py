@@ -43,8 +43,10 @@ class Systemctl:
         return 0, self.pid + "\n", ""
 
 
-def tree(root: Path, settings: dict | None = OLD, environ: dict | None = None, pid: str = "4242") -> Host:
-    """The files of ``settings`` (none at all with None) and a process that started with ``environ`` (the settings')."""
+def tree(root: Path, settings: dict | None | str = "pcie_safe", environ: dict | None = None, pid: str = "4242") -> Host:
+    """The files of ``settings`` (a profile's name, the settings, or None: no files at all) and a process that started
+    with ``environ`` (the settings')."""
+    settings = resolve(settings) if isinstance(settings, str) else settings
     if settings is not None:
         (root / "etc/gpufleet").mkdir(parents=True)
         (root / "etc/nccl.conf").write_text(render_conf(settings, "pcie_safe"))
