@@ -25,6 +25,8 @@ def _nccl_env(profile, settings=None, allow_unknown=None, p2p=None, bench=None, 
             "pair_levels": levels,
             "p2p_level": ne.p2p_allow_level(levels),
             "settings": resolved,
+            # the name of the settings (the NCCL change's target): nccl- and 12 hex digits of their SHA-256
+            "id": ne.settings_id(resolved),
             "nccl_conf": ne.render_conf(resolved, profile, note),
             "env_file": ne.render_envfile(resolved, profile, note),
             "ab_candidates": candidates,

@@ -96,7 +96,7 @@ options:
   source:
     description: What ran the benchmark.
     type: str
-    choices: [site, tune_measured, kernel_upgrade, vllm_upgrade, health, on_demand]
+    choices: [site, tune_measured, kernel_upgrade, vllm_upgrade, driver_upgrade, nccl_change, health, on_demand]
     default: on_demand
   gpu_driver:
     description: GPU driver version during the benchmark (for example C(/sys/module/nvidia/version)).

@@ -22,30 +22,22 @@ description:
     a module reload or a reboot and verified against the driver's state before (V(activate)), the candidate's benchmark
     rounds, the outputs and the host's health, the serving verdict; V(pass) is committed (the holds on the candidate's
     packages), anything else reinstalls each package's old version and activates the old driver again (V(rollback)).
-  - With O(lease_run_id) set, every step renews the host's lease (C(gpufleet.inference.host_lease)); a live lease of
-    another run refuses the step. A refused step writes nothing.
-  - A journal that is not valid JSON or not of the expected shape, and event data of the wrong shape, are refused with
-    the file and the field named; nothing is changed.
 author:
   - gpufleet.inference contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.inference.common
   - gpufleet.inference.common.attributes
+  - gpufleet.inference.change_step
 options:
   target:
     description: The candidate version of the driver's packages, as apt names it (C(550.54.15-1)).
-    type: str
-    required: true
   packages:
     description: The driver's packages to upgrade; the first one's installed version is the installed driver's.
     type: list
     elements: str
     required: true
   event:
-    description: What the controller just did (V(start) at the beginning of a run).
-    type: str
     choices: [start, locked, benchmarked, audited, outputs, checked, committed, rolled_back, error, installed, activated]
-    default: start
   data:
     description:
       - The event's data. V(benchmarked) - C(label), C(samples), C(files), C(driver) (the driver version measured),
@@ -54,12 +46,6 @@ options:
         (C(failed), C(msg), C(stdout), C(stderr)). V(activated) - C(activation) (C(failed), C(msg)), C(verify)
         (M(gpufleet.inference.driver_verify)'s answer - C(ok), C(msg), C(checks)). V(checked) - C(outputs), C(pcie),
         C(kernel_log). V(committed)/V(rolled_back) - C(locked), C(server). V(error) - C(msg).
-    type: dict
-    default: {}
-  run_id:
-    description: The rollout's id, kept in the journal.
-    type: str
-    default: ""
   activate:
     description: How the candidate (and the old driver on the way back) is activated.
     type: str
@@ -71,29 +57,13 @@ options:
     default: false
   lock:
     description: Answer the V(lock) action at the start (hold the driver's packages).
-    type: bool
-    default: true
   hold_packages:
     description: More packages held with the driver's.
     type: list
     elements: str
     default: []
   verify_pcie:
-    description: Audit the PCIe path before the upgrade (the stability part audits it in any case).
-    type: bool
     default: false
-  outputs:
-    description: The outputs part of the serving verdict; V(false) leaves it out and the verdict names it as not measured.
-    type: bool
-    default: true
-  stability:
-    description: The stability part of the serving verdict (the host's health before and after); V(false) leaves it out.
-    type: bool
-    default: true
-  gate:
-    description: The gate's settings, as C(gpufleet.inference.kernel_rollout_step)'s O(gate).
-    type: dict
-    default: {}
   version_file:
     description: The loaded driver's version file (NVRM's words).
     type: path
@@ -102,25 +72,9 @@ options:
     description: M(gpufleet.inference.driver_verify)'s state before the change, kept in the journal.
     type: dict
   journal:
-    description: The journal's path on the host.
-    type: path
     default: /var/lib/gpufleet/driver_upgrade/journal.json
-  lease_run_id:
-    description: Renew the host's lease for this run at every step (empty - no lease is written).
-    type: str
-    default: ""
-  take_over:
-    description: The run id of an unfinished journal this run takes over although it did not start it.
-    type: str
-    default: ""
-  lease_ttl:
-    description: Seconds each renewal extends the lease.
-    type: int
-    default: 7200
   preflight:
     description: This run's go or no-go (M(gpufleet.inference.driver_upgrade_preflight)'s C(ok), C(msg)); empty - go.
-    type: dict
-    default: {}
 """
 
 EXAMPLES = r"""
@@ -187,30 +141,17 @@ actions:
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import FlowError
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.step import step_argument_spec
 from ansible_collections.gpufleet.inference.plugins.module_utils.driver.driver_upgrade_step import EVENTS, execute
 
-ARGUMENT_SPEC = dict(
-    target=dict(type="str", required=True),
+ARGUMENT_SPEC = step_argument_spec(
+    EVENTS, "/var/lib/gpufleet/driver_upgrade/journal.json",
     packages=dict(type="list", elements="str", required=True),
-    event=dict(type="str", choices=EVENTS, default="start"),
-    data=dict(type="dict", default={}),
-    run_id=dict(type="str", default=""),
     activate=dict(type="str", choices=["reload", "reboot"], default="reboot"),
     reboot_ok=dict(type="bool", default=False),
-    lock=dict(type="bool", default=True),
     hold_packages=dict(type="list", elements="str", default=[]),
-    verify_pcie=dict(type="bool", default=False),
-    outputs=dict(type="bool", default=True),
-    stability=dict(type="bool", default=True),
-    gate=dict(type="dict", default={}),
     version_file=dict(type="path", default="/proc/driver/nvidia/version"),
     state=dict(type="dict"),
-    journal=dict(type="path", default="/var/lib/gpufleet/driver_upgrade/journal.json"),
-    lease_run_id=dict(type="str", default=""),
-    take_over=dict(type="str", default=""),
-    lease_ttl=dict(type="int", default=7200),
-    preflight=dict(type="dict", default={}),
-    root=dict(type="path", default="/"),
 )
 
 

@@ -40,17 +40,13 @@ author:
 extends_documentation_fragment:
   - gpufleet.inference.common
   - gpufleet.inference.common.attributes
+  - gpufleet.inference.change_step
 options:
   target:
     description: The kernel release to move to, as C(uname -r) prints it.
-    type: str
-    required: true
   event:
-    description: What the controller just did (V(start) at the beginning of a run).
-    type: str
     choices: [start, locked, benchmarked, audited, outputs, pinned, installed, rebooted, verified, checked, committed, rolled_back,
               error]
-    default: start
   data:
     description:
       - The event's data. V(start) - C(preflight) (the result of C(kernel_upgrade_preflight)). V(benchmarked) - C(label),
@@ -61,20 +57,12 @@ options:
         C(pcie) (the audit after the candidate's benchmark), C(kernel_log) (the kernel log of the candidate's boot).
         V(installed) - C(preflight) (phase installed). V(verified) - C(cmdline_missing), C(findings_after),
         C(vllm) (C(checked), C(ok), C(msg)). V(committed)/V(rolled_back) - C(locked), C(server). V(error) - C(msg).
-    type: dict
-    default: {}
-  run_id:
-    description: The rollout's id, kept in the journal.
-    type: str
-    default: ""
   reboot_ok:
     description: The explicit yes to install and reboot; without it the answer is the plan (C(planned)).
     type: bool
     default: false
   lock:
     description: Hold the kernel, its meta-packages and the GPU driver packages between upgrades.
-    type: bool
-    default: true
   lock_packages:
     description: More packages to hold where installed.
     type: list
@@ -82,25 +70,10 @@ options:
     default: []
   verify_pcie:
     description: Audit the PCIe path before the upgrade, to compare after the boot.
-    type: bool
     default: true
   outputs:
-    description:
-      - The outputs part of the serving verdict - record an output reference on the old kernel before any change (the
-        V(outputs) action, gpufleet.inference.output_equivalence C(mode=record)), compare the candidate with it once the
-        gate's answer is final (the V(check) action); a V(diverged) candidate is rolled back (decision V(diverged)).
-      - V(false) leaves the part out, and the verdict names it as not measured.
-    type: bool
-    default: true
     version_added: 0.3.0
   stability:
-    description:
-      - The stability part of the serving verdict - keep the PCIe audit's document before the change and audit again
-        after the candidate's benchmark (with the kernel log of its boot); a GPU gone, a link trained down, new AER
-        errors, Xid events or more failed requests roll back (decision V(unstable)).
-      - V(false) leaves the host's health out (the verdict names it as not measured; the failed requests still count).
-    type: bool
-    default: true
     version_added: 0.3.0
   headers:
     description:
@@ -117,35 +90,10 @@ options:
         which the unit compares with its own uptime, never with the wall clock.
     type: int
     default: 1800
-  gate:
-    description: The gate's settings (C(threshold), C(alpha), C(pass_alpha), C(min_runs), C(max_runs), and optionally
-      C(max_baseline_runs), C(candidate_min_runs) (the first look, default 4), C(requests_per_run), C(latency_margins)
-      (TTFT/TPOT p50/p90 and ITL p99 margins; missing keys keep the gate's defaults) and C(latency_alpha)), checked before any run.
-    type: dict
-    default: {}
   journal:
-    description: The journal's path on the host.
-    type: path
     default: /var/lib/gpufleet/kernel_upgrade/journal.json
-  lease_run_id:
-    description: Renew the host's lease for this run at every step (empty - no lease is written; a live lease of another
-      run still refuses).
-    type: str
-    default: ""
-  take_over:
-    description:
-      - The run id of an unfinished journal this run takes over although it did not start it (that run must be gone).
-        Not needed where this run holds the host's lease (O(lease_run_id) = O(run_id)).
-    type: str
-    default: ""
-  lease_ttl:
-    description: Seconds each renewal extends the lease.
-    type: int
-    default: 7200
   preflight:
     description: This run's C(gpufleet.inference.kernel_upgrade_preflight) result (go or no-go before an upgrade starts).
-    type: dict
-    default: {}
 """
 
 EXAMPLES = r"""
@@ -208,29 +156,16 @@ actions:
 """
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.step import step_argument_spec
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.kernel_rollout_step import EVENTS, execute
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import FlowError
 
-ARGUMENT_SPEC = dict(
-    target=dict(type="str", required=True),
-    event=dict(type="str", choices=EVENTS, default="start"),
-    data=dict(type="dict", default={}),
-    run_id=dict(type="str", default=""),
+ARGUMENT_SPEC = step_argument_spec(
+    EVENTS, "/var/lib/gpufleet/kernel_upgrade/journal.json", verify_pcie=True,
     reboot_ok=dict(type="bool", default=False),
-    lock=dict(type="bool", default=True),
     lock_packages=dict(type="list", elements="str", default=[]),
-    verify_pcie=dict(type="bool", default=True),
-    outputs=dict(type="bool", default=True),
-    stability=dict(type="bool", default=True),
     headers=dict(type="str", choices=["auto", "always", "never"], default="auto"),
     commit_timeout=dict(type="int", default=1800),
-    gate=dict(type="dict", default={}),
-    journal=dict(type="path", default="/var/lib/gpufleet/kernel_upgrade/journal.json"),
-    lease_run_id=dict(type="str", default=""),
-    take_over=dict(type="str", default=""),
-    lease_ttl=dict(type="int", default=7200),
-    preflight=dict(type="dict", default={}),
-    root=dict(type="path", default="/"),
 )
 
 

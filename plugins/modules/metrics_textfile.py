@@ -61,7 +61,7 @@ options:
       - The C(change) label of a O(verdict), what the candidate changed (M(gpufleet.inference.throughput_gate)'s
         O(gpufleet.inference.throughput_gate#module:change)).
     type: str
-    choices: [none, kernel, host, driver, vllm_flags, vllm_version]
+    choices: [none, kernel, host, driver, nccl, vllm_flags, vllm_version]
     default: none
   profile:
     description: The C(profile) label of a O(benchmark); default the result's C(label), else C(default).

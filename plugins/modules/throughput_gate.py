@@ -189,11 +189,11 @@ options:
   change:
     description:
       - What the candidate changed, and so which workload fields may differ between the sides (every other must be equal).
-      - V(none), V(kernel), V(host) (sysfs, PCIe, IRQ, hugepages tuning) and V(driver) let nothing of the workload differ;
-        V(vllm_flags) lets C(server_argv) and C(max_model_len) differ; V(vllm_version) C(vllm_version) and C(server_argv).
+      - V(none), V(kernel), V(host) (sysfs, PCIe, IRQ, hugepages tuning), V(driver) and V(nccl) (NCCL settings) let
+        nothing of the workload differ; V(vllm_flags) lets C(server_argv) and C(max_model_len) differ; V(vllm_version) C(vllm_version) and C(server_argv).
       - See docs/benchmark.md, "What the gate compares".
     type: str
-    choices: [none, kernel, host, driver, vllm_flags, vllm_version]
+    choices: [none, kernel, host, driver, nccl, vllm_flags, vllm_version]
     default: none
   candidate_workload:
     description: The candidate's workload, as O(baseline_workload).

@@ -24,28 +24,17 @@ description:
     with the old version's (a new warning or error finding fails the verification, or is named in the verdict with
     O(findings=note)), the candidate's benchmark rounds, the outputs and the host's health, the serving verdict; V(pass)
     is committed, anything else points the link back at the old venv and restarts the unit. No reboot.
-  - With O(lease_run_id) set, every step renews the host's lease (C(gpufleet.inference.host_lease)) and refuses when this
-    run no longer holds it; with it empty no lease is written, but a live lease of another run still refuses the step.
-    A refused step writes nothing.
-  - The journal belongs to the run that started it. Another run resumes it only at its V(start), when it holds the
-    host's lease under its own run id or names the journal's run in O(take_over).
-  - A journal that is not valid JSON or not of the expected shape, and event data of the wrong shape, are refused with
-    the file and the field named; nothing is changed.
 author:
   - gpufleet.inference contributors (@gpufleet)
 extends_documentation_fragment:
   - gpufleet.inference.common
   - gpufleet.inference.common.attributes
+  - gpufleet.inference.change_step
 options:
   target:
     description: The vLLM version to move to, as pip prints it (letters, digits and C(. + ! _ -)).
-    type: str
-    required: true
   event:
-    description: What the controller just did (V(start) at the beginning of a run).
-    type: str
     choices: [start, locked, benchmarked, audited, outputs, checked, committed, rolled_back, error, installed, switched]
-    default: start
   data:
     description:
       - The event's data. V(benchmarked) - C(label), C(samples), C(files), C(version) (the vLLM version measured),
@@ -55,12 +44,6 @@ options:
         answer on the old version, with its C(kernel_path)). V(switched) - C(ready) (vllm_ready's answer on the
         candidate - C(ok), C(msg), C(kernel_path)). V(checked) - C(outputs), C(pcie), C(kernel_log).
         V(committed)/V(rolled_back) - C(locked), C(server), C(removed). V(error) - C(msg).
-    type: dict
-    default: {}
-  run_id:
-    description: The rollout's id, kept in the journal.
-    type: str
-    default: ""
   restart_ok:
     description: The explicit yes to install, switch and restart the service; without it the answer is the plan
       (C(planned)).
@@ -68,21 +51,8 @@ options:
     default: false
   lock:
     description: Answer the V(lock) action at the start (vLLM holds no package; the role keeps the venvs).
-    type: bool
-    default: true
   verify_pcie:
-    description: Audit the PCIe path before the upgrade (the stability part audits it in any case).
-    type: bool
     default: false
-  outputs:
-    description: The outputs part of the serving verdict (a reference recorded on the old version, compared after the
-      gate); V(false) leaves it out and the verdict names it as not measured.
-    type: bool
-    default: true
-  stability:
-    description: The stability part of the serving verdict (the host's health before and after); V(false) leaves it out.
-    type: bool
-    default: true
   findings:
     description:
       - What a start-log finding of the candidate (warning or error, from vllm_ready's kernel path) that the old version
@@ -91,34 +61,12 @@ options:
     type: str
     choices: [fail, note]
     default: fail
-  gate:
-    description: The gate's settings, as C(gpufleet.inference.kernel_rollout_step)'s O(gate).
-    type: dict
-    default: {}
   base_dir:
     description: The vllm_service role's install root (C(vllm_service_base_dir)); its C(current) link is the unit's venv.
     type: path
     default: /opt/gpufleet/vllm
   journal:
-    description: The journal's path on the host.
-    type: path
     default: /var/lib/gpufleet/vllm_upgrade/journal.json
-  lease_run_id:
-    description: Renew the host's lease for this run at every step (empty - no lease is written).
-    type: str
-    default: ""
-  take_over:
-    description: The run id of an unfinished journal this run takes over although it did not start it.
-    type: str
-    default: ""
-  lease_ttl:
-    description: Seconds each renewal extends the lease.
-    type: int
-    default: 7200
-  preflight:
-    description: This run's go or no-go before an upgrade starts (C(ok), C(msg)); empty - go.
-    type: dict
-    default: {}
 """
 
 EXAMPLES = r"""
@@ -189,27 +137,14 @@ actions:
 
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.module import ModuleSpec, run_module
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import FlowError
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.step import step_argument_spec
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.vllm_upgrade_step import EVENTS, execute
 
-ARGUMENT_SPEC = dict(
-    target=dict(type="str", required=True),
-    event=dict(type="str", choices=EVENTS, default="start"),
-    data=dict(type="dict", default={}),
-    run_id=dict(type="str", default=""),
+ARGUMENT_SPEC = step_argument_spec(
+    EVENTS, "/var/lib/gpufleet/vllm_upgrade/journal.json",
     restart_ok=dict(type="bool", default=False),
-    lock=dict(type="bool", default=True),
-    verify_pcie=dict(type="bool", default=False),
-    outputs=dict(type="bool", default=True),
-    stability=dict(type="bool", default=True),
     findings=dict(type="str", choices=["fail", "note"], default="fail"),
-    gate=dict(type="dict", default={}),
     base_dir=dict(type="path", default="/opt/gpufleet/vllm"),
-    journal=dict(type="path", default="/var/lib/gpufleet/vllm_upgrade/journal.json"),
-    lease_run_id=dict(type="str", default=""),
-    take_over=dict(type="str", default=""),
-    lease_ttl=dict(type="int", default=7200),
-    preflight=dict(type="dict", default={}),
-    root=dict(type="path", default="/"),
 )
 
 

@@ -13,16 +13,30 @@ host over SSH:
   the compiler's and DKMS's lines, and nothing changed (packages, DKMS tree, /usr/src, loaded module, no private tree
   left in /var/tmp).
 
-The serving verdict (the candidate 1.2 is slower through the lab server's --gpu-runtime) needs the shared change flow's
-benchmark around these steps (driver_upgrade_action: gated): not run in the lab yet (docs/driver_upgrade.md). One VM,
-no reboot (module reloads): 4 passed in 539 s under TCG on 2026-12-04. Run alone:
+The serving verdict, through `playbooks/driver_upgrade.yml` in gated mode (the shared change flow on the fleet skeleton:
+the host lease, the record, the fleet report, the history), with the lab server running as a systemd unit that reads
+the stand-in's user space (`--gpu-runtime`) and holds `/dev/gpufleet_nvidia0` open, as a CUDA process holds the GPU,
+so that the reload stops and restarts it (driver_upgrade_stop_services):
+
+* **gated, kept**: 1.0 -> 1.1 (as fast): the baseline on 1.0, the candidate installed, the server stopped, the modules
+  reloaded, the server restarted on 1.1 and measured, the verdict `pass`; checked on the VM: 1.1 loaded, its packages
+  held, the journal archived as committed, the server running again (a new process) on runtime 1.1, the lease gone;
+  on the controller: the host's record, fleet.json and fleet.md, the verdict in the history;
+* **gated, rolled back**: 1.1 -> 1.2 (40 ms more per engine step): the verdict `regression` (the throughput part
+  says no), 1.1's packages reinstalled and reloaded; checked on the VM: 1.1 loaded and held, the journal archived as
+  rolled back, the server serving on runtime 1.1 again; on the controller: the record, the fleet report and the
+  history entry of the regression.
+
+One VM, no reboot (module reloads). The steps: 4 passed in 539 s under TCG on 2026-12-04. Run alone:
   . scripts/lib.sh; gpufleet_env; GPUFLEET_LAB_BASE_PORT=2741 flock /work/lab.lock python -m pytest -m e2e -v -s \
       tests/lab/test_driver_upgrade_vm.py
+(the gated tests alone: -k gated; they put 1.0 back first when an earlier test of the module left 1.1 loaded)
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 
 import pytest
@@ -123,3 +137,158 @@ def test_a_candidate_whose_module_does_not_build_is_refused_before_any_change(vm
     after = host()
     assert after == before, (before, after)  # packages, loaded module, holds, DKMS tree, /usr/src, /var/tmp
     assert "gpufleet-nvidia-1.3" not in after["src"] and not any("1.3" in line for line in after["dkms"])
+
+
+# ---- the gated mode: the serving verdict through the change flow, on the fleet skeleton ----------------------------
+SERVER = "/opt/gpufleet/lab/lab_inference_server.py"
+RUNTIME = "/usr/lib/gpufleet-nvidia-standin/runtime.json"
+UNIT = "gpufleet-lab-gpu-server.service"
+JOURNAL_DIR = "/var/lib/gpufleet/driver_upgrade"
+# The lab server as a GPU process: it reads the stand-in's user space at start (it refuses a module of another version,
+# and takes the version's per-step cost) and holds the stand-in's device open on its stdin while it runs.
+UNIT_FILE = f"""[Unit]
+Description=gpufleet VM lab: the lab inference server on the stand-in GPU driver (tests/lab/test_driver_upgrade_vm.py)
+
+[Service]
+ExecStart=/usr/bin/python3 {SERVER} --model /srv/models/lab --served-model-name lab --host 127.0.0.1 --port 8000 \
+    --max-num-seqs 16 --max-model-len 1024 --work 4 --step-work 32 --prefill-work 1 --gpu-runtime {RUNTIME}
+StandardInput=file:/dev/gpufleet_nvidia0
+StandardOutput=journal
+StandardError=journal
+"""
+# The benchmark at concurrency 1, where 1.2's 40 ms per engine step weighs most against the emulated VM's own cost per
+# step; a wide throughput margin for TCG's noise (as the kernel's lab tests), latency left unjudged (TCG's TTFT/TPOT
+# vary by 60-90% run to run), the outputs on short prompts only.
+GATED = {
+    "driver_upgrade_action": "gated", "driver_upgrade_activate": "reload", "driver_upgrade_stop_services": [UNIT],
+    "driver_upgrade_serial": [1], "driver_upgrade_gate_threshold": 0.5,
+    "driver_upgrade_gate_latency_margins": {"ttft_p50": None, "ttft_p90": None, "tpot_p50": None, "tpot_p90": None},
+    "driver_upgrade_outputs_prompt_lengths": ["short"], "driver_upgrade_outputs_max_tokens": 8,
+    "driver_upgrade_ready_timeout": 300,
+    "inference_benchmark_url": "http://127.0.0.1:8000", "inference_benchmark_model": "lab",
+    "inference_benchmark_prompt_tokens": 16, "inference_benchmark_output_tokens": 16,
+    "inference_benchmark_concurrency": [1], "inference_benchmark_requests": 12, "inference_benchmark_warmup": 2,
+    "inference_benchmark_settle_runs": 0, "inference_benchmark_timeout": 120,
+}
+
+
+def serving() -> bool:
+    return '"lab"' in lab_ssh(VM, "python3 -c \"import urllib.request;print(urllib.request.urlopen("
+                                  "'http://127.0.0.1:8000/v1/models', timeout=20).read().decode())\"")
+
+
+def server_state() -> dict:
+    """The server unit's state, its process and the GPU runtime it last said it started on (its journal)."""
+    out = lab_ssh(VM, f"systemctl is-active {UNIT} || true; systemctl show -P MainPID {UNIT}; "
+                      f"journalctl -u {UNIT} --no-pager -q -o cat | grep 'GPU runtime' | tail -1")
+    active, pid, runtime = (out.splitlines() + ["", "", ""])[:3]
+    return {"active": active.strip(), "pid": pid.strip(), "runtime": runtime.strip()}
+
+
+def wait_serving(timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if serving():
+                return
+        except AssertionError:
+            pass
+        time.sleep(3)
+    raise AssertionError(f"the lab server did not serve within {timeout} s: {server_state()}")
+
+
+def archived(version: str) -> dict:
+    """The newest archived journal of the upgrade to ``version``."""
+    name = lab_ssh(VM, f"ls -t {JOURNAL_DIR}/history/ | grep -- '-{version}.json$' | head -1").strip()
+    assert name, f"no archived journal of {version}: {lab_ssh(VM, f'ls -l {JOURNAL_DIR}/history/')}"
+    return json.loads(lab_ssh(VM, f"cat {JOURNAL_DIR}/history/{name}"))
+
+
+def verdicts(history) -> list:
+    with sqlite3.connect(history) as db:
+        return db.execute("SELECT host, source, verdict, stage FROM verdicts ORDER BY id").fetchall()
+
+
+@pytest.fixture(scope="module")
+def gpu_server(vm):
+    """The lab server running as a GPU process on driver 1.0 (put back first when a test above left 1.1 loaded)."""
+    if host()["loaded"] != "1.0":
+        lab_ssh(VM, f"apt-get install -y -q --no-install-recommends --allow-downgrades --allow-change-held-packages "
+                    f"{UTILS}=1.0 {DKMS}=1.0 && apt-mark hold {UTILS} {DKMS} && modprobe -r gpufleet_nvidia && "
+                    "modprobe gpufleet_nvidia", timeout=900)
+    lab_ssh(VM, f"mkdir -p /opt/gpufleet/lab /srv/models/lab && cat > {SERVER}",
+            stdin=(REPO / "extras" / "lab_inference_server.py").read_text())
+    lab_ssh(VM, f"cat > /etc/systemd/system/{UNIT} && systemctl daemon-reload && systemctl restart {UNIT}", stdin=UNIT_FILE)
+    wait_serving()
+    state = server_state()
+    assert host()["loaded"] == "1.0" and state["active"] == "active" and "GPU runtime 1.0 " in state["runtime"], state
+    holders = lab_ssh(VM, "ls -l /proc/[0-9]*/fd/ 2>/dev/null | grep -c gpufleet_nvidia0 || true").strip()
+    assert holders != "0", "the server must hold the stand-in's device"
+    yield state
+
+
+def gated(version: str):
+    report = WORK / f"report-{version}"
+    t0 = time.time()
+    r = playbook(driver_upgrade_version=version, driver_upgrade_fleet_report_dir=str(report),
+                 gpufleet_history_db=str(WORK / "history.sqlite"), **GATED)
+    seconds = time.time() - t0
+    record_path = report / "hosts" / f"{VM}.json"
+    assert record_path.exists(), f"no record on the controller:\n{r.stdout[-8000:]}"
+    rec = json.loads(record_path.read_text())
+    gate = rec.get("gate") or {}
+    print(f"FIGURE driver_upgrade gated {rec['old']} -> {version}: {rec['decision']} in {seconds:.0f} s; gate ratio "
+          f"{gate.get('ratio')}, interval {gate.get('interval') or gate.get('ci')}, baseline {gate.get('baseline')}, "
+          f"candidate {gate.get('candidate')}")
+    print(json.dumps({k: {"says": p.get("says"), "reason": p.get("reason")} for k, p in
+                      (rec.get("verdict") or {}).get("parts", {}).items()}, indent=1))
+    return r, report, rec
+
+
+def test_gated_a_candidate_as_fast_is_kept_by_the_serving_verdict(gpu_server):
+    r, report, rec = gated("1.1")
+    assert r.returncode == 0 and recap(r).get("failed") == 0, r.stdout[-8000:]
+    assert rec["decision"] == "pass" and rec["ok"] is True and rec["kind"] == "driver", rec["reason"]
+    assert rec["old"] == "1.0" and rec["final_version"] == "1.1" and rec["stage"] == "committed", rec
+    assert rec["verdict"]["parts"]["throughput"]["says"] == "yes" and rec["serving_verdict"]["verdict"] == "pass"
+    # on the VM: 1.1 loaded and held, the journal archived as committed, the server restarted on runtime 1.1
+    h = host()
+    assert h["loaded"] == "1.1" and h["modinfo"] == "1.1" and h["packages"] == {UTILS: "1.1", DKMS: "1.1"}, h
+    assert sorted(h["held"]) == [DKMS, UTILS], h
+    assert lab_ssh(VM, f"test -e {JOURNAL_DIR}/journal.json && echo open || echo none").strip() == "none"
+    done = archived("1.1")
+    assert done["stage"] == "committed" and done["old"] == "1.0", done.get("stage")
+    state = server_state()
+    assert state["active"] == "active" and state["pid"] != gpu_server["pid"] and "GPU runtime 1.1 " in state["runtime"]
+    assert serving()
+    assert lab_ssh(VM, "test -e /var/lib/gpufleet/lease.json && echo held || echo released").strip() == "released"
+    assert lab_ssh(VM, f"ls {JOURNAL_DIR}/records/ | grep -c '^1.1-'").strip() == "1"
+    # on the controller: the fleet report and the verdict in the history
+    fleet = json.loads((report / "fleet.json").read_text())
+    assert [(h["host"], h["decision"]) for h in fleet["hosts"]] == [(VM, "pass")] and fleet["kinds"] == ["driver"]
+    md = (report / "fleet.md").read_text()
+    assert md.startswith("# Driver rollout ") and f"| {VM} | **pass** | 1.0 -> 1.1 | 1.1 |" in md, md
+    assert verdicts(WORK / "history.sqlite")[-1][:3] == (VM, "driver_upgrade", "pass")
+
+
+def test_gated_a_slower_candidate_is_rolled_back_by_the_serving_verdict(gpu_server):
+    before = server_state()
+    r, report, rec = gated("1.2")
+    assert r.returncode != 0 and recap(r).get("failed") == 1, r.stdout[-8000:]
+    assert rec["decision"] == "regression" and rec["old"] == "1.1", (rec["reason"], r.stdout[-8000:])
+    assert rec["verdict"]["parts"]["throughput"]["says"] == "no" and rec["serving_verdict"]["verdict"] == "regression"
+    assert rec["stage"] == "rolled_back" and rec["server_after_rollback"] == "ready", rec
+    # on the VM: 1.1 back, loaded and held, the journal archived as rolled back, the server on runtime 1.1 again
+    h = host()
+    assert h["loaded"] == "1.1" and h["modinfo"] == "1.1" and h["packages"] == {UTILS: "1.1", DKMS: "1.1"}, h
+    assert sorted(h["held"]) == [DKMS, UTILS], h
+    assert archived("1.2")["stage"] == "rolled_back"
+    state = server_state()
+    assert state["active"] == "active" and state["pid"] != before["pid"] and "GPU runtime 1.1 " in state["runtime"]
+    assert serving()
+    assert lab_ssh(VM, "test -e /var/lib/gpufleet/lease.json && echo held || echo released").strip() == "released"
+    fleet = json.loads((report / "fleet.json").read_text())
+    assert [(h["host"], h["decision"]) for h in fleet["hosts"]] == [(VM, "regression")] and fleet["failed"] == [VM]
+    md = (report / "fleet.md").read_text()
+    assert f"| {VM} | **regression** | 1.1 -> 1.2 | 1.1 |" in md and "Server after the rollback: ready." in md, md
+    assert verdicts(WORK / "history.sqlite")[-1][:3] == (VM, "driver_upgrade", "regression")

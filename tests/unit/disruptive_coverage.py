@@ -14,8 +14,10 @@ drain hooks, the step, the undrain hooks): included, at any depth, through an in
 roles, tasks, post_tasks and handlers; blocks; ``include_tasks``/``import_tasks``; ``include_role``/``import_role``
 (``tasks_from``, and the role's handlers, which run wherever they are flushed, so never count as covered by where the
 role was included). An include whose target is a template the walker cannot resolve (other than ``{{ role_path }}``)
-is reported as well where it is not covered: what it runs cannot be told. Pure reading of YAML; run it over a
-checkout with ``python -m tests.unit.disruptive_coverage [ROOT]``.
+is reported as well where it is not covered: what it runs cannot be told. A template that names a variable the
+includes above it set to a plain value (``__gpufleet_change_role: gpufleet.inference.kernel_upgrade`` in a playbook's
+``vars:``, used as ``name: "{{ __gpufleet_change_role }}"`` in a shared task file) is followed with that value. Pure
+reading of YAML; run it over a checkout with ``python -m tests.unit.disruptive_coverage [ROOT]``.
 """
 
 from __future__ import annotations
@@ -56,6 +58,19 @@ BENCHMARK_ROLES = {"inference_benchmark"}
 COMMAND_RE = re.compile(r"(^|[\s/;|&])(reboot|shutdown|poweroff)(\s|$)|systemctl\s+(\S+\s+)*(restart|reboot|kexec)\b"
                         r"|\w*bench\w*\.py|all_reduce_perf")
 JINJA = re.compile(r"{{.*?}}")
+PLAIN_VAR = re.compile(r"{{\s*(\w+)\s*}}")
+
+
+def bind(bound: dict, task: dict) -> dict:
+    """The variables an include passes down: the ones above it, and its own ``vars:`` that are plain values."""
+    own = {k: v for k, v in (task.get("vars") or {}).items() if isinstance(v, str) and not JINJA.search(v)}
+    return {**bound, **own} if own else bound
+
+
+def expand(text: str, bound: dict) -> str:
+    """``text`` with each ``{{ name }}`` of a bound variable replaced by its value."""
+    return PLAIN_VAR.sub(lambda m: bound.get(m.group(1), m.group(0)), text)
+
 
 # Restarts that do not interrupt serving, each with why; the key is "<file>: <task name>".
 NOT_DISRUPTIVE = {
@@ -105,8 +120,9 @@ class Walk:
         return None
 
     # ---- where an include goes
-    def resolve(self, target: str, here: str, role: str | None) -> str | None:
+    def resolve(self, target: str, here: str, role: str | None, bound: dict) -> str | None:
         """The file an include names, or None when it is a template the walker cannot follow."""
+        target = expand(target, bound)
         if role is not None:
             target = re.sub(r"{{\s*role_path\s*}}", role, target)
         if JINJA.search(target):
@@ -123,8 +139,9 @@ class Walk:
                 return os.path.normpath(c)
         raise FileNotFoundError(f"{self.rel(here)}: include of {target} found nowhere ({candidates})")
 
-    def role_dir(self, name: str) -> str | None:
+    def role_dir(self, name: str, bound: dict) -> str | None:
         """This collection's role directory; None for a template or another collection's role."""
+        name = expand(name, bound)
         if JINJA.search(name):
             return None
         short = name[len(PREFIX):] if name.startswith(PREFIX) else name
@@ -136,40 +153,42 @@ class Walk:
         raise FileNotFoundError(f"role {name} is not in {self.rel(os.path.join(self.root, 'roles'))}")
 
     # ---- the walk
-    def tasks(self, tasks, covered: bool, here: str, role: str | None, trail: tuple) -> None:
+    def tasks(self, tasks, covered: bool, here: str, role: str | None, trail: tuple, bound: dict) -> None:
         for task in tasks or []:
             if not isinstance(task, dict):
                 continue
             if "block" in task:
                 for part in ("block", "rescue", "always"):
-                    self.tasks(task.get(part), covered, here, role, trail)
+                    self.tasks(task.get(part), covered, here, role, trail, bind(bound, task))
                 continue
-            self.task(task, covered, here, role, trail)
+            self.task(task, covered, here, role, trail, bound)
 
-    def task(self, task: dict, covered: bool, here: str, role: str | None, trail: tuple) -> None:
+    def task(self, task: dict, covered: bool, here: str, role: str | None, trail: tuple, bound: dict) -> None:
         module, args = self.action(task)
         name = task.get("name", module)
         where = f"{trail[-1]}: {name}"  # trail[-1]: this file, relative to the root
         if module in INCLUDE_TASKS:
             target = args.get("file") if isinstance(args, dict) else args
-            path = self.resolve(str(target), here, role)
+            bound = bind(bound, task)
+            path = self.resolve(str(target), here, role, bound)
             if path is None:
                 if not covered:
                     self.found.append((where, f"includes {target}, which cannot be told", trail))
                 return
             if os.path.normpath(path) == os.path.normpath(os.path.join(self.root, SHARED)):
-                self.step(task, here, role, trail + (where,))
+                self.step(task, here, role, trail + (where,), bound)
                 return
             if path == os.path.join(self.root, HOOK):
                 return
             if os.path.normpath(path) == os.path.normpath(os.path.join(self.root, GATED)):
                 self.found.append((where, f"includes {GATED} directly (include {SHARED})", trail))
                 return
-            self.file(path, covered, role, trail + (where,))
+            self.file(path, covered, role, trail + (where,), bound)
             return
         if module in INCLUDE_ROLE:
             spec = args if isinstance(args, dict) else {"name": args}
-            self.role(str(spec.get("name", "")), spec.get("tasks_from", "main"), covered, trail + (where,), where)
+            self.role(str(spec.get("name", "")), spec.get("tasks_from", "main"), covered, trail + (where,), where,
+                      bind(bound, task))
             return
         what = self.disruptive(task, module, args)
         if what is None or covered:
@@ -178,7 +197,7 @@ class Walk:
             return
         self.found.append((where, what, trail))
 
-    def step(self, task: dict, here: str, role: str | None, trail: tuple) -> None:
+    def step(self, task: dict, here: str, role: str | None, trail: tuple, bound: dict) -> None:
         """An include of disruptive.yml: its step is covered."""
         step_vars = task.get("vars") or {}
         tasks_file, step_role = step_vars.get("__gpufleet_step_tasks"), step_vars.get("__gpufleet_step_role")
@@ -187,35 +206,36 @@ class Walk:
                                trail))
             return
         if tasks_file is not None:
-            path = self.resolve(str(tasks_file), os.path.join(self.root, "playbooks", "tasks"), role)
+            path = self.resolve(str(tasks_file), os.path.join(self.root, "playbooks", "tasks"), role, bound)
             if path is not None:
-                self.file(path, True, role, trail)
+                self.file(path, True, role, trail, bound)
         if step_role is not None:
-            self.role(str(step_role), "main", True, trail, trail[-1])
+            self.role(str(step_role), "main", True, trail, trail[-1], bound)
 
-    def role(self, name: str, tasks_from: str, covered: bool, trail: tuple, where: str) -> None:
+    def role(self, name: str, tasks_from: str, covered: bool, trail: tuple, where: str, bound: dict) -> None:
+        name = expand(name, bound)
         if name.split(".")[-1] in BENCHMARK_ROLES:
             if not covered:
                 self.found.append((where, f"benchmark (role {name})", trail))
             return
-        path = self.role_dir(name)
+        path = self.role_dir(name, bound)
         if path is None:
             if not covered:
                 self.found.append((where, f"includes the role {name}, which cannot be told", trail))
             return
         tasks_file = os.path.join(path, "tasks", tasks_from if tasks_from.endswith((".yml", ".yaml")) else tasks_from + ".yml")
-        self.file(tasks_file, covered, path, trail)
+        self.file(tasks_file, covered, path, trail, {})  # a role's own files see its variables, not the includer's
         handlers = os.path.join(path, "handlers", "main.yml")
         if os.path.isfile(handlers):
             # handlers run where they are flushed, maybe after the step: never covered by the role's place
-            self.file(handlers, False, path, trail)
+            self.file(handlers, False, path, trail, {})
 
-    def file(self, path: str, covered: bool, role: str | None, trail: tuple) -> None:
-        key = (path, covered)
+    def file(self, path: str, covered: bool, role: str | None, trail: tuple, bound: dict) -> None:
+        key = (path, covered, tuple(sorted(bound.items())))
         if key in self.seen:
             return
         self.seen.add(key)
-        self.tasks(self.load(path), covered, os.path.dirname(path), role, trail + (self.rel(path),))
+        self.tasks(self.load(path), covered, os.path.dirname(path), role, trail + (self.rel(path),), bound)
 
     def playbook(self, path: str) -> None:
         trail = (self.rel(path),)
@@ -224,11 +244,11 @@ class Walk:
                 continue  # each playbook is walked on its own
             here = os.path.dirname(path)
             for part in ("pre_tasks", "tasks", "post_tasks"):
-                self.tasks(play.get(part), False, here, None, trail)
+                self.tasks(play.get(part), False, here, None, trail, {})
             for entry in play.get("roles") or []:
                 name = entry if isinstance(entry, str) else entry.get("role") or entry.get("name")
-                self.role(str(name), "main", False, trail, f"{trail[-1]}: role {name}")
-            self.tasks(play.get("handlers"), False, here, None, trail)
+                self.role(str(name), "main", False, trail, f"{trail[-1]}: role {name}", {})
+            self.tasks(play.get("handlers"), False, here, None, trail, {})
 
 
 def playbooks(root: str) -> list[str]:

@@ -92,6 +92,15 @@ def _step(tasks_file: str) -> dict:
      None, None, []),
     ("covered: a dynamic role inside a step", {"tasks": [_step("s.yml")]},
      {"s.yml": [{"name": "Dyn", "ansible.builtin.include_role": {"name": "{{ r }}"}}]}, None, []),
+    ("a role named by a variable an include binds, outside a step",
+     {"tasks": [{"name": "W", "ansible.builtin.include_tasks": {"file": "tasks/s.yml"}, "vars": {"r": "svc"}}]},
+     {"s.yml": [{"name": "Dyn", "ansible.builtin.include_role": {"name": "{{ r }}"}}]},
+     {"svc": {"tasks/main.yml": [RESTART]}}, ["roles/svc/tasks/main.yml: Restart vLLM: restart"]),
+    ("a role named by a variable an include binds, inside a step: walked (its handler is found)",
+     {"tasks": [{"name": "W", "ansible.builtin.include_tasks": {"file": "tasks/w.yml"}, "vars": {"r": "svc"}}]},
+     {"w.yml": [_step("s.yml")], "s.yml": [{"name": "Dyn", "ansible.builtin.include_role": {"name": "{{ r }}"}}]},
+     {"svc": {"tasks/main.yml": [RESTART], "handlers/main.yml": [RESTART]}},
+     ["roles/svc/handlers/main.yml: Restart vLLM: restart"]),
 ])
 def test_the_walker_finds_each_gap(tmp_path, case, playbook, tasks, roles, expect):
     found = uncovered(_tree(tmp_path, playbook, tasks, roles))

@@ -38,7 +38,8 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history_d
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.workload import LEGACY_PROFILE
 
 FORMAT = "gpufleet.bench_history/1"
-SOURCES = ("site", "tune_measured", "kernel_upgrade", "vllm_upgrade", "health", "on_demand")
+SOURCES = ("site", "tune_measured", "kernel_upgrade", "vllm_upgrade", "driver_upgrade", "nccl_change", "health",
+           "on_demand")
 
 LINK_FLAPPING = "link_flapping"
 LINK_DOWN = "link_below_capability"

@@ -46,6 +46,7 @@ CHANGES: dict[str, tuple[str, ...]] = {
     "kernel": (),
     "host": (),
     "driver": (),
+    "nccl": (),
     "vllm_flags": ("server_argv", "max_model_len"),
     "vllm_version": ("vllm_version", "server_argv"),
 }

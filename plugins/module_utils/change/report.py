@@ -18,7 +18,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.change.shapes i
 
 FORMAT = "gpufleet.kernel_upgrade_fleet/1"
 # the title of a rollout of one kind; a rollout of several kinds is a "Change rollout"
-TITLES = {"kernel": "Kernel rollout", "vllm": "vLLM rollout", "driver": "Driver rollout"}
+TITLES = {"kernel": "Kernel rollout", "vllm": "vLLM rollout", "driver": "Driver rollout", "nccl": "NCCL settings rollout"}
 # `inconclusive`: the gate could not tell (too noisy, drifting runs, or undecided at its cap); the host rolled
 # back (or was never changed) like a regression, but is counted apart from it.
 ORDER = ("unstable", "diverged", "regression", "inconclusive", "reverted", "failed_boot", "verify_failed", "preflight_failed", "refused", "error",

@@ -6,6 +6,9 @@ this run may take over a journal another run started, take one step of the chang
 the lease and write the journal it returns (change/journal.py). A refused step is a result (``next_action``
 finish/refused), not an error, and writes nothing; HostFSError from the reads and writes is raised, never fail_json-ed
 here. The kind's executor reads the host (what runs, its journal) and calls ``take_step``.
+
+``step_argument_spec`` is the argument spec the kinds' step modules share (documented once, by the doc fragment
+``gpufleet.inference.change_step``); a module adds its own options to it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,36 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._host.files imp
 from ansible_collections.gpufleet.inference.plugins.module_utils.change import flow
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.journal import dump, save_journal
 from ansible_collections.gpufleet.inference.plugins.module_utils.lease import host_lease as lease_utils
+
+
+def step_argument_spec(events: tuple[str, ...], journal: str, verify_pcie: bool = False,
+                       **own: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The argument spec of a kind's step module: the options every kind shares (the doc fragment
+    ``gpufleet.inference.change_step`` documents them), its ``events``, its journal's default path, its PCIe audit
+    default, and its ``own`` options (which may not redefine a shared one)."""
+    spec: dict[str, dict[str, Any]] = dict(
+        target=dict(type="str", required=True),
+        event=dict(type="str", choices=list(events), default="start"),
+        data=dict(type="dict", default={}),
+        run_id=dict(type="str", default=""),
+        lock=dict(type="bool", default=True),
+        verify_pcie=dict(type="bool", default=verify_pcie),
+        outputs=dict(type="bool", default=True),
+        stability=dict(type="bool", default=True),
+        gate=dict(type="dict", default={}),
+        journal=dict(type="path", default=journal),
+        lease_run_id=dict(type="str", default=""),
+        take_over=dict(type="str", default=""),
+        lease_ttl=dict(type="int", default=7200),
+        preflight=dict(type="dict", default={}),
+        root=dict(type="path", default="/"),
+    )
+    clash = sorted(set(own) & set(spec))
+    if clash:
+        raise ValueError(f"step_argument_spec: {', '.join(clash)} is a shared option of every step module; "
+                         "change it in change/step.py (and the doc fragment change_step), not in one module")
+    spec.update(own)
+    return spec
 
 
 def read_lease(fs: HostFS) -> dict[str, Any] | None:

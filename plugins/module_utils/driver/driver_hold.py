@@ -15,7 +15,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.driver.holds im
 from ansible_collections.gpufleet.inference.plugins.module_utils.driver.reads import (
     PACKAGE_RE, checked, held_packages, installed_packages,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import UU_DROPIN as KERNEL_UU_DROPIN
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.packages import KERNEL_LOCK_DROPIN
 
 
 def execute(params: dict, host: Host, check_mode: bool) -> dict[str, Any]:
@@ -29,8 +29,8 @@ def execute(params: dict, host: Host, check_mode: bool) -> dict[str, Any]:
     actions = plan(state, names, before, before_text)
     if not names:
         host.warn("no GPU driver package is installed: nothing to hold (name the driver's packages in packages)")
-    if state == "released" and host.fs.exists(KERNEL_UU_DROPIN):
-        host.warn(f"the kernel upgrade's lock ({KERNEL_UU_DROPIN}) names the driver's kernel packages too; their "
+    if state == "released" and host.fs.exists(KERNEL_LOCK_DROPIN):
+        host.warn(f"the kernel upgrade's lock ({KERNEL_LOCK_DROPIN}) names the driver's kernel packages too; their "
                   "apt-mark holds are released here, its blacklist stays")
     after = planned_held(state, names, before)
     if not check_mode and actions:

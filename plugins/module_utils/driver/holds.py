@@ -1,14 +1,14 @@
 # -*- coding: utf-8 -*-
 # Copyright: gpufleet.inference contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Which packages the driver lock holds, pure. The kernel upgrade's lock (kernel/flow.py) already names the GPU driver's
-kernel-side packages (DRIVER_PREFIXES, DRIVER_SUFFIXES) and renders the unattended-upgrades blacklist
-(render_uu_dropin); the driver lock uses both as they are and adds the user space, which must stay at the kernel
+"""Which packages the driver lock holds, pure. The GPU driver's kernel-side packages (DRIVER_PREFIXES, DRIVER_SUFFIXES)
+and the unattended-upgrades blacklist (render_uu_dropin) are the package kinds' shared ones (change/packages.py, the
+kernel lock holds them too); the driver lock adds the user space, which must stay at the kernel
 module's version (a libnvidia-compute or nvidia-utils upgrade alone breaks CUDA with a version mismatch)."""
 
 from __future__ import annotations
 
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import (
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.packages import (
     DRIVER_PREFIXES, DRIVER_SUFFIXES, render_uu_dropin,
 )
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-# The words of the lines of a failed apt-get or DKMS build that say why: the kernel upgrade's list, one for both.
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import INSTALL_ERROR_MARKS
+# The lines of a failed apt-get or DKMS build that say why: the package kinds' one reader (change/packages.py).
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.packages import error_lines
 
 NVRM_RE = re.compile(r"NVRM version:.*?Kernel Module(?: for \S+)?\s+(?P<version>[0-9][0-9A-Za-z.+~-]*)")
 DKMS_STATUS_RE = re.compile(
@@ -86,13 +86,7 @@ def parse_dkms_conf(text: str | None) -> dict[str, Any]:
 def build_error_lines(*texts: str | None) -> list[str]:
     """The lines of a failed build (DKMS's output, then its make.log) that say why, each once, the last
     BUILD_LINES_KEPT of them."""
-    lines: list[str] = []
-    for text in texts:
-        for line in (text or "").splitlines():
-            line = line.strip()
-            if line and any(mark in line for mark in INSTALL_ERROR_MARKS) and line not in lines:
-                lines.append(line)
-    return lines[-BUILD_LINES_KEPT:]
+    return error_lines(*texts)[-BUILD_LINES_KEPT:]
 
 
 def parse_dpkg_query(text: str | None) -> dict[str, str]:

@@ -59,6 +59,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.change import f
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import (
     ChangeKind, FlowError, finding_keys, new_findings, stamp as _stamp, truthy,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.packages import (
+    DRIVER_PREFIXES, DRIVER_SUFFIXES, KERNEL_LOCK_DROPIN, error_lines, render_uu_dropin,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.shapes import (
     is_dict, is_num, is_text, list_of, optional,
 )
@@ -66,7 +69,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.change.shapes i
 # The kernel's names: its kind and steps, and the flow's names its callers read here (FlowError, finding_keys).
 __all__ = ["ACTIONS", "COMMIT_TIMEOUT_S", "EVENTS", "EXPECTED_STAGE", "JOURNAL_FORMAT", "KERNEL", "STAGES", "FlowError",
            "check_event", "check_journal", "commit_timeout", "finding_keys", "gated_level", "judge_baseline",
-           "lock_packages", "new_findings", "record_facts", "render_uu_dropin", "serving_record", "step"]
+           "lock_packages", "new_findings", "record_facts", "serving_record", "step"]
 
 JOURNAL_FORMAT = "gpufleet.kernel_upgrade_journal/1"
 STAGES = ("baseline", "pinned", "installed", "boot_once", "booted", "candidate", "verdict",
@@ -78,11 +81,6 @@ EVENTS = ("start", "locked", "benchmarked", "audited", "outputs", "pinned", "ins
 KERNEL_META = ("linux-image-amd64", "linux-image-cloud-amd64", "linux-image-arm64", "linux-image-cloud-arm64",
                "linux-generic", "linux-image-generic", "linux-headers-generic", "linux-virtual", "linux-image-virtual")
 KERNEL_META_PREFIXES = ("linux-generic-hwe-", "linux-image-generic-hwe-", "linux-headers-generic-hwe-")
-# GPU driver packages whose upgrade rebuilds or replaces the kernel module.
-DRIVER_PREFIXES = ("nvidia-driver", "nvidia-kernel-", "nvidia-dkms-", "nvidia-open", "cuda-drivers",
-                   "linux-modules-nvidia-", "linux-objects-nvidia-", "linux-signatures-nvidia-")
-DRIVER_SUFFIXES = ("-dkms",)
-UU_DROPIN = "/etc/apt/apt.conf.d/51gpufleet-kernel-lock"
 # Seconds an uncommitted candidate may go without a contact of the controller before its boot-health
 # unit reverts it: long enough for a boot and a health check, short enough to ever come.
 COMMIT_TIMEOUT_S = (120, 86400)
@@ -101,22 +99,10 @@ def lock_packages(version: str, installed: list[str], extra: list[str] | None = 
     return sorted(out)
 
 
-def render_uu_dropin(packages: list[str], owner: str = "kernel_upgrade", what: str = "the kernel and GPU driver") -> str:
-    """An apt.conf drop-in that keeps unattended-upgrades off the held packages (its own blacklist:
-    ``apt-mark hold`` alone is not what every unattended-upgrades version honours); ``owner`` is the role that
-    manages it and ``what`` the packages in words, for the header."""
-    lines = [f"// Managed by Ansible (gpufleet.inference.{owner}): {what} stay as",
-             "// the last gated upgrade left them; unattended-upgrades must not touch them.",
-             "Unattended-Upgrade::Package-Blacklist {"]
-    lines += [f'    "^{p.replace(".", "[.]").replace("+", "[+]")}$";' for p in packages]
-    lines.append("};")
-    return "\n".join(lines) + "\n"
-
-
 def lock_action(name: str, version: str, obs: dict[str, Any], **extra: Any) -> dict[str, Any]:
     hold = lock_packages(version, obs.get("installed_packages") or [], obs["settings"].get("lock_packages"))
     action = {"name": name, "version": version, "lock": bool(obs["settings"].get("lock", True)), "hold": hold,
-              "unattended_upgrades": {"path": UU_DROPIN, "content": render_uu_dropin(hold)}}
+              "unattended_upgrades": {"path": KERNEL_LOCK_DROPIN, "content": render_uu_dropin(hold)}}
     action.update(extra)
     return action
 
@@ -216,20 +202,11 @@ def on_pinned(journal, obs):
     return journal, install_action(journal, obs)
 
 
-# Lines of a failed apt-get run that say why (DKMS's build error and its log, dpkg's and apt's errors).
-INSTALL_ERROR_MARKS = ("Error", "error", "E: ", "make.log", "exited with return code", "failed")
-
-
 def install_failure(install: dict[str, Any], packages: str, dkms_modules: list[str] | None = None) -> str:
     """Why the package install failed, in a few lines of its own output (a DKMS module that does not build
     for the new kernel makes the kernel's postinst fail: apt-get exits 100 and the package stays
     half-configured)."""
-    lines: list[str] = []
-    for text in (install.get("stderr"), install.get("stdout"), install.get("msg")):
-        for line in str(text or "").splitlines():
-            line = line.strip()
-            if line and any(mark in line for mark in INSTALL_ERROR_MARKS) and line not in lines:
-                lines.append(line)
+    lines = error_lines(install.get("stderr"), install.get("stdout"), install.get("msg"))
     shown = " / ".join(lines[-8:]) or str(install.get("msg") or "no output")
     logs = ", ".join(f"/var/lib/dkms/{m}/*/build/make.log" for m in dkms_modules or []) or "the make.log it names"
     return (f"apt-get install {packages} failed (rc {install.get('rc')}): {shown}. The new kernel is not booted. Its "

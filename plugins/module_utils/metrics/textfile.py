@@ -76,7 +76,7 @@ CATALOGUE: tuple[Metric, ...] = (
     # verdict: throughput_gate's result (the serving verdict)
     _m("gpufleet_verdict", "gauge", "stage change verdict", "verdict",
        "The serving verdict of a change (stage; change: what the candidate changed, none, kernel, host, driver, "
-       "vllm_flags, vllm_version): 1 for the verdict given (pass, unstable, diverged, regression, inconclusive), 0 for "
+       "nccl, vllm_flags, vllm_version): 1 for the verdict given (pass, unstable, diverged, regression, inconclusive), 0 for "
        "the others."),
     _m("gpufleet_verdict_throughput_ratio", "gauge", "stage change", "verdict",
        "Candidate over baseline output tokens per second (geometric means of the runs) of the verdict."),

@@ -405,6 +405,19 @@ def ab_key(candidates: dict, bench: dict | None = None) -> str:
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
+# The name of no setting at all (settings_id).
+NONE_ID = "nccl-none"
+
+
+def settings_id(settings: dict) -> str:
+    """The name of a set of settings: ``nccl-`` and 12 hex digits of the SHA-256 of its keys and values (as text),
+    ``nccl-none`` when empty. The NCCL change's journal, records and history name settings by it."""
+    if not settings:
+        return NONE_ID
+    blob = json.dumps({str(k): str(v) for k, v in settings.items()}, sort_keys=True, separators=(",", ":"))
+    return "nccl-" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:12]
+
+
 HEADER = "# Managed by Ansible (gpufleet.inference.nccl_env, profile {profile}); local edits are overwritten.\n"
 
 

@@ -19,7 +19,7 @@ from ansible_collections.gpufleet.inference.plugins.modules import (
     bench_history, cpu_placement, cpu_tuning, driver_hold, driver_reload, driver_upgrade_preflight, driver_upgrade_step,
     driver_verify, gpu_health, host_lease, host_lint, hugepages, inference_benchmark, irq_affinity,
     kernel_boot_entry, kernel_boot_health, kernel_cmdline, kernel_cmdline_info, kernel_rollout_step, kernel_upgrade_preflight,
-    maintenance_gate, metrics_textfile, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload, output_equivalence,
+    maintenance_gate, metrics_textfile, nccl_change_step, nccl_env_files, pcie_acs, pcie_aspm, pcie_facts, pcie_payload, output_equivalence,
     throughput_gate, tune_measured, vfio_bind, vllm_preflight, vllm_ready, vllm_service_files, vllm_upgrade_step,
 )
 from tests.unit.fakesysfs import FakeHost, cpu_knobs, cpus_online, node_memory, two_gpus_one_switch, two_numa_nodes
@@ -61,6 +61,12 @@ def _vllm_upgrade_baseline(root: Path) -> None:
     from tests.unit.plugins.module_utils.test_vllm_upgrade_step import baseline, venvs  # pylint: disable=import-outside-toplevel
     venvs(root)
     baseline(root)
+
+
+def _nccl_change_baseline(root: Path) -> None:
+    """The NCCL files of pcie_safe, the unit's process environment, and a change journal past its baseline."""
+    from tests.unit.plugins.module_utils.test_nccl_change_step import baseline, tree  # pylint: disable=import-outside-toplevel
+    baseline(tree(root))
 
 
 def _builders():
@@ -213,6 +219,12 @@ def specs(vllm_url: str) -> dict[str, Spec]:
             "root": r, "host": "gpu-01", "stage": "kernel_upgrade", "verdict": {
                 "verdict": {"verdict": "regression"}, "ratio": 0.91, "p_value": 0.001, "runs_needed": 0}},
             ["/var/lib/prometheus/node-exporter/gpufleet_verdict.prom"]),
+        "nccl_change_step": Spec(nccl_change_step, _nccl_change_baseline, lambda r: {
+            "root": r, "settings": FilterModule().filters()["nccl_env"]("p2p_off")["settings"],
+            "target": FilterModule().filters()["nccl_env"]("p2p_off")["id"], "run_id": "run1",
+            "restart_ok": True, "event": "start"},
+            ["/var/lib/gpufleet/nccl_change/journal.json", "/etc/gpufleet/nccl.env", "/etc/nccl.conf",
+             "/proc/4242/environ"]),
         "nccl_env_files": Spec(nccl_env_files, _nothing, lambda r: {
             "root": r, "conf_content": NCCL["nccl_conf"], "env_content": NCCL["env_file"], "settings": NCCL["settings"]},
             ["/etc/nccl.conf", "/etc/gpufleet/nccl.env"]),

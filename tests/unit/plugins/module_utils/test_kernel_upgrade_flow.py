@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.packages import render_uu_dropin
 from ansible_collections.gpufleet.inference.plugins.module_utils.kernel import flow
 from tests.unit.plugins.module_utils.flow_sim import NEW, OLD, SETTINGS, TASKS, Host, drive, role_steps
 from tests.unit.plugins.modules.test_kernel_upgrade_flow_role import REPORTS
@@ -333,7 +334,7 @@ def test_lock_packages_and_the_unattended_upgrades_blacklist():
     hold = flow.lock_packages("6.1.0-56-cloud-amd64", installed, ["vim-tiny"])
     assert hold == ["gpufleet-lab-dkms", "linux-generic-hwe-22.04", "linux-image-6.1.0-56-cloud-amd64",
                     "linux-image-cloud-amd64", "nvidia-dkms-550", "nvidia-driver-550"]
-    text = flow.render_uu_dropin(hold)
+    text = render_uu_dropin(hold)
     assert "Unattended-Upgrade::Package-Blacklist {" in text
     assert '"^linux-image-6[.]1[.]0-56-cloud-amd64$";' in text and text.rstrip().endswith("};")
 
@@ -484,7 +485,7 @@ def test_apt_reads_the_blacklist_as_unattended_upgrades_matches_it(tmp_path):
     when re.match(entry, name) matches an entry of that list (is_pkgname_in_blacklist)."""
     hold = ["linux-image-6.1.0-56-cloud-amd64", "linux-image-cloud-amd64", "nvidia-driver-550", "libstdc++6"]
     dropin = tmp_path / "51gpufleet-kernel-lock"
-    dropin.write_text(flow.render_uu_dropin(hold))
+    dropin.write_text(render_uu_dropin(hold))
     out = subprocess.run(["apt-config", "-c", str(dropin), "dump", "Unattended-Upgrade::Package-Blacklist"],
                          capture_output=True, text=True, check=True, env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"}).stdout
     entries = re.findall(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$', out, re.M)

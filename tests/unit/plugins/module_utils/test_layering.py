@@ -52,10 +52,12 @@ ALLOWED = {
     "vllm": {"bench", "change"},  # readiness speaks the benchmark's HTTP transport; the upgrade is a kind of change
     "irq": {"vfio"},            # a device bound to vfio-pci keeps no IRQ pinning
     "metrics": {"bench", "pcie"},  # the metrics read the audit's links, a benchmark's link findings and the verdicts
-    # the driver lock is the kernel lock's package list and blacklist, its preflight the kernel's apt parser and /boot
-    # sums; its verify reads GPUs with gpu_health's NVML reader and Xids with the health audit's parser
-    # and the upgrade is a kind of change
+    # the driver's preflight is the kernel's apt parser and /boot sums; its verify reads GPUs with gpu_health's NVML
+    # reader and Xids with the health audit's parser; the upgrade is a kind of change (its lock's package names too)
     "driver": {"kernel", "gpu", "pcie", "change"},
+    # an NCCL settings change is a kind of change; its check first runs the host lint's NCCL rules on the candidate;
+    # its verification reads vllm_ready's start-log findings as the vLLM upgrade does
+    "nccl": {"change", "lint", "vllm"},
 }
 
 

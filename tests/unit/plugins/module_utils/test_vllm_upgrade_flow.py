@@ -14,8 +14,6 @@ import copy
 import pytest
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.change import flow
-from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import SHARED_ACTIONS
-from ansible_collections.gpufleet.inference.plugins.module_utils.kernel.flow import KERNEL
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm import upgrade
 from tests.unit.plugins.module_utils.flow_sim import BASE_RUNS
 
@@ -258,17 +256,6 @@ def test_the_installed_event_of_the_wrong_shape_and_a_venv_that_is_the_old_one_a
 def test_a_target_that_cannot_name_a_venv_is_refused(version):
     with pytest.raises(upgrade.VersionError, match="is not a vLLM version"):
         upgrade.validate_version(version, "target")
-
-
-@pytest.mark.parametrize("kind", [KERNEL, upgrade.VLLM], ids=["kernel", "vllm"])
-def test_every_kind_answers_the_shared_actions_and_has_the_shared_stages(kind):
-    actions = {a["name"]: a["reports"] for a in kind.actions}
-    assert {k: actions.get(k) for k in SHARED_ACTIONS} == SHARED_ACTIONS
-    assert set(actions.values()) <= set(kind.events)
-    assert kind.stages[0] == "baseline" and kind.stages[-5:] == ("candidate", "verdict") + flow.TERMINAL
-    assert set(flow.SHARED_EVENTS) <= set(kind.events)
-    for event, (stages, _handler) in kind.handlers.items():
-        assert event in kind.events and set(stages) <= set(kind.stages)
 
 
 def test_a_rollback_lost_between_the_link_and_the_restart_restarts_on_the_rerun():

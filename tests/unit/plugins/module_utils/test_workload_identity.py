@@ -257,5 +257,5 @@ def test_the_change_kinds_and_what_they_allow():
 
 @pytest.mark.parametrize("change", ["kernel ", "everything", 3, ["kernel"]])
 def test_an_unknown_change_is_refused_with_the_choices(change):
-    with pytest.raises(GateError, match="change must be one of none, kernel, host, driver, vllm_flags, vllm_version"):
+    with pytest.raises(GateError, match="change must be one of none, kernel, host, driver, nccl, vllm_flags, vllm_version"):
         workload_mismatch({}, {}, change)
