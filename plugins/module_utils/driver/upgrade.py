@@ -84,8 +84,10 @@ def journal_extra(obs: dict[str, Any]) -> dict[str, Any]:
 
 def lock_action(name: str, version: str, obs: dict[str, Any], **extra: Any) -> dict[str, Any]:
     """The lock, commit and rollback actions: the driver's installed packages held, and unattended-upgrades' blacklist
-    of them (holds.py, on the kernel lock's lists)."""
-    hold = hold_packages(list(obs.get("installed") or {}), obs["settings"].get("hold_packages"))
+    of them (holds.py, on the kernel lock's lists): the packages the upgrade names (``packages``, whatever their names)
+    and ``hold_packages``, where installed, and every installed package of the driver's name patterns."""
+    named = list(obs.get("packages") or []) + list(obs["settings"].get("hold_packages") or [])
+    hold = hold_packages(list(obs.get("installed") or {}), named)
     action = {"name": name, "version": version, "lock": bool(obs["settings"].get("lock", True)), "hold": hold,
               "unattended_upgrades": {"path": UU_DROPIN, "content": dropin(hold)}}
     action.update(extra)

@@ -59,7 +59,8 @@ def test_the_start_reads_the_loaded_and_installed_driver_and_locks_its_packages(
     installed = {"gpufleet-nvidia-standin-utils": "1.0", "gpufleet-nvidia-standin-dkms": "1.0"}
     assert result["running"] == "1.0" and result["installed"] == installed
     lock = result["next_action"]
-    assert lock["name"] == "lock" and lock["hold"] == ["gpufleet-nvidia-standin-dkms"]
+    # both named packages, the user space too although no driver name pattern matches it
+    assert lock["name"] == "lock" and lock["hold"] == ["gpufleet-nvidia-standin-dkms", "gpufleet-nvidia-standin-utils"]
     assert '"^gpufleet-nvidia-standin-dkms$";' in lock["unattended_upgrades"]["content"]
     assert result["actions"] == [] and not (tmp_path / JOURNAL.lstrip("/")).exists()
     bench = step_mod.execute(params(event="locked"), host, False, now=NOW)["next_action"]
