@@ -241,6 +241,8 @@ def gate_settings(kind: ChangeKind, obs: dict[str, Any]) -> dict[str, Any]:
             out["latency_margins"] = dict(g["latency_margins"])
         if g.get("latency_alpha"):
             out["latency_alpha"] = float(g["latency_alpha"])
+        if g.get("between_start_sd") not in (None, ""):
+            out["between_start_sd"] = float(g["between_start_sd"])
     except (TypeError, ValueError) as err:
         raise FlowError(f"a gate setting is not a number ({err}): set the {kind.var_prefix}_gate_* variables to "
                         "numbers") from None
@@ -396,7 +398,8 @@ def judge_baseline(kind: ChangeKind, journal: dict[str, Any], obs: dict[str, Any
     fails = _failures(journal)
     try:
         gate = decide(base["samples"], [], baseline_failed=fails["baseline_failed"],
-                      baseline_requests=fails["baseline_requests"], baseline_latency=base.get("latency"), **g)
+                      baseline_requests=fails["baseline_requests"], baseline_latency=base.get("latency"),
+                      baseline_workload=base.get("workload"), **g)
     except GateError as err:
         return stop_before_change(journal, obs, "error", f"the gate could not judge the baseline: {err} (before any "
                                   "change to the host)", "baseline not judged")

@@ -59,7 +59,8 @@ def test_the_step_passes_every_setting_the_flow_reads():
     assert {"target", "event", "data", "preflight", "run_id", "reboot_ok", "lock", "lock_packages", "verify_pcie",
             "commit_timeout", "lease_run_id", "lease_ttl", "gate", "outputs", "stability"} <= set(step)
     assert set(step["gate"]) == {"threshold", "alpha", "pass_alpha", "min_runs", "max_runs", "max_baseline_runs",
-                                 "candidate_min_runs", "requests_per_run", "latency_margins", "latency_alpha"}
+                                 "candidate_min_runs", "requests_per_run", "latency_margins", "latency_alpha",
+                                 "between_start_sd"}
     # the per-run latency of each side reaches the journal (the gate's latency part)
     data = load("action_benchmark.yml")[-1]["vars"]["__kernel_upgrade_data"]
     assert "latency_samples" in data["latency"] and "benchmark.levels" in data["latency"]

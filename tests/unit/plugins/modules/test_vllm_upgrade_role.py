@@ -48,7 +48,8 @@ def test_the_step_passes_every_setting_the_flow_reads():
     assert {"target", "event", "data", "run_id", "restart_ok", "verify_pcie", "outputs", "stability", "findings",
             "base_dir", "lease_run_id", "lease_ttl", "gate"} <= set(step) <= set(ARGUMENT_SPEC)
     assert set(step["gate"]) == {"threshold", "alpha", "pass_alpha", "min_runs", "max_runs", "max_baseline_runs",
-                                 "candidate_min_runs", "requests_per_run", "latency_margins", "latency_alpha"}
+                                 "candidate_min_runs", "requests_per_run", "latency_margins", "latency_alpha",
+                                 "between_start_sd"}
     data = load("action_benchmark.yml")[-1]["vars"]["__vllm_upgrade_data"]
     assert VLLM.side_key in data and "latency_samples" in data["latency"]
 
