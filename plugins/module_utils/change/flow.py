@@ -43,6 +43,22 @@ SHARED_EVENTS = ("start", "locked", "benchmarked", "audited", "outputs", "checke
 # The actions the shared flow answers for every kind, and the event each reports back (a kind adds its own).
 SHARED_ACTIONS = {"lock": "locked", "benchmark": "benchmarked", "audit": "audited", "outputs": "outputs",
                   "check": "checked", "commit": "committed", "rollback": "rolled_back"}
+
+
+def kind_actions(*own: tuple[str, str]) -> tuple[dict[str, str], ...]:
+    """A kind's ACTIONS in the order the flow takes them: the shared lock, benchmark, audit and outputs, the kind's own
+    (name, event it reports) pairs, then the shared check, commit and rollback (each kind's task files
+    roles/<kind>/tasks/action_<name>.yml report these events)."""
+    def shared(names: tuple[str, ...]) -> tuple[dict[str, str], ...]:
+        return tuple({"name": n, "reports": SHARED_ACTIONS[n]} for n in names)
+    return (shared(("lock", "benchmark", "audit", "outputs")) + tuple({"name": n, "reports": e} for n, e in own)
+            + shared(("check", "commit", "rollback")))
+
+
+def kind_stages(*own: str) -> tuple[str, ...]:
+    """A kind's journal STAGES: the baseline, the kind's own stages between it and the candidate, then the shared
+    candidate, verdict and the three ends."""
+    return ("baseline",) + own + ("candidate", "verdict", "committed", "rolled_back", "stopped")
 # Kernel log lines the journal keeps for the stability part (the Xid events; the rest is not read).
 KERNEL_LOG_KEEP = 200
 

@@ -27,7 +27,9 @@ from __future__ import annotations
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.change import flow
-from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import SHARED_EVENTS, ChangeKind, FlowError
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import (
+    SHARED_EVENTS, ChangeKind, FlowError, kind_actions, kind_stages,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.shapes import (
     is_dict, is_text, list_of, optional,
 )
@@ -38,15 +40,10 @@ JOURNAL_FORMAT = "gpufleet.driver_upgrade_journal/1"
 STATE_DIR = "/var/lib/gpufleet/driver_upgrade"
 JOURNAL = STATE_DIR + "/journal.json"
 HISTORY_DIR = STATE_DIR + "/history"
-STAGES = ("baseline", "installing", "installed", "activated", "candidate", "verdict", "committed", "rolled_back",
-          "stopped")
+STAGES = kind_stages("installing", "installed", "activated")
 EVENTS = SHARED_EVENTS + ("installed", "activated")
 # Every action the flow answers on a driver upgrade, and the event its task file reports.
-ACTIONS = ({"name": "lock", "reports": "locked"}, {"name": "benchmark", "reports": "benchmarked"},
-           {"name": "audit", "reports": "audited"}, {"name": "outputs", "reports": "outputs"},
-           {"name": "install", "reports": "installed"}, {"name": "activate", "reports": "activated"},
-           {"name": "check", "reports": "checked"}, {"name": "commit", "reports": "committed"},
-           {"name": "rollback", "reports": "rolled_back"})
+ACTIONS = kind_actions(("install", "installed"), ("activate", "activated"))
 ACTIVATIONS = ("reload", "reboot")
 
 

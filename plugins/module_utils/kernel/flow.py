@@ -57,7 +57,7 @@ from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.change import flow
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import (
-    ChangeKind, FlowError, finding_keys, new_findings, stamp as _stamp, truthy,
+    ChangeKind, FlowError, finding_keys, kind_actions, kind_stages, new_findings, stamp as _stamp, truthy,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.packages import (
     DRIVER_PREFIXES, DRIVER_SUFFIXES, KERNEL_LOCK_DROPIN, error_lines, render_uu_dropin,
@@ -72,8 +72,7 @@ __all__ = ["ACTIONS", "COMMIT_TIMEOUT_S", "EVENTS", "EXPECTED_STAGE", "JOURNAL_F
            "lock_packages", "new_findings", "record_facts", "serving_record", "step"]
 
 JOURNAL_FORMAT = "gpufleet.kernel_upgrade_journal/1"
-STAGES = ("baseline", "pinned", "installed", "boot_once", "booted", "candidate", "verdict",
-          "committed", "rolled_back", "stopped")
+STAGES = kind_stages("pinned", "installed", "boot_once", "booted")
 EVENTS = ("start", "locked", "benchmarked", "audited", "outputs", "pinned", "installed", "rebooted", "verified",
           "checked", "committed", "rolled_back", "error")
 
@@ -353,12 +352,7 @@ PREFLIGHT_FIELDS = {"msg": (optional(is_text), "text"), "running_entry": (option
 
 # Every action the flow answers on a kernel upgrade, and the event its task file (roles/kernel_upgrade/tasks/
 # action_<name>.yml) reports: the shared flow's (change/flow.py SHARED_ACTIONS) and the kernel's own.
-ACTIONS = ({"name": "lock", "reports": "locked"}, {"name": "benchmark", "reports": "benchmarked"},
-           {"name": "audit", "reports": "audited"}, {"name": "outputs", "reports": "outputs"},
-           {"name": "pin", "reports": "pinned"}, {"name": "install", "reports": "installed"},
-           {"name": "boot_once", "reports": "rebooted"}, {"name": "verify", "reports": "verified"},
-           {"name": "check", "reports": "checked"}, {"name": "commit", "reports": "committed"},
-           {"name": "rollback", "reports": "rolled_back"})
+ACTIONS = kind_actions(("pin", "pinned"), ("install", "installed"), ("boot_once", "rebooted"), ("verify", "verified"))
 
 KERNEL = ChangeKind(
     name="kernel", journal_format=JOURNAL_FORMAT, var_prefix="kernel_upgrade", gate_change="kernel",

@@ -33,7 +33,9 @@ import json
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.change import flow
-from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import SHARED_EVENTS, ChangeKind, FlowError
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import (
+    SHARED_EVENTS, ChangeKind, FlowError, kind_actions, kind_stages,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.shapes import (
     is_dict, is_text, list_of, optional,
 )
@@ -49,16 +51,11 @@ JOURNAL_FORMAT = "gpufleet.nccl_change_journal/1"
 STATE_DIR = "/var/lib/gpufleet/nccl_change"
 JOURNAL = STATE_DIR + "/journal.json"
 HISTORY_DIR = STATE_DIR + "/history"
-STAGES = ("baseline", "installing", "installed", "activated", "candidate", "verdict", "committed", "rolled_back",
-          "stopped")
+STAGES = kind_stages("installing", "installed", "activated")
 EVENTS = SHARED_EVENTS + ("installed", "activated")
 # Every action the flow answers on an NCCL change, and the event its task file (roles/nccl_change/tasks/
 # action_<name>.yml) reports.
-ACTIONS = ({"name": "lock", "reports": "locked"}, {"name": "benchmark", "reports": "benchmarked"},
-           {"name": "audit", "reports": "audited"}, {"name": "outputs", "reports": "outputs"},
-           {"name": "install", "reports": "installed"}, {"name": "activate", "reports": "activated"},
-           {"name": "check", "reports": "checked"}, {"name": "commit", "reports": "committed"},
-           {"name": "rollback", "reports": "rolled_back"})
+ACTIONS = kind_actions(("install", "installed"), ("activate", "activated"))
 FILES = ("conf", "env")  # the journal's names of the file NCCL reads and the EnvironmentFile
 # The most a settings file may hold to be recorded in the journal and put back byte for byte.
 MAX_FILE_BYTES = 65536

@@ -25,7 +25,9 @@ import re
 from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.change import flow
-from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import SHARED_EVENTS, ChangeKind, FlowError
+from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import (
+    SHARED_EVENTS, ChangeKind, FlowError, kind_actions, kind_stages,
+)
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.shapes import (
     is_dict, is_text, list_of, optional,
 )
@@ -34,15 +36,11 @@ JOURNAL_FORMAT = "gpufleet.vllm_upgrade_journal/1"
 STATE_DIR = "/var/lib/gpufleet/vllm_upgrade"
 JOURNAL = STATE_DIR + "/journal.json"
 HISTORY_DIR = STATE_DIR + "/history"
-STAGES = ("baseline", "installed", "switched", "candidate", "verdict", "committed", "rolled_back", "stopped")
+STAGES = kind_stages("installed", "switched")
 EVENTS = SHARED_EVENTS + ("installed", "switched")
 # Every action the flow answers on a vLLM upgrade, and the event its task file (roles/vllm_upgrade/tasks/
 # action_<name>.yml) reports.
-ACTIONS = ({"name": "lock", "reports": "locked"}, {"name": "benchmark", "reports": "benchmarked"},
-           {"name": "audit", "reports": "audited"}, {"name": "outputs", "reports": "outputs"},
-           {"name": "install", "reports": "installed"}, {"name": "switch", "reports": "switched"},
-           {"name": "check", "reports": "checked"}, {"name": "commit", "reports": "committed"},
-           {"name": "rollback", "reports": "rolled_back"})
+ACTIONS = kind_actions(("install", "installed"), ("switch", "switched"))
 # Start-log findings of these severities count at the verification (info findings only describe the path).
 FINDING_SEVERITIES = ("warning", "error")
 FINDINGS_MODES = ("fail", "note")

@@ -23,10 +23,11 @@ REPORTS = {"lock": "locked", "benchmark": "benchmarked", "audit": "audited", "pi
 
 
 def actions_in_flow() -> set[str]:
+    """The kernel kind's ACTIONS and every action name its steps' code (kernel/flow.py) can answer."""
     with open(flow.__file__, encoding="utf-8") as fh:
         text = fh.read()
     names = set(re.findall(r'\{"name": "([a-z_]+)"', text)) | set(re.findall(r'lock_action\("([a-z_]+)"', text))
-    return names - {"finish"}
+    return (names | {a["name"] for a in flow.ACTIONS}) - {"finish"}
 
 
 def load(name: str):
