@@ -58,7 +58,9 @@ def kind_actions(*own: tuple[str, str]) -> tuple[dict[str, str], ...]:
 def kind_stages(*own: str) -> tuple[str, ...]:
     """A kind's journal STAGES: the baseline, the kind's own stages between it and the candidate, then the shared
     candidate, verdict and the three ends."""
-    return ("baseline",) + own + ("candidate", "verdict", "committed", "rolled_back", "stopped")
+    return ("baseline",) + own + ("candidate", "verdict") + TERMINAL
+
+
 # Kernel log lines the journal keeps for the stability part (the Xid events; the rest is not read).
 KERNEL_LOG_KEEP = 200
 
