@@ -34,7 +34,7 @@ from typing import Any
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.change import flow
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.flow import (
-    SHARED_EVENTS, ChangeKind, FlowError, kind_actions, kind_stages,
+    SHARED_EVENTS, ChangeKind, kind_actions, kind_stages,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.change.shapes import (
     is_dict, is_text, list_of, optional,
@@ -44,7 +44,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.nccl.env import
     NcclEnvError, is_nccl_key, settings_id, validate,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.vllm.upgrade import (
-    FINDINGS_MODES, new_path_findings, path_findings,
+    check_findings_mode, new_path_findings, path_findings,
 )
 
 JOURNAL_FORMAT = "gpufleet.nccl_change_journal/1"
@@ -337,11 +337,7 @@ def journal_fix(path: str) -> str:
 
 
 def check_settings(settings: dict[str, Any]) -> None:
-    mode = settings.get("findings", "fail")
-    if mode not in FINDINGS_MODES:
-        raise FlowError(f"findings {mode!r} is not one of {', '.join(FINDINGS_MODES)}: set nccl_change_findings to "
-                        "fail (a new start-log warning fails the verification) or note (it is named in the verdict); "
-                        "nothing was changed")
+    check_findings_mode(settings, "nccl_change")
 
 
 def _text_map(value: Any) -> bool:

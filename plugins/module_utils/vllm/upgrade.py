@@ -212,12 +212,17 @@ def journal_fix(path: str) -> str:
             f"otherwise repair it from the host's records under {STATE_DIR}.")
 
 
-def check_settings(settings: dict[str, Any]) -> None:
+def check_findings_mode(settings: dict[str, Any], var_prefix: str) -> None:
+    """The ``findings`` setting of a kind that reads the start log (vLLM, NCCL): FlowError naming <var_prefix>_findings."""
     mode = settings.get("findings", "fail")
     if mode not in FINDINGS_MODES:
-        raise FlowError(f"findings {mode!r} is not one of {', '.join(FINDINGS_MODES)}: set vllm_upgrade_findings to "
+        raise FlowError(f"findings {mode!r} is not one of {', '.join(FINDINGS_MODES)}: set {var_prefix}_findings to "
                         "fail (a new start-log warning fails the verification) or note (it is named in the verdict); "
                         "nothing was changed")
+
+
+def check_settings(settings: dict[str, Any]) -> None:
+    check_findings_mode(settings, "vllm_upgrade")
 
 
 def _finding_list(value: Any) -> bool:
