@@ -15,7 +15,7 @@
 #   run     install the payload (first call only: every c chunk stashed or carried), make the model, render and start
 #           the baseline server under
 #           setsid on the unit's CPUAffinity, then a resumable work list, in the order of what matters most:
-#           our client (with and without per-chunk usage) beside vllm bench serve, CPU contention (hog),
+#           our client (its default request and with per-chunk usage) beside vllm bench serve, CPU contention (hog),
 #           pcie_facts with the bandwidth probe during a run, noise, max_num_seqs 32 at c=64, the tuning stages
 #           (call it again, back to back, until it has nothing left)
 #   verify  install and start the baseline as `run` does, then the gate's A/A, CPU contention and --enforce-eager at
@@ -33,7 +33,8 @@
 #           upgrade's gate over a pair of GATES asks for them, then EXTRA_RUNS at EXTRA_LEVELS (16) and in the CELLS
 #           (LEVELxPROMPT/OUTPUT[@PROFILE[=JSON]][~ARRIVALS_JSON], a workload profile of bench/profiles.py each); a
 #           plan entry's cmp=N runs N paired rounds of our client against vllm bench serve (COMPARE_LEVELS,
-#           COMPARE_REQUESTS, COMPARE_LENGTHS; TOKENIZER, default /tmp/tok7b); resumable: call
+#           COMPARE_REQUESTS, COMPARE_LENGTHS, COMPARE_CLIENTS: "ours vllm" by default, ours being the collection's
+#           default request, "ours_usage" per-chunk usage; TOKENIZER, default /tmp/tok7b); resumable: call
 #           it again, back to back, until it has nothing left (the server of an unfinished start keeps running)
 # (The first H200 session's phases `main` and `gate` are in git history at 68c555b, docs/gpu_h200.md.)
 # Settings: BUDGET (s of work before the phase stops starting new runs, default 540), ROUNDS (compare, 3),
@@ -128,11 +129,12 @@ PY
   read -r -a P <<< "${PCU---no-per-chunk-usage}"
   read -r -a CML <<< "${COMPARE_LEVELS:-16 64 256}"
   read -r -a CMR <<< "${COMPARE_REQUESTS:-64 256 512}"
+  read -r -a CMC <<< "${COMPARE_CLIENTS:-ours vllm}"
   timeout $((DL - $(date +%s) + 10)) taskset -c "${CLIENT_CPUS:-12-15}" "${D[@]}" restarts --out "$W/restarts.json" "${P[@]}" \
     --rendered-dir "$W/rendered" --logdir "$W" --plan "${PL[@]}" --gates "${GP[@]}" --concurrency "${LEVEL:-64}" \
     --requests-per-slot "${SLOTS:-4}" --prompt-tokens "${PROMPT:-512}" --output-tokens "${OUTPUT:-256}" --runs "${RUNS:-8}" \
     --extra-levels "${XL[@]}" --cells "${CE[@]}" --extra-runs "${EXTRA_RUNS:-6}" --start-timeout 400 --deadline "$DL" --warmup 0 \
-    --compare-levels "${CML[@]}" --compare-requests "${CMR[@]}" \
+    --compare-levels "${CML[@]}" --compare-requests "${CMR[@]}" --compare-clients "${CMC[@]}" \
     --compare-lengths "${COMPARE_LENGTHS:-512/256}" --tokenizer "${TOKENIZER:-/tmp/tok7b}"
   echo "restarts rc=$? at t=$(( $(date +%s) - S ))"
   ;;
@@ -208,7 +210,7 @@ PY
     echo "compare rc=$? at t=$(( $(date +%s) - S ))"
     exit 0
   fi
-  # 1. our client with and without per-chunk usage beside vllm bench serve (one long-lived worker process)
+  # 1. our client (its default request and with per-chunk usage) beside vllm bench serve (one long-lived worker)
   timeout $(($(left) + 10)) "${T[@]}" "${D[@]}" compare --out "$W/compare.json" "${R[@]}" --tokenizer /tmp/model \
     --concurrency 16 64 256 --requests 128 512 1024 --rounds "${ROUNDS:-3}" --deadline $((DL - 20))
   echo "compare rc=$? at t=$(( $(date +%s) - S ))"

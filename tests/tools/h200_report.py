@@ -12,6 +12,9 @@ test tests/unit/plugins/module_utils/test_h200_replay.py checks these against ex
     . scripts/lib.sh; gpufleet_env
     python tests/tools/h200_report.py [docs/examples/h200-vllm] [--trials 2000]
 
+``--request-shapes`` prints the server's work per request at c=256 for each of our client's request shapes beside
+``vllm bench serve`` in the stored comparisons (REQUEST_SHAPE_FILES).
+
 A folder with restarts*.json (h200_vllm.py restarts; docs/examples/h200-vllm-7b/) prints instead, per file, the runs
 of each server start, the noise within and between starts (h200_restarts.between_starts) and the kernel upgrade's
 gate loop over each stored pair of starts (h200_restarts.upgrade_gate).
@@ -108,28 +111,49 @@ def _med(values):
     return gate_stats.median(values) if values else None
 
 
+# Our client's runs beside "ours" in a comparison, as the sessions stored them: "ours_no_usage" (the default request in
+# the second to sixth sessions' files), "ours_usage" and "ours_text" (h200_vllm.CLIENTS).
+OTHER_OURS = ("ours_no_usage", "ours_usage", "ours_text")
+
+
+def request_label(runs: list[dict]) -> str:
+    """What our client's runs asked, from what each run recorded: the prompt form and whether per-chunk usage
+    (``stream_options.continuous_usage_stats``) was on; "not recorded" for runs that predate the field."""
+    shapes = {(r.get("prompt_mode", "token_ids"), r.get("per_chunk_usage")) for r in runs}
+    labels = []
+    for mode, usage in sorted(shapes, key=str):
+        form = "text" if mode == "text" else "token IDs"
+        labels.append(form + {True: ", per-chunk usage", False: "", None: ", per-chunk usage not recorded"}[usage])
+    return " / ".join(labels)
+
+
+def _client_summary(runs: list[dict], vllm: list[dict]) -> dict:
+    s = vfs.compare_summary(runs, vllm)
+    s.update(runs=[r["output_throughput"] for r in runs], cpu_pct_max=max(r["client_cpu_pct"] for r in runs),
+             itl_exact=[r.get("itl_exact") for r in runs], tokens_per_chunk=_med([r.get("tokens_per_chunk") for r in runs]),
+             request=request_label(runs))
+    return s
+
+
 def compare_rows(compare: dict) -> list[dict]:
-    """Per level: our client against vllm bench serve (and, where measured, ours without per-chunk usage)."""
+    """Per level: our client against vllm bench serve, each of our clients named by the request its runs recorded
+    (``ours_request``; the other shapes measured beside it under ``others``, keyed as stored)."""
     rows = []
     for level, rec in sorted(compare["levels"].items(), key=lambda kv: int(kv[0])):
         s = vfs.compare_summary(rec["ours"], rec["vllm"])
         s.update(concurrency=int(level), requests=rec["requests"],
                  ours=[r["output_throughput"] for r in rec["ours"]], vllm=[r["output_throughput"] for r in rec["vllm"]],
-                 ours_cpu_pct_max=max(r["client_cpu_pct"] for r in rec["ours"]))
-        if rec.get("ours_no_usage"):  # the second session: per-chunk usage off as a third client
-            nu = rec["ours_no_usage"]
-            s["no_usage"] = vfs.compare_summary(nu, rec["vllm"])
-            s["no_usage"].update(runs=[r["output_throughput"] for r in nu],
-                                 cpu_pct_max=max(r["client_cpu_pct"] for r in nu),
-                                 itl_exact=[r["itl_exact"] for r in nu],
-                                 tokens_per_chunk=_med([r["tokens_per_chunk"] for r in nu]))
+                 ours_cpu_pct_max=max(r["client_cpu_pct"] for r in rec["ours"]), ours_request=request_label(rec["ours"]))
+        others = [k for k in OTHER_OURS if rec.get(k)]
+        if others:
+            s["others"] = {k: _client_summary(rec[k], rec["vllm"]) for k in others}
             s["ours_itl_exact"] = [r["itl_exact"] for r in rec["ours"]]
             s["ours_tokens_per_chunk"] = _med([r["tokens_per_chunk"] for r in rec["ours"]])
             # the server's CPU (API server + engine core) per request over each client's whole call
             s["server_cpu_ms_per_request"] = {
                 who: round(1000 * _med([r["call_load"]["server_cpu_s_per_request"] for r in rec[who]]), 1)
-                for who in ("ours", "ours_no_usage", "vllm")}
-            s["host_steal_pct_max"] = max(r["call_load"]["host_steal_pct"] for who in ("ours", "ours_no_usage", "vllm")
+                for who in ("ours", *others, "vllm")}
+            s["host_steal_pct_max"] = max(r["call_load"]["host_steal_pct"] for who in ("ours", *others, "vllm")
                                           for r in rec[who])
         rows.append(s)
     return rows
@@ -144,29 +168,41 @@ def _ci(s: dict) -> str:
     return f"{s['ratio']:.3f} [{ci[0]:.2f}-{ci[1]:.2f}]" if ci else f"{s['ratio']:.3f}"
 
 
+def _client_name(request: str) -> str:
+    """A column's name for our client by its request: "ours" for the default (token IDs), else what differs."""
+    return "ours" if request == "token IDs" else "ours, " + request.removeprefix("token IDs, ")
+
+
 def compare_markdown(rows: list[dict]) -> list[str]:
-    if not rows or "no_usage" not in rows[0]:
-        out = ["| c | requests/run | ours tok/s (runs) | vllm bench tok/s (runs) | ours / vllm | ours CPU s/request | "
-               "ours CPU % of a core (max) | vllm bench process CPU s/request |", "|---|---|---|---|---|---|---|---|"]
+    if not rows or "others" not in rows[0]:
+        out = ["| c | requests/run | our request | ours tok/s (runs) | vllm bench tok/s (runs) | ours / vllm | "
+               "ours CPU s/request | ours CPU % of a core (max) | vllm bench process CPU s/request |",
+               "|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
-            out.append(f"| {r['concurrency']} | {r['requests']} | {r['ours_median']:,.0f} ({_runs(r['ours'])}) | "
-                       f"{r['vllm_median']:,.0f} ({_runs(r['vllm'])}) | {r['ratio']:.3f} | "
+            out.append(f"| {r['concurrency']} | {r['requests']} | {r['ours_request']} | {r['ours_median']:,.0f} "
+                       f"({_runs(r['ours'])}) | {r['vllm_median']:,.0f} ({_runs(r['vllm'])}) | {r['ratio']:.3f} | "
                        f"{r['ours_cpu_s_per_request_median'] * 1000:.2f} ms | {r['ours_cpu_pct_max']:.0f} | "
                        f"{r['vllm_process_cpu_s_per_request_median'] * 1000:.1f} ms |")
         return out
-    out = ["| c | requests/run | ours tok/s (runs) | ours, no per-chunk usage (runs) | vllm bench tok/s (runs) | "
-           "ours / vllm [95% CI] | no usage / vllm [95% CI] | client CPU ms/request: ours, no usage, vllm bench | "
-           "ours CPU % of a core (max) | server CPU ms/request: ours, no usage, vllm bench | tokens/chunk: ours, no usage |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    others = list(rows[0]["others"])
+    names = [_client_name(rows[0]["ours_request"])] + [_client_name(rows[0]["others"][k]["request"]) for k in others]
+    out = ["| c | requests/run | " + " | ".join(f"{n} tok/s (runs)" for n in names) + " | vllm bench tok/s (runs) | "
+           + " | ".join(f"{n} / vllm [95% CI]" for n in names) + " | client CPU ms/request ("
+           + " / ".join(names + ["vllm bench"]) + ") | ours CPU % of a core (max) | server CPU ms/request ("
+           + " / ".join(names + ["vllm bench"]) + ") | tokens/chunk (" + " / ".join(names) + ") |",
+           "|" + "---|" * (6 + 2 * len(names) + 1)]
     for r in rows:
-        nu = r["no_usage"]
+        os_ = [r["others"][k] for k in others]
         sc = r["server_cpu_ms_per_request"]
         out.append(f"| {r['concurrency']} | {r['requests']} | {r['ours_median']:,.0f} ({_runs(r['ours'])}) | "
-                   f"{nu['ours_median']:,.0f} ({_runs(nu['runs'])}) | {r['vllm_median']:,.0f} ({_runs(r['vllm'])}) | "
-                   f"{_ci(r)} | {_ci(nu)} | {r['ours_cpu_s_per_request_median'] * 1000:.1f}, "
-                   f"{nu['ours_cpu_s_per_request_median'] * 1000:.1f}, {r['vllm_process_cpu_s_per_request_median'] * 1000:.1f} | "
-                   f"{max(r['ours_cpu_pct_max'], nu['cpu_pct_max']):.0f} | {sc['ours']}, {sc['ours_no_usage']}, {sc['vllm']} | "
-                   f"{r['ours_tokens_per_chunk']:.2f}, {nu['tokens_per_chunk']:.2f} |")
+                   + "".join(f"{o['ours_median']:,.0f} ({_runs(o['runs'])}) | " for o in os_)
+                   + f"{r['vllm_median']:,.0f} ({_runs(r['vllm'])}) | " + " | ".join([_ci(r)] + [_ci(o) for o in os_])
+                   + " | " + " / ".join(f"{x['ours_cpu_s_per_request_median'] * 1000:.1f}" for x in [r] + os_)
+                   + f" / {r['vllm_process_cpu_s_per_request_median'] * 1000:.1f} | "
+                   + f"{max([r['ours_cpu_pct_max']] + [o['cpu_pct_max'] for o in os_]):.0f} | "
+                   + " / ".join(str(sc[w]) for w in ["ours", *others, "vllm"]) + " | "
+                   + " / ".join(f"{x:.2f}" for x in [r["ours_tokens_per_chunk"]] + [o["tokens_per_chunk"] for o in os_])
+                   + " |")
     return out
 
 
@@ -603,12 +639,68 @@ def all_starts_noise(folder: str) -> list[tuple[int, dict]]:
     return out
 
 
+# The comparisons at c=256 where our client asked for per-chunk usage beside vllm bench serve (and, in the fourth
+# session, also without it), each against one server: (label, file under docs/examples, the compare record's path).
+REQUEST_SHAPE_FILES = (
+    ("fourth session, 254M model", "h200-vllm/run4/compare-usage.json", ()),
+    ("ninth session, 7B architecture", "h200-7b-stages/restarts.json", ("starts", 0, "compare")),
+    ("tenth session, 7B architecture", "h200-dsv2-starts/restarts.json", ("starts", 0, "compare")),
+)
+
+
+def server_split(runs: list[dict], requests: int) -> dict:
+    """What the server did for one client's runs, medians over the runs: its API server's and engine core's CPU per
+    request and in cores over each call (``call_load.server_cpu_by_process``: the engine core is the process named
+    VLLM::EngineCore, the API server the rest), TPOT p50 and tok/s."""
+    def one(run: dict) -> tuple[float, float, float, float]:
+        load_ = run["call_load"]
+        engine = sum(v for k, v in load_["server_cpu_by_process"].items() if "EngineCor" in k)
+        api = sum(load_["server_cpu_by_process"].values()) - engine
+        return api, engine, load_["wall_s"], run["tpot_ms"]["p50"] if "tpot_ms" in run else run["tpot_p50_ms"]
+    split = [one(r) for r in runs]
+    return {"runs": len(runs), "tok_s": _med([r["output_throughput"] for r in runs]),
+            "tpot_p50_ms": _med([x[3] for x in split]),
+            "api_ms_per_request": 1000 * _med([x[0] for x in split]) / requests,
+            "engine_ms_per_request": 1000 * _med([x[1] for x in split]) / requests,
+            "api_cores": _med([x[0] / x[2] for x in split]), "engine_cores": _med([x[1] / x[2] for x in split])}
+
+
+def request_shape_rows(root: str = os.path.dirname(DIR), level: str = "256") -> list[dict]:
+    """Per stored comparison of REQUEST_SHAPE_FILES at ``level``: each client's server_split(), named by its request."""
+    rows = []
+    for label, name, path in REQUEST_SHAPE_FILES:
+        with open(os.path.join(root, name), encoding="utf-8") as fh:
+            rec = json.load(fh)
+        for key in path:
+            rec = rec[key]
+        rec = rec["levels"][level]
+        for who in ("ours", *OTHER_OURS, "vllm"):
+            if rec.get(who):
+                client = "vllm bench serve" if who == "vllm" else _client_name(request_label(rec[who]))
+                rows.append({"session": label, "client": client, **server_split(rec[who], rec["requests"])})
+    return rows
+
+
+def request_shape_markdown(rows: list[dict]) -> list[str]:
+    out = ["| comparison at c=256 | client | runs | tok/s (median) | TPOT p50 ms | API server ms/request | "
+           "engine core ms/request | API server cores | engine core cores |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['session']} | {r['client']} | {r['runs']} | {r['tok_s']:,.0f} | {r['tpot_p50_ms']:.1f} | "
+                   f"{r['api_ms_per_request']:.1f} | {r['engine_ms_per_request']:.1f} | {r['api_cores']:.2f} | "
+                   f"{r['engine_cores']:.2f} |")
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     p.add_argument("folder", nargs="?", default=DIR)
     p.add_argument("--trials", type=int, default=2000)
+    p.add_argument("--request-shapes", action="store_true",
+                   help="the server's work per request at c=256 for each request shape of the stored comparisons")
     args = p.parse_args()
-    if restart_files(args.folder):
+    if args.request_shapes:
+        sys.stdout.write("\n".join(request_shape_markdown(request_shape_rows())) + "\n")
+    elif restart_files(args.folder):
         sys.stdout.write(restarts_markdown(args.folder))
     else:
         sys.stdout.write(markdown(args.folder, args.trials))

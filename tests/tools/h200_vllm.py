@@ -290,7 +290,7 @@ def run_once(url: str, level: int, requests: int, seed: int, args, warmup: int =
              per_chunk_usage: bool | None = None, prompt_mode: str = "token_ids") -> dict:
     """One ic.benchmark call; its runs with the client's CPU (getrusage of this process) around it, and
     the server's CPU (its process group) and the host's busy and steal time over each run's window."""
-    pcu = getattr(args, "per_chunk_usage", True) if per_chunk_usage is None else per_chunk_usage
+    pcu = getattr(args, "per_chunk_usage", DEFAULT_PER_CHUNK_USAGE) if per_chunk_usage is None else per_chunk_usage
     cfg = ic.BenchmarkConfig(url=url, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens,
                              concurrency=[level], requests=requests, warmup=warmup, repetitions=repetitions, seed=seed,
                              timeout=600, per_chunk_usage=pcu, prompt_mode=prompt_mode,
@@ -383,11 +383,19 @@ def cmd_vllmbench_worker(_args) -> int:
 
 # our client: per-chunk usage on or off, and (ours_text) words instead of token IDs as the prompt, which the server must
 # tokenize as it does vllm bench serve's random prompts
-CLIENTS = {"ours": (True, "token_ids"), "ours_no_usage": (False, "token_ids"), "ours_text": (False, "text")}
+# Our client's request shapes as (per-chunk usage, prompt mode). "ours" is the collection's default request (the
+# inference_benchmark module's and the gate's), read from the client's config so that it cannot drift from it;
+# "ours_usage" asks for per-chunk usage (stream_options.continuous_usage_stats: exact ITL, more work for vLLM's API
+# server per token), "ours_text" sends text prompts. Files of the second to sixth sessions call the default request
+# "ours_no_usage"; those of the second, fourth, ninth and tenth sessions call the per-chunk usage request "ours"
+# (the report names each client by what its runs recorded: h200_report.request_label()).
+DEFAULT_PER_CHUNK_USAGE = ic.BenchmarkConfig.__dataclass_fields__["per_chunk_usage"].default
+CLIENTS = {"ours": (DEFAULT_PER_CHUNK_USAGE, "token_ids"), "ours_usage": (True, "token_ids"), "ours_text": (False, "text")}
 
 
 def cmd_compare(args) -> int:
-    """Our client (with and without per-chunk usage) and vllm bench serve in turns, at each level.
+    """Our client (its default request and the other shapes of CLIENTS asked for) and vllm bench serve in turns, at
+    each level.
 
     Round r runs the clients in an order rotated by r; every client gets that round's seed, so no client
     meets prompts that an earlier run left in vLLM's prefix cache."""
@@ -460,10 +468,9 @@ def compare_rounds(out: dict, args, save) -> int:
                           run["call_load"]["host_steal_pct"], flush=True)
                 if "ours" in rec and "vllm" in rec:
                     rec.update(vfs.compare_summary(rec["ours"], rec["vllm"]))
-                if "ours_no_usage" in rec and "vllm" in rec:
-                    rec["no_usage"] = vfs.compare_summary(rec["ours_no_usage"], rec["vllm"])
-                if "ours_text" in rec and "vllm" in rec:
-                    rec["text"] = vfs.compare_summary(rec["ours_text"], rec["vllm"])
+                for who in CLIENTS:
+                    if who != "ours" and who in rec and "vllm" in rec:
+                        rec[who.removeprefix("ours_")] = vfs.compare_summary(rec[who], rec["vllm"])
                 save()
     finally:
         if bench:
@@ -784,7 +791,7 @@ def compare_args(args, st: dict, rounds: int):
     prompt, output = (int(x) for x in args.compare_lengths.split("/"))
     return argparse.Namespace(**{**vars(args), "url": st["url"], "concurrency": args.compare_levels,
                                  "requests": args.compare_requests, "rounds": rounds, "prompt_tokens": prompt,
-                                 "output_tokens": output, "clients": ["ours", "vllm"], "warmup": 0, "seed": 0,
+                                 "output_tokens": output, "clients": args.compare_clients, "warmup": 0, "seed": 0,
                                  "level_warmup": True})
 
 
@@ -978,8 +985,11 @@ def main() -> int:
         q.add_argument("--output-tokens", type=int, default=128)
         q.add_argument("--warmup", type=int, default=32)
         q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--per-chunk-usage", dest="per_chunk_usage", action="store_true",
+                       help="our client asks for stream_options.continuous_usage_stats (exact ITL; not the default)")
         q.add_argument("--no-per-chunk-usage", dest="per_chunk_usage", action="store_false",
                        help="our client without stream_options.continuous_usage_stats (as vllm bench serve sends)")
+        q.set_defaults(per_chunk_usage=DEFAULT_PER_CHUNK_USAGE)
         q.add_argument("--deadline", type=float, default=time.time() + 3600, help="epoch seconds: stop starting work")
         q.add_argument("--min-runs", type=int, default=5)
         q.add_argument("--max-runs", type=int, default=15)
@@ -990,8 +1000,7 @@ def main() -> int:
                        help="serve's record of the server at --url (its pid: the server's CPU per run, the hog's CPUs)")
         if name == "compare":
             q.add_argument("--rounds", type=int, default=3)
-            q.add_argument("--clients", nargs="+", default=["ours", "ours_no_usage", "vllm"],
-                           choices=["ours", "ours_no_usage", "ours_text", "vllm"])
+            q.add_argument("--clients", nargs="+", default=["ours", "ours_usage", "vllm"], choices=[*CLIENTS, "vllm"])
             q.add_argument("--requests", type=int, nargs="+", help="requests per run at each level (else per slot)")
             q.add_argument("--vllm-python", default=sys.executable, help="the python that imports vLLM (its worker)")
             q.add_argument("--tokenizer")
@@ -1021,6 +1030,8 @@ def main() -> int:
             q.add_argument("--compare-levels", type=int, nargs="+", default=[16, 64, 256], help="cmp=: the levels")
             q.add_argument("--compare-requests", type=int, nargs="+", default=[64, 256, 512], help="cmp=: requests a run")
             q.add_argument("--compare-lengths", default="512/256", help="cmp=: PROMPT/OUTPUT tokens")
+            q.add_argument("--compare-clients", nargs="+", default=["ours", "vllm"], choices=[*CLIENTS, "vllm"],
+                           help="cmp=: the clients in turns (ours: the collection's default request)")
             q.add_argument("--tokenizer", help="cmp=: the tokenizer vllm bench serve loads (default: the server's root)")
             q.add_argument("--vllm-python", default=sys.executable, help="cmp=: the python that imports vLLM")
     sub.add_parser("vllmbench-worker", help="vllm bench serve runs from stdin (compare starts it)")

@@ -55,3 +55,39 @@ def test_serve_ready_stop_the_rendered_stand_in(tmp_path, monkeypatch):
     finally:
         h200_vllm.stop(rec["pid"])
     assert not h200_vllm.alive(rec["pid"])
+
+
+def test_compare_rounds_sends_each_clients_request(tmp_path):
+    """compare_rounds() against the lab stand-in with our two request shapes in turns: "ours" is the collection's
+    default request (no per-chunk usage), "ours_usage" asks for it, and each run records what it sent."""
+    import argparse
+    import subprocess
+    import urllib.request
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    proc = subprocess.Popen([sys.executable, os.path.join(REPO, "extras", "lab_inference_server.py"), "--model", str(model),
+                             "--served-model-name", "lab", "--host", "127.0.0.1", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = ""
+        for line in proc.stdout:
+            if "Listening on http://127.0.0.1:" in line:
+                break
+        url = "http://" + line.split("http://", 1)[1].split()[0].rstrip("/")
+        with urllib.request.urlopen(url + "/health", timeout=10) as resp:
+            assert resp.status == 200
+        args = argparse.Namespace(url=url, tokenizer=None, clients=["ours", "ours_usage"], vllm_python=sys.executable,
+                                  concurrency=[2], requests=[4], requests_per_slot=2, level_warmup=True, rounds=2,
+                                  deadline=time.time() + 120, seed=0, warmup=0, prompt_tokens=16, output_tokens=8,
+                                  per_chunk_usage=h200_vllm.DEFAULT_PER_CHUNK_USAGE)
+        out = {"levels": {}}
+        assert h200_vllm.compare_rounds(out, args, lambda: None) == 0
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    rec = out["levels"]["2"]
+    assert len(rec["ours"]) == len(rec["ours_usage"]) == 2 and "warmup" in rec
+    assert {r["per_chunk_usage"] for r in rec["ours"]} == {False}
+    assert {r["per_chunk_usage"] for r in rec["ours_usage"]} == {True}
+    assert all(r["itl_exact"] for r in rec["ours_usage"]) and all(r["errors"] == 0 for r in rec["ours"] + rec["ours_usage"])
