@@ -44,7 +44,7 @@ def test_every_variable_the_tasks_use_is_documented():
     spec = load("meta/argument_specs.yml")["argument_specs"]["main"]["options"]
     used = set()
     not_variables = {"kernel_upgrade_record", "kernel_upgrade_preflight", "kernel_upgrade_report", "kernel_upgrade_markdown",
-                     "kernel_upgrade_gate_summary"}  # the exported record, a module and the filters
+                     "kernel_upgrade_gate_summary"}  # the exported record, a module and the deprecated filter names
     for name in os.listdir(os.path.join(ROLE, "tasks")):
         with open(os.path.join(ROLE, "tasks", name), encoding="utf-8") as fh:
             text = fh.read()
