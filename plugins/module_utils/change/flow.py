@@ -94,7 +94,8 @@ class ChangeKind:  # pylint: disable=too-many-instance-attributes
     away: Callable[[dict, dict, str], tuple]  # the host does not run the candidate where it must: the verdict
     commit_check: Callable[[dict, dict], tuple[str, str]]    # (what is wrong or '', history note) after the commit
     rollback_check: Callable[[dict, dict], tuple[str, str]]  # (what is wrong or '', what to check) after the rollback
-    journal_fix: Callable[[str], str]         # what to do with a journal at this path that cannot be trusted
+    serving: str                  # what the host shows when no change is in progress, for journal_fix()'s advice
+    state_dir: str                # the kind's records on the host (its journal's folder)
     step_module: str              # the module that takes the steps ("kernel_rollout_step"), named in advice
     actions: tuple[dict, ...]     # every action the flow can answer, and the event its role's task file reports
     first_change: str             # the first change, named in the history ("the pin", "the install")
@@ -104,6 +105,15 @@ class ChangeKind:  # pylint: disable=too-many-instance-attributes
     event_fields: dict = field(default_factory=dict)     # event -> {data field: (check, what)}, merged with shared
     event_nested: dict = field(default_factory=dict)     # event -> (field, {sub-field: check}) of text reaching messages
     preflight_fields: dict = field(default_factory=dict)  # the preflight result's fields the kind reads
+    noun: str = "upgrade"         # what the kind makes: "upgrade", "change"
+    repair_hint: str = ""         # where in the journal the repair starts, for journal_fix()'s advice
+
+    def journal_fix(self, path: str) -> str:
+        """What to do with a journal at ``path`` that cannot be trusted: move it away once the host shows it serves
+        as it should, else repair it from the kind's records."""
+        return (f"Nothing was changed. Look at {path}: if {self.serving} and no {self.noun} should be in progress, move it "
+                f"away (mv {path} {path}.broken) and run again; otherwise repair it{self.repair_hint} from the host's "
+                f"records under {self.state_dir}.")
 
     def expected(self) -> dict[str, tuple[str, ...]]:
         """The stage each event may arrive at (the action that produces it was issued there)."""

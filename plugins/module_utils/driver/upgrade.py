@@ -194,12 +194,6 @@ def rollback_check(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[str, s
     return "", ""
 
 
-def journal_fix(path: str) -> str:
-    return (f"Nothing was changed. Look at {path}: if the driver that should serve is loaded and installed and no "
-            f"upgrade should be in progress, move it away (mv {path} {path}.broken) and run again; otherwise repair "
-            f"it from the host's records under {STATE_DIR}.")
-
-
 def check_settings(settings: dict[str, Any]) -> None:
     activate = settings.get("activate", "reboot")
     if activate not in ACTIVATIONS:
@@ -232,7 +226,8 @@ DRIVER = ChangeKind(
     handlers={"installed": (("installing",), on_installed), "activated": (("installed",), on_activated)},
     fresh=fresh, journal_extra=journal_extra, lock=lock_action, commit=commit_action, change=install_action,
     rollback=rollback_action, resume=resume, away=away, commit_check=commit_check, rollback_check=rollback_check,
-    journal_fix=journal_fix, step_module="driver_upgrade_step", first_change="the install", actions=ACTIONS,
+    serving="the driver that should serve is loaded and installed", state_dir=STATE_DIR,
+    step_module="driver_upgrade_step", first_change="the install", actions=ACTIONS,
     check_settings=check_settings, journal_fields=JOURNAL_FIELDS, event_fields=EVENT_FIELDS, event_nested=EVENT_NESTED,
     preflight_fields=PREFLIGHT_FIELDS)
 

@@ -320,12 +320,6 @@ def rollback_check(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[str, s
     return "", ""
 
 
-def journal_fix(path: str) -> str:
-    return (f"Nothing was changed. Look at {path}: if the host runs its saved default (uname -r; grub-editenv "
-            f"/boot/grub/grubenv list) and no upgrade should be in progress, move it away (mv {path} {path}.broken) "
-            "and run again; otherwise repair it from the host's records under /var/lib/gpufleet/kernel_upgrade.")
-
-
 # the kernel's journal fields besides the shared ones (change/shapes.py JOURNAL_FIELDS)
 JOURNAL_FIELDS = {
     "old_entry": (optional(is_text), "a GRUB entry id"), "package": (optional(is_text), "a package name"),
@@ -361,7 +355,8 @@ KERNEL = ChangeKind(
               "rebooted": (("boot_once",), on_rebooted), "verified": (("booted",), on_verified)},
     fresh=fresh, journal_extra=journal_extra, lock=lock_action, commit=commit_action, change=pin_action, rollback=rollback_action,
     resume=resume_kernel, away=came_back_old, commit_check=commit_check, rollback_check=rollback_check,
-    journal_fix=journal_fix, step_module="kernel_rollout_step", actions=ACTIONS, first_change="the pin",
+    serving="the host runs its saved default (uname -r; grub-editenv /boot/grub/grubenv list)",
+    state_dir="/var/lib/gpufleet/kernel_upgrade", step_module="kernel_rollout_step", actions=ACTIONS, first_change="the pin",
     keepalive=_deadline, check_settings=commit_timeout,
     journal_fields=JOURNAL_FIELDS, event_fields=EVENT_FIELDS, event_nested=EVENT_NESTED,
     preflight_fields=PREFLIGHT_FIELDS)

@@ -329,13 +329,6 @@ def rollback_check(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[str, s
     return "", ""
 
 
-def journal_fix(path: str) -> str:
-    return (f"Nothing was changed. Look at {path}: if the NCCL files hold the settings that should serve, the unit runs "
-            f"them and no change should be in progress, move it away (mv {path} {path}.broken) and run again; otherwise "
-            f"repair it (its 'original' holds the files' bytes before the change) from the host's records under "
-            f"{STATE_DIR}.")
-
-
 def check_settings(settings: dict[str, Any]) -> None:
     check_findings_mode(settings, "nccl_change")
 
@@ -381,7 +374,9 @@ NCCL = ChangeKind(
     handlers={"installed": (("installing",), on_installed), "activated": (("installed", "activated"), on_activated)},
     fresh=fresh, journal_extra=journal_extra, lock=lock_action, commit=commit_action, change=install_action,
     rollback=rollback_action, resume=resume, away=away, commit_check=commit_check, rollback_check=rollback_check,
-    journal_fix=journal_fix, step_module="nccl_change_step", first_change="the write of the files", actions=ACTIONS,
+    serving="the NCCL files hold the settings that should serve, the unit runs them", state_dir=STATE_DIR, noun="change",
+    repair_hint=" (its 'original' holds the files' bytes before the change)", step_module="nccl_change_step",
+    first_change="the write of the files", actions=ACTIONS,
     check_settings=check_settings, journal_fields=JOURNAL_FIELDS, event_fields=EVENT_FIELDS, event_nested=EVENT_NESTED,
     preflight_fields=PREFLIGHT_FIELDS)
 

@@ -206,12 +206,6 @@ def rollback_check(journal: dict[str, Any], obs: dict[str, Any]) -> tuple[str, s
     return "", ""
 
 
-def journal_fix(path: str) -> str:
-    return (f"Nothing was changed. Look at {path}: if the vLLM unit's venv link points at the version that should "
-            f"serve and no upgrade should be in progress, move it away (mv {path} {path}.broken) and run again; "
-            f"otherwise repair it from the host's records under {STATE_DIR}.")
-
-
 def check_findings_mode(settings: dict[str, Any], var_prefix: str) -> None:
     """The ``findings`` setting of a kind that reads the start log (vLLM, NCCL): FlowError naming <var_prefix>_findings."""
     mode = settings.get("findings", "fail")
@@ -250,7 +244,8 @@ VLLM = ChangeKind(
     side_key="version", side_what="a vLLM version", stages=STAGES, events=EVENTS,
     handlers={"installed": (("baseline",), on_installed), "switched": (("installed",), on_switched)},
     fresh=fresh, journal_extra=journal_extra, lock=lock_action, commit=commit_action, change=install_action, rollback=rollback_action,
-    resume=resume, away=away, commit_check=commit_check, rollback_check=rollback_check, journal_fix=journal_fix,
+    resume=resume, away=away, commit_check=commit_check, rollback_check=rollback_check,
+    serving="the vLLM unit's venv link points at the version that should serve", state_dir=STATE_DIR,
     step_module="vllm_upgrade_step", first_change="the install", actions=ACTIONS, check_settings=check_settings,
     journal_fields=JOURNAL_FIELDS, event_fields=EVENT_FIELDS, event_nested=EVENT_NESTED,
     preflight_fields=PREFLIGHT_FIELDS)
