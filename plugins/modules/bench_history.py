@@ -141,7 +141,7 @@ options:
   config_key:
     description:
       - For O(state=start_noise), only the series of this configuration (the C(config_key) of RV(series) and of
-        RV(start_noise): a hash of the model, prompt and output tokens, requests per run, prompt mode, ignore_eos,
+        RV(start_noise), a hash of the model, prompt and output tokens, requests per run, prompt mode, ignore_eos,
         profile and request profile); every configuration when not given.
     type: str
     version_added: 0.3.0
@@ -304,9 +304,9 @@ start_noise:
       C(ci_level) confidence interval from the F distribution), C(f), C(df) and C(p_between) (the F test of no
       between-start variance); null with fewer than two starts.
     - C(between_start_sd), the figure to set as the gate's C(between_start_sd) (the change kinds' roles'
-      C(*_gate_between_start_sd)): C(sd_between) when C(min_starts) (3) or more starts give it, else null.
-    - C(reason) says what the figure rests on, or how many more starts to measure, and what was left out: results
-      that name no server start (C(unknown_results), C(unknown_runs): stored before inference_benchmark recorded it,
+      C(*_gate_between_start_sd)), C(sd_between) when C(min_starts) (3) or more starts give it, else null.
+    - C(reason) says what the figure rests on, or how many more starts to measure, and what was left out, that is results
+      that name no server start (C(unknown_results), C(unknown_runs), stored before inference_benchmark recorded it,
       or the start was not known), starts of one run (C(single_run_starts)) and starts whose runs ran under several
       tuning states or stages (C(mixed_starts)). C(stacks) counts the kernel/driver/vLLM/tuning states the starts ran
       under; above 1 their differences count as between-start noise (a figure on the wide side).

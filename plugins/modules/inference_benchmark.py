@@ -405,8 +405,8 @@ server:
       group runs by server start (its O(gpufleet.inference.bench_history#module:state=start_noise)); it is not part of
       the workload fingerprint (a restart is not another workload). C(id) is C(BOOT_ID/PID/TICKS) (C(source=proc)) when
       the process listening on the URL's port runs on this host (found from C(/proc/net/tcp) and C(/proc/PID/fd), as
-      C(ss -ltnp) finds it; other users' processes need C(become=true)): the boot id and the process's start in clock
-      ticks after boot (C(/proc/PID/stat) field 22), with C(pid), C(process) (its name) and C(started_at). Otherwise it
+      C(ss -ltnp) finds it; other users' processes need C(become=true)), that is the boot id and the process's start in
+      clock ticks after boot (C(/proc/PID/stat) field 22), with C(pid), C(process) (its name) and C(started_at). Otherwise it
       is C(metrics/SECONDS) (C(source=metrics)) from vLLM's C(process_start_time_seconds) in C(/metrics) (one API
       server; several export no process metrics), with C(started_at) and C(proc_reason), why C(/proc) did not give it.
       Read before and after the benchmark; when they differ (the server restarted during it) or neither source gives

@@ -174,8 +174,9 @@ def render_markdown(model: dict[str, Any], title: str = "GPU fleet throughput hi
             "same configuration (median ratio below the threshold and one-sided Mann-Whitney U p <= alpha over the "
             "per-run samples), or when E-divisive means finds a downward level shift in the series of run medians "
             "(permutation p <= cp_alpha). See docs/measured_tuning.md. Between server starts: the runs grouped by the "
-            "server start they measured (one-way random effects; bench_history state=start_noise gives every figure). PCIe links: the GPUs' and their bridges' links "
-            "sampled during each measured run (inference_benchmark monitor_links); docs/audit.md has the link findings.", ""]
+            "server start they measured (one-way random effects; bench_history state=start_noise gives every figure). "
+            "PCIe links: the GPUs' and their bridges' links sampled during each measured run (inference_benchmark "
+            "monitor_links); docs/audit.md has the link findings.", ""]
     return "\n".join(out)
 
 
