@@ -351,7 +351,7 @@ ARGUMENT_SPEC = dict(
     stage=dict(type="str", default=""),
     verdicts=dict(type="list", elements="dict", default=[]),
     hosts=dict(type="list", elements="str", default=[]),
-    config_key=dict(type="str"),
+    config_key=dict(type="str", no_log=False),  # a hash of what was measured, no secret
     concurrency=dict(type="int"),
     dest=dict(type="path"),
     title=dict(type="str", default="GPU fleet throughput history"),
