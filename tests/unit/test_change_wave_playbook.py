@@ -113,8 +113,8 @@ def test_a_wave_takes_the_lease_runs_the_kind_and_keeps_record_report_and_verdic
     (0, 64, "no stored series of hosts localhost, concurrency 64"),
     (8, 0, "2 series match ("),  # c=16 and c=64 stored, the highest level gated: which one is not the play's to guess
 ])
-def test_a_between_start_sd_of_history_is_the_hosts_own_figure_or_refused_before_the_lease(tmp_path, stored, level,
-                                                                                            answer):
+def test_a_between_start_sd_of_history_is_the_hosts_own_figure_or_refused_before_the_lease(
+        tmp_path, stored, level, answer):
     """driver_upgrade_gate_between_start_sd: history takes the host's figure from the controller's history (the role is
     given the number); where the history gives none, the host is refused before its lease, saying why."""
     from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh  # pylint: disable=import-outside-toplevel
