@@ -79,6 +79,23 @@ MAX_BODY = 32 * 1024 * 1024
 KEEP_ALIVE_S = 5.0
 
 
+def process_start_time() -> float | None:
+    """This process's start in seconds since the epoch, as prometheus_client's process collector exports it in vLLM's
+    /metrics (``process_start_time_seconds``: /proc/self/stat field 22 in clock ticks after boot, plus /proc/stat's
+    btime); None where /proc has no such files."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            stat = fh.read()
+        with open("/proc/stat", encoding="ascii") as fh:
+            btime = next(float(line.split()[1]) for line in fh if line.startswith("btime "))
+        return float(stat[stat.rindex(")") + 1:].split()[19]) / os.sysconf("SC_CLK_TCK") + btime
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+START_TIME = process_start_time()
+
+
 def log(msg: str) -> None:
     sys.stderr.write(f"{time.strftime('%H:%M:%S')} lab-server: {msg}\n")
     sys.stderr.flush()
@@ -545,6 +562,9 @@ class Server:
             f'gpufleet_lab_info{{version="{VERSION}",work_kib="{self.args.work:g}",step_work_kib="{self.args.step_work:g}",'
             f'prefill_work_kib="{self.args.prefill_work:g}",max_num_seqs="{self.args.max_num_seqs}"}} 1',
         ]
+        if START_TIME is not None:  # prometheus_client's process collector, part of vLLM's /metrics (one API server)
+            lines += ["# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.",
+                      "# TYPE process_start_time_seconds gauge", f"process_start_time_seconds {START_TIME!r}"]
         await self._send(writer, 200, ("\n".join(lines) + "\n").encode(), "text/plain; version=0.0.4; charset=utf-8", keep_alive)
         return keep_alive
 

@@ -31,6 +31,10 @@ description:
     (C(link_below_capability)), with that run's output tokens/s. The report shows them next to the run's tok/s, and
     says C(not sampled) for runs whose links were not sampled.
   - O(state=query) returns the series without writing anything.
+  - Each stored run keeps the server start it measured (M(gpufleet.inference.inference_benchmark)'s C(server.start)).
+    O(state=start_noise) groups the per-run tok/s of each series by server start and estimates the throughput gate's
+    C(between_start_sd) from the host's own history (RV(start_noise)); the report shows the figure under each series
+    where two or more starts give one.
 author:
   - gpufleet.inference contributors (@gpufleet)
 requirements:
@@ -70,9 +74,12 @@ options:
         credential); it wins over one in the URL.
     type: str
   state:
-    description: V(append) stores results, V(report) writes the report, V(query) returns the series.
+    description:
+      - V(append) stores results, V(report) writes the report, V(query) returns the series.
+      - V(start_noise) (version 0.3.0) returns the between-start noise of each series of O(hosts), O(config_key) and
+        O(concurrency) (RV(start_noise)); it reads only, in check mode too.
     type: str
-    choices: [append, report, query]
+    choices: [append, report, query, start_noise]
     default: append
   results:
     description: Result files (JSON written by M(gpufleet.inference.inference_benchmark)) to store, on the machine the module runs on.
@@ -127,10 +134,21 @@ options:
     default: []
     version_added: 0.3.0
   hosts:
-    description: For O(state=report) and O(state=query), only these hosts (empty for all).
+    description: For O(state=report), O(state=query) and O(state=start_noise), only these hosts (empty for all).
     type: list
     elements: str
     default: []
+  config_key:
+    description:
+      - For O(state=start_noise), only the series of this configuration (the C(config_key) of RV(series) and of
+        RV(start_noise), a hash of the model, prompt and output tokens, requests per run, prompt mode, ignore_eos,
+        profile and request profile); every configuration when not given.
+    type: str
+    version_added: 0.3.0
+  concurrency:
+    description: For O(state=start_noise), only the series of this concurrency level; every level when not given.
+    type: int
+    version_added: 0.3.0
   dest:
     description: Directory for C(history.md) and C(history.html), for O(state=report).
     type: path
@@ -183,6 +201,22 @@ EXAMPLES = r"""
   delegate_to: localhost
   become: false
 
+- name: Estimate the gate's between-start noise of gpu-01's serving configuration at c=64 from its history
+  gpufleet.inference.bench_history:
+    path: reports/history.sqlite
+    state: start_noise
+    hosts: [gpu-01]
+    config_key: 3f2a9c0d1e4b5a6f
+    concurrency: 64
+  delegate_to: localhost
+  run_once: true
+  register: noise
+
+- name: Set it on the kernel upgrade's gate where the history gives it (three or more starts)
+  ansible.builtin.set_fact:
+    kernel_upgrade_gate_between_start_sd: "{{ noise.start_noise[0].between_start_sd }}"
+  when: noise.start_noise[0].between_start_sd is not none
+
 - name: Render the per-host curves and the flagged drops
   gpufleet.inference.bench_history:
     path: reports/history.sqlite
@@ -232,7 +266,7 @@ schema_version:
   description: Schema version of the file after the call.
   returned: always
   type: int
-  sample: 4
+  sample: 5
 drops:
   description:
     - Flagged drops (consecutive-run regressions and downward change points), with host, series, time, ratio, p-value,
@@ -254,10 +288,40 @@ link_findings:
 series:
   description:
     - Per host, configuration and concurrency level, the runs in time order with their medians and samples, whether
-      their links were sampled (C(links_sampled)) and their C(link_findings) at that level.
+      their links were sampled (C(links_sampled)), their C(link_findings) at that level and the C(server_start) each
+      measured (null where unknown).
   returned: state=query
   type: list
   elements: dict
+start_noise:
+  description:
+    - For O(state=start_noise), per series (C(host), C(config_key), C(config), C(concurrency)) the noise of its
+      per-run output tok/s within and between server starts, the runs grouped by the start each stored result measured
+      (one-way random effects on log tok/s, as the C(gpufleet.inference.start_noise) filter computes it).
+    - C(starts), C(runs) and C(results), what the figures rest on; C(per_start), each start's id, C(runs), C(results),
+      geometric C(mean) tok/s and C(first_at)/C(last_at).
+    - C(sd_within) (about the runs' CV), C(sd_between) (the sd of a start's own level), C(sd_between_ci) (its
+      C(ci_level) confidence interval from the F distribution), C(f), C(df) and C(p_between) (the F test of no
+      between-start variance); null with fewer than two starts.
+    - C(between_start_sd), the figure to set as the gate's C(between_start_sd) (the change kinds' roles'
+      C(*_gate_between_start_sd)), C(sd_between) when C(min_starts) (3) or more starts give it, else null.
+    - C(reason) says what the figure rests on, or how many more starts to measure, and what was left out, that is results
+      that name no server start (C(unknown_results), C(unknown_runs), stored before inference_benchmark recorded it,
+      or the start was not known), starts of one run (C(single_run_starts)) and starts whose runs ran under several
+      tuning states or stages (C(mixed_starts)). C(stacks) counts the kernel/driver/vLLM/tuning states the starts ran
+      under; above 1 their differences count as between-start noise (a figure on the wide side).
+  returned: state=start_noise
+  type: list
+  elements: dict
+  version_added: 0.3.0
+  sample: [{host: gpu-01, config_key: 3f2a9c0d1e4b5a6f, concurrency: 64, starts: 4, runs: 32, results: 4,
+            unknown_results: 1, unknown_runs: 5, single_run_starts: 0, mixed_starts: 0, stacks: 1, sd_within: 0.0300,
+            sd_between: 0.0139, sd_between_ci: [0.0, 0.0648], ci_level: 0.95, f: 2.71, df: [3, 28], p_between: 0.064,
+            min_starts: 3, between_start_sd: 0.0139,
+            per_start: [{start: 0b9d2e6c-3f7a-4a57-9d8e-5c2f1a0e4b11/2273/41117, runs: 8, results: 1, mean: 9452.7,
+                         first_at: "2026-12-04T20:01:57Z", last_at: "2026-12-04T20:01:57Z"}],
+            reason: "4 server starts of 32 runs: between_start_sd is their sd_between (1.39%, 95% interval
+                     0.00%-6.48%, F test p=0.064); 1 stored results (5 runs) name no server start ... and are left out"}]
 files:
   description: The report files written.
   returned: state=report
@@ -275,7 +339,7 @@ ARGUMENT_SPEC = dict(
     path=dict(type="path"),
     url=dict(type="str", no_log=True),
     password=dict(type="str", no_log=True),
-    state=dict(type="str", choices=["append", "report", "query"], default="append"),
+    state=dict(type="str", choices=["append", "report", "query", "start_noise"], default="append"),
     results=dict(type="list", elements="path", default=[]),
     skip_invalid=dict(type="bool", default=False),
     documents=dict(type="list", elements="dict", default=[]),
@@ -287,6 +351,8 @@ ARGUMENT_SPEC = dict(
     stage=dict(type="str", default=""),
     verdicts=dict(type="list", elements="dict", default=[]),
     hosts=dict(type="list", elements="str", default=[]),
+    config_key=dict(type="str", no_log=False),  # a hash of what was measured, no secret
+    concurrency=dict(type="int"),
     dest=dict(type="path"),
     title=dict(type="str", default="GPU fleet throughput history"),
     threshold=dict(type="float", default=GATE.threshold),

@@ -274,7 +274,8 @@ options:
   root:
     description:
       - Directory that stands for C(/) when the module reads the model directory the server reports (for the model's
-        identity, C(server.model_identity)) and writes O(results_dir).
+        identity, C(server.model_identity)), reads C(/proc) (for the server's start, C(server.start)) and writes
+        O(results_dir).
       - Leave it at C(/) on real hosts. Tests point it at a synthetic tree.
     type: path
     default: /
@@ -400,11 +401,24 @@ server:
       compares"), C(config), C(tokenizer) (sha256 of those files), C(weights) (sha256 over each weight file's name, size
       and its first and last MiB), C(files), C(bytes) and, for a Hugging Face cache snapshot, C(revision); or
       C(unreadable) (why) when the directory cannot be read here (a hub name, a server on another host), with a warning.
+    - C(start) is which start of the server process the runs measured, so that M(gpufleet.inference.bench_history) can
+      group runs by server start (its O(gpufleet.inference.bench_history#module:state=start_noise)); it is not part of
+      the workload fingerprint (a restart is not another workload). C(id) is C(BOOT_ID/PID/TICKS) (C(source=proc)) when
+      the process listening on the URL's port runs on this host (found from C(/proc/net/tcp) and C(/proc/PID/fd), as
+      C(ss -ltnp) finds it; other users' processes need C(become=true)), that is the boot id and the process's start in
+      clock ticks after boot (C(/proc/PID/stat) field 22), with C(pid), C(process) (its name) and C(started_at). Otherwise it
+      is C(metrics/SECONDS) (C(source=metrics)) from vLLM's C(process_start_time_seconds) in C(/metrics) (one API
+      server; several export no process metrics), with C(started_at) and C(proc_reason), why C(/proc) did not give it.
+      Read before and after the benchmark; when they differ (the server restarted during it) or neither source gives
+      it, C(id) is null and C(reason) says why.
   returned: always
   type: dict
   sample: {url: "http://127.0.0.1:8000", model: lab, models: [lab], max_model_len: 4096, root: /srv/models/lab,
            owned_by: vllm, vllm_version: 0.26.0, preflight: {ttft_ms: 3.1, output_tokens: 4, per_chunk_usage_seen: true},
-           model_identity: {config: 4f1c..., tokenizer: 9a0b..., weights: 77de..., files: 3, bytes: 16060522496}}
+           model_identity: {config: 4f1c..., tokenizer: 9a0b..., weights: 77de..., files: 3, bytes: 16060522496},
+           start: {id: 0b9d2e6c-3f7a-4a57-9d8e-5c2f1a0e4b11/842/41117, source: proc, reason: null, pid: 842,
+                   boot_id: 0b9d2e6c-3f7a-4a57-9d8e-5c2f1a0e4b11, start_ticks: 41117, process: python3,
+                   started_at: "2026-12-04T20:01:57Z"}}
 results_file:
   description: Path of the results JSON on the host; null when O(results_dir) is not set or in check mode.
   returned: always

@@ -57,11 +57,11 @@ ROLE = [
 ]
 
 
-@pytest.mark.parametrize("decision", ["pass", "regression"])
-def test_a_wave_takes_the_lease_runs_the_kind_and_keeps_record_report_and_verdict(tmp_path, decision):
+def run_wave(tmp_path, decision: str, role: list, extra: dict | None = None):
+    """The skeleton's wave of the fake driver kind on localhost, the play's vars with ``extra``; the finished process."""
     root, reports = tmp_path / "root", tmp_path / "reports"
     (tmp_path / "roles" / "fake_driver" / "tasks").mkdir(parents=True)
-    (tmp_path / "roles" / "fake_driver" / "tasks" / "main.yml").write_text(yaml.safe_dump(ROLE))
+    (tmp_path / "roles" / "fake_driver" / "tasks" / "main.yml").write_text(yaml.safe_dump(role))
     (tmp_path / "bench").mkdir()
     history = tmp_path / "history.sqlite"
     play = [{
@@ -70,7 +70,8 @@ def test_a_wave_takes_the_lease_runs_the_kind_and_keeps_record_report_and_verdic
         "module_defaults": {"gpufleet.inference.host_lease": {"root": str(root)}},
         "vars": {"lease_root": str(root), "report_dir": str(reports / "driver_upgrade"), "history_db": str(history),
                  "results_dir": str(tmp_path / "records"), "decision": decision, "gpufleet_history_db": str(history),
-                 "inference_benchmark_results_dir": str(tmp_path / "bench"), "gpufleet_server_url": "http://127.0.0.1:9"},
+                 "inference_benchmark_results_dir": str(tmp_path / "bench"), "gpufleet_server_url": "http://127.0.0.1:9",
+                 **(extra or {})},
         "tasks": [{"name": "Run this wave", "ansible.builtin.include_tasks": {"file": os.path.join(TASKS, "change_wave.yml")},
                    "vars": {"__gpufleet_change": "driver_upgrade", "__gpufleet_change_role": "fake_driver",
                             "__gpufleet_change_step": "driver upgrade"}}],
@@ -82,8 +83,14 @@ def test_a_wave_takes_the_lease_runs_the_kind_and_keeps_record_report_and_verdic
     env = {"ANSIBLE_COLLECTIONS_PATH": os.path.join(REPO, ".collections"), "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"),
            "ANSIBLE_ROLES_PATH": str(tmp_path / "roles"), "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"),
            "ANSIBLE_NOCOLOR": "1", "ANSIBLE_STDOUT_CALLBACK": "default", "PWD": str(tmp_path)}
-    proc = run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(inventory),
+    return run([os.path.join(os.path.dirname(sys.executable), "ansible-playbook"), "-i", str(inventory),
                 str(tmp_path / "play.yml")], env=env, timeout=300, cwd=str(tmp_path))
+
+
+@pytest.mark.parametrize("decision", ["pass", "regression"])
+def test_a_wave_takes_the_lease_runs_the_kind_and_keeps_record_report_and_verdict(tmp_path, decision):
+    root, reports, history = tmp_path / "root", tmp_path / "reports", tmp_path / "history.sqlite"
+    proc = run_wave(tmp_path, decision, ROLE)
     out = proc.stdout
     assert proc.returncode == (0 if decision == "pass" else 2), out
     assert "fake_driver : The role was given its run" in out and "All assertions passed" in out, out
@@ -98,3 +105,36 @@ def test_a_wave_takes_the_lease_runs_the_kind_and_keeps_record_report_and_verdic
     assert "Driver rollout" in (reports / "driver_upgrade" / "fleet.md").read_text()
     rows = sqlite3.connect(history).execute("SELECT host, source, verdict FROM verdicts").fetchall()
     assert rows == [("localhost", "driver_upgrade", "pass")]
+
+
+@pytest.mark.parametrize("stored, level, answer", [
+    (8, 64, 0.0139),  # the four H200 DeepSeek-V2-Lite starts at c=64: the documented 1.4%
+    (4, 64, "measure 1 more start"),  # two starts: a figure, not one to set
+    (0, 64, "no stored series of hosts localhost, concurrency 64"),
+    (8, 0, "2 series match ("),  # c=16 and c=64 stored, the highest level gated: which one is not the play's to guess
+])
+def test_a_between_start_sd_of_history_is_the_hosts_own_figure_or_refused_before_the_lease(
+        tmp_path, stored, level, answer):
+    """driver_upgrade_gate_between_start_sd: history takes the host's figure from the controller's history (the role is
+    given the number); where the history gives none, the host is refused before its lease, saying why."""
+    from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh  # pylint: disable=import-outside-toplevel
+    from tests.unit.plugins.module_utils.test_start_noise_history import dsv2_documents  # pylint: disable=import-outside-toplevel
+    db = bh.connect(str(tmp_path / "history.sqlite"))
+    for d in dsv2_documents()[:stored]:
+        bh.append(db, d, host="localhost")
+        if not level:
+            d["levels"][0] = dict(d["levels"][0], concurrency=16)
+            bh.append(db, d, host="localhost")
+    db.close()
+    given = {"name": "The role is given the history's figure", "ansible.builtin.assert": {"that": [
+        "driver_upgrade_gate_between_start_sd is number", "(driver_upgrade_gate_between_start_sd - 0.0139) | abs < 0.0001"]}}
+    proc = run_wave(tmp_path, "pass", [given] + ROLE,
+                    {"driver_upgrade_gate_between_start_sd": "history", "driver_upgrade_gate_concurrency": level})
+    out = proc.stdout
+    if isinstance(answer, float):
+        assert proc.returncode == 0 and "fake_driver : The role is given the history's figure" in out, out
+        return
+    assert proc.returncode == 2 and "driver_upgrade_gate_between_start_sd is \"history\", but" in out, out
+    assert answer in out and "TASK [Take the host's lease" not in out, out
+    if not level:
+        assert " c=16, " in out and " c=64)" in out and "set driver_upgrade_gate_concurrency and" in out, out

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history as bh
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history_report as hr
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import start_history
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.history_db import (
     DatabaseError, db_errors, is_url, parse_url, pg_error_text)
 from ansible_collections.gpufleet.inference.plugins.module_utils._host.files import HostFS, HostFSError
@@ -152,9 +153,26 @@ def report(p: dict, fs: HostFS, check_mode: bool, result: dict) -> None:
             fs.write_atomic(path, text, mode=0o644)
 
 
+def start_noise(p: dict, result: dict) -> None:
+    """The between-start noise of each series of the hosts asked for, of ``config_key`` and ``concurrency`` when
+    given (bench/start_history.py); HistoryError when none matches (a typo in a host or key must not read as "no
+    estimate")."""
+    found, version = series(p)
+    result["schema_version"] = version
+    result["start_noise"] = start_history.for_series(found, p.get("config_key"), p.get("concurrency"))
+    if not result["start_noise"]:
+        asked = [f"hosts {', '.join(p['hosts'])}" if p["hosts"] else "any host"]
+        asked += [f"config_key {p['config_key']}"] if p.get("config_key") else []
+        asked += [f"concurrency {p['concurrency']}"] if p.get("concurrency") is not None else []
+        keys = sorted({(s["host"], s["config_key"], s["concurrency"]) for s in found})
+        known = "; ".join(f"{h} {k} c={c}" for h, k, c in keys[:20]) or "none"
+        raise bh.HistoryError(f"no stored series of {', '.join(asked)} (the series stored for these hosts: {known}); "
+                              "state=query lists every series with its config_key")
+
+
 def execute(p: dict, host: Host, check_mode: bool) -> dict[str, Any]:
-    """One run of the module: ``append``, ``report`` or ``query`` (report files through ``host.fs``, warnings through
-    ``host.warn``). Raises Failed (with the result so far) when a document or the history is bad, or the report cannot
+    """One run of the module: ``append``, ``report``, ``query`` or ``start_noise`` (report files through ``host.fs``,
+    warnings through ``host.warn``). Raises Failed (with the result so far) when a document or the history is bad, or the report cannot
     be written."""
     fs, warn = host.fs, host.warn
     result: dict[str, Any] = {"changed": False, "actions": []}
@@ -162,6 +180,8 @@ def execute(p: dict, host: Host, check_mode: bool) -> dict[str, Any]:
         if p["state"] == "append":
             result.update(added=[], run_ids=[], verdicts_added=[])
             append(p, check_mode, warn, result)
+        elif p["state"] == "start_noise":
+            start_noise(p, result)
         elif p["state"] == "report" and check_mode and not p.get("url") and not os.path.exists(p["path"]):
             result.update(actions=[{"action": "write", "path": f"{p['dest']}/history.md"},
                                    {"action": "write", "path": f"{p['dest']}/history.html"}],

@@ -102,6 +102,26 @@ def _backfill_link_findings(db: Database) -> None:
             _insert_link_findings(db, int(row["id"]), doc)
 
 
+def server_start_of(doc: dict[str, Any]) -> str | None:
+    """The server start a result document measured (``server.start.id``, bench/server_start.py); None when unknown or
+    stored before results had it."""
+    start = (doc.get("server") or {}).get("start")
+    value = start.get("id") if isinstance(start, dict) else None
+    return value if isinstance(value, str) and value else None
+
+
+def _backfill_server_start(db: Database) -> None:
+    """Migration 5: the server start of the runs already stored, from their result JSON."""
+    for row in db.query("SELECT id, result_json FROM runs ORDER BY id"):
+        try:
+            doc = json.loads(row["result_json"])
+        except ValueError:
+            continue
+        start = server_start_of(doc) if isinstance(doc, dict) else None
+        if start is not None:
+            db.execute("UPDATE runs SET server_start = ? WHERE id = ?", (start, int(row["id"])))
+
+
 # (version, steps): SQL statements, or functions of the database that run inside the step's transaction.
 # Statements are in bench/history_db.py's common form: ``{id}`` the run id column, ``{real}`` a double precision
 # number (SQLite's REAL, PostgreSQL's DOUBLE PRECISION: PostgreSQL's REAL is single precision), ``?`` placeholders.
@@ -176,6 +196,12 @@ MIGRATIONS: list[tuple[int, list[Union[str, Callable[[Database], None]]]]] = [
             throughput TEXT, latency TEXT, outputs TEXT, stability TEXT,
             verdict_json TEXT NOT NULL)""",
         "CREATE INDEX verdicts_host ON verdicts (host, decided_at)",
+    ]),
+    # 5: the server start each run measured (inference_benchmark's server.start.id), backfilled from the stored
+    # documents that have it; null where unknown: the between-start noise estimate groups runs by it.
+    (5, [
+        "ALTER TABLE runs ADD COLUMN server_start TEXT",
+        _backfill_server_start,
     ]),
 ]
 SCHEMA_VERSION = MIGRATIONS[-1][0]
@@ -322,11 +348,12 @@ def append(db: Database, doc: dict[str, Any], host: str | None = None, source: s
             return int(row["id"]), False
         run_id = db.insert(
             "INSERT INTO runs (digest, host, started_at, finished_at, source, label, kernel, gpu_driver, vllm_version, "
-            "model, tuning_json, tuning_key, config_json, config_key, result_json, profile, stage) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "model, tuning_json, tuning_key, config_json, config_key, result_json, profile, stage, server_start) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (digest, host, doc.get("started_at"), doc["finished_at"], source, doc.get("label"),
              kernel or doc.get("kernel"), gpu_driver or None, vllm_version or None, config["model"],
-             _canonical(tuning), _key(tuning), _canonical(config), _key(config), _canonical(doc), profile, stage))
+             _canonical(tuning), _key(tuning), _canonical(config), _key(config), _canonical(doc), profile, stage,
+             server_start_of(doc)))
         for lv in doc["levels"]:
             out = lv.get("output_throughput") or {}
             ttft, tpot = lv.get("ttft_ms") or {}, lv.get("tpot_ms") or {}
@@ -409,7 +436,8 @@ def series(db: Database, host: str | None = None, config_key: str | None = None,
             where.append(f"{column} = ?")
             args.append(value)
     sql = ("SELECT r.id, r.host, r.finished_at, r.source, r.label, r.kernel, r.gpu_driver, r.vllm_version, r.model, "
-           "r.tuning_json, r.tuning_key, r.config_json, r.config_key, r.profile, r.stage, r.links_sampled, l.concurrency, "
+           "r.tuning_json, r.tuning_key, r.config_json, r.config_key, r.profile, r.stage, r.links_sampled, r.server_start, "
+           "l.concurrency, "
            "l.output_tps_median, l.output_tps_cv, l.samples_json, l.ttft_p50_ms, l.ttft_p99_ms, l.tpot_p50_ms, "
            "l.tpot_p99_ms, l.errors FROM runs r JOIN levels l ON l.run_id = r.id"
            + (" WHERE " + " AND ".join(where) if where else "")
@@ -428,6 +456,7 @@ def series(db: Database, host: str | None = None, config_key: str | None = None,
             "cv": row["output_tps_cv"], "samples": json.loads(row["samples_json"]),
             "ttft_p50_ms": row["ttft_p50_ms"], "ttft_p99_ms": row["ttft_p99_ms"], "tpot_p50_ms": row["tpot_p50_ms"],
             "tpot_p99_ms": row["tpot_p99_ms"], "errors": row["errors"], "links_sampled": bool(row["links_sampled"]),
+            "server_start": row["server_start"],
             "link_findings": links.get((row["id"], key[2]), [])})
     return list(grouped.values())
 

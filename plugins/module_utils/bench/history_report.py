@@ -16,6 +16,7 @@ import time
 from typing import Any, Sequence
 
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.changepoint import analyse
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.start_history import estimate, summary
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.svg_chart import line_chart
 
 CSS = """
@@ -51,6 +52,7 @@ def build(series_list: Sequence[dict[str, Any]], **rule: Any) -> dict[str, Any]:
         entry = dict(s)
         entry["name"] = series_name(s)
         entry["analysis"] = analyse(s, **rule)
+        entry["start_noise"] = estimate(s["runs"])
         hosts.setdefault(s["host"], []).append(entry)
     drops = []
     for host, entries in hosts.items():
@@ -165,12 +167,16 @@ def render_markdown(model: dict[str, Any], title: str = "GPU fleet throughput hi
                     "; ".join(st["changes"]) if st else "", links_cell(r))) + " |")
             if e["analysis"]["note"]:
                 out += ["", e["analysis"]["note"] + "."]
+            if summary(e["start_noise"]):
+                out += ["", summary(e["start_noise"]) + "."]
             out.append("")
     out += ["Rule: a run is flagged when the throughput gate finds it a regression against the previous run of the "
             "same configuration (median ratio below the threshold and one-sided Mann-Whitney U p <= alpha over the "
             "per-run samples), or when E-divisive means finds a downward level shift in the series of run medians "
-            "(permutation p <= cp_alpha). See docs/measured_tuning.md. PCIe links: the GPUs' and their bridges' links "
-            "sampled during each measured run (inference_benchmark monitor_links); docs/audit.md has the link findings.", ""]
+            "(permutation p <= cp_alpha). See docs/measured_tuning.md. Between server starts: the runs grouped by the "
+            "server start they measured (one-way random effects; bench_history state=start_noise gives every figure). "
+            "PCIe links: the GPUs' and their bridges' links sampled during each measured run (inference_benchmark "
+            "monitor_links); docs/audit.md has the link findings.", ""]
     return "\n".join(out)
 
 
@@ -217,5 +223,7 @@ def render_html(model: dict[str, Any], title: str = "GPU fleet throughput histor
             parts.append("</table>")
             if e["analysis"]["note"]:
                 parts.append(f'<p class="note">{e_(e["analysis"]["note"])}.</p>')
+            if summary(e["start_noise"]):
+                parts.append(f'<p class="note">{e_(summary(e["start_noise"]))}.</p>')
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"

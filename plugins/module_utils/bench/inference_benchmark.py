@@ -22,6 +22,8 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.sweep imp
     result_warnings, results_document, results_filename, run,
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.model_identity import model_identity
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench import server_start
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport import parse_endpoint
 from ansible_collections.gpufleet.inference.plugins.module_utils.pcie.link_samples import LinkMonitor, WithLinks, flapping_runs, path_devices
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.load_monitor import contaminated_runs, for_pool
 from ansible_collections.gpufleet.inference.plugins.module_utils._pci.topology import PciWalker, TopologyError, select_targets
@@ -79,6 +81,29 @@ def identify(server: dict[str, Any], params: dict[str, Any], fs: HostFS, warn) -
     return server
 
 
+def read_start(params: dict[str, Any], fs: HostFS) -> dict[str, Any]:
+    """The start of the server process at ``url`` as this host's /proc says it (bench/server_start.py)."""
+    endpoint = parse_endpoint(params["url"])
+    return server_start.proc_start(fs, endpoint.host, endpoint.port)
+
+
+def record_start(server: dict[str, Any], before: dict[str, Any], after: dict[str, Any] | None,
+                 warn) -> dict[str, Any]:
+    """``server`` with ``start``, the server process's start this benchmark measured (bench/server_start.py), in place
+    of what /metrics said of it (``metrics_start``); a warning when the server restarted during the benchmark."""
+    server = dict(server)
+    said = server.pop("metrics_start", None) or {}
+    first = server_start.metrics_start(said.get("at_start"), said.get("reason", ""))
+    last = server_start.metrics_start(said.get("at_end"), "the server's /metrics was not read at the end")
+    proc = server_start.identify(before, after)
+    metrics = server_start.identify(first, last)
+    server["start"] = server_start.choose(proc, metrics)
+    if "restarted during the benchmark" in " ".join(str(x.get("reason")) for x in (proc, metrics)):
+        warn(f"The server restarted during the benchmark ({proc.get('reason') or metrics.get('reason')}). Its runs "
+             "are not one start's: the history leaves them out of the between-start noise estimate.")
+    return server
+
+
 def run_monitor(params: dict[str, Any], devices: list[str], fs: HostFS):
     """The per-run monitor factory for bench/sweep.py's benchmark(): the server's in-flight count (monitor_load) and
     the PCIe links of ``devices`` (link_devices(); none: no link sampling)."""
@@ -105,9 +130,10 @@ def execute(params: dict[str, Any], host: Host, check_mode: bool) -> dict[str, A
 
     if check_mode:
         try:
-            result["server"] = identify(run(probe(cfg)), params, fs, warn)
+            server = identify(run(probe(cfg)), params, fs, warn)
         except BenchmarkError as err:
             raise failed(str(err)) from None
+        result["server"] = record_start(server, read_start(params, fs), None, warn)
         if results_dir:
             result["actions"] = [{"action": "write", "path": f"{results_dir}/{label}-{kernel}-<UTC time>.json"}]
         result["changed"] = bool(result["actions"])
@@ -115,11 +141,12 @@ def execute(params: dict[str, Any], host: Host, check_mode: bool) -> dict[str, A
 
     devices = link_devices(params, fs)
     result["links_monitored"] = devices
+    before = read_start(params, fs)
     try:
         outcome = run(benchmark(cfg, monitor=run_monitor(params, devices, fs)))
     except BenchmarkError as err:
         raise failed(str(err)) from None
-    outcome["server"] = identify(outcome["server"], params, fs, warn)
+    outcome["server"] = record_start(identify(outcome["server"], params, fs, warn), before, read_start(params, fs), warn)
     doc = results_document(outcome, label=label, host=platform.node(), kernel=kernel, tuning=params["tuning"])
     result.update(benchmarked=True, server=outcome["server"], samples=outcome["samples"], summary=compact_summary(outcome),
                   contaminated=contaminated_runs(outcome["levels"]), benchmark=doc)

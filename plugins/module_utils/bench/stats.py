@@ -379,6 +379,28 @@ def t_quantile(p: float, df: int) -> float:
     return (lo + hi) / 2.0
 
 
+def f_sf(f: float, d1: float, d2: float) -> float:
+    """P(F > f) for Fisher's F with ``d1`` and ``d2`` degrees of freedom."""
+    return 1.0 if f <= 0 else betainc(d2 / 2.0, d1 / 2.0, d2 / (d2 + d1 * f))
+
+
+@lru_cache(maxsize=1024)
+def f_quantile(p: float, d1: float, d2: float) -> float:
+    """The f with P(F > f) = ``p`` (an upper quantile), by bisection on log f to a relative 1e-10; cached."""
+    if not 0.0 < p < 1.0:
+        raise GateError(f"a tail probability must be in (0, 1), got {p}")
+    lo, hi = -30.0, 30.0
+    for _i in range(200):
+        mid = (lo + hi) / 2.0
+        if f_sf(math.exp(mid), d1, d2) > p:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo < 1e-10:
+            break
+    return math.exp((lo + hi) / 2.0)
+
+
 # ---- alpha spending (Lan and DeMets 1983) ----------------------------------------------------------
 _NORMAL = NormalDist()
 
@@ -478,6 +500,28 @@ def start_noise(starts: Any) -> dict[str, Any]:
     n0 = (total - sum(ni * ni for ni in n) / total) / (k - 1)
     f = msb / msw if msw > 0 else (math.inf if msb > 0 else 1.0)
     d1, d2 = k - 1, total - k
-    p = 1.0 if f <= 0 else (0.0 if math.isinf(f) else betainc(d2 / 2.0, d1 / 2.0, d2 / (d2 + d1 * f)))
+    p = 0.0 if math.isinf(f) else f_sf(f, d1, d2)
     return {"starts": k, "runs": total, "sd_within": math.sqrt(msw), "sd_between": math.sqrt(max(0.0, (msb - msw) / n0)),
             "f": f, "df": [d1, d2], "p_between": p, "start_means": [math.exp(m) for m in means]}
+
+
+START_NOISE_MIN_STARTS = 3  # starts whose runs give a between-start sd worth setting (two give one degree of freedom)
+
+
+def between_start_interval(noise: dict[str, Any], sizes: Sequence[int], level: float = 0.95) -> list[float] | None:
+    """A ``level`` confidence interval of ``sd_between`` from start_noise()'s answer over starts of ``sizes`` runs:
+    the interval of the variance ratio sigma_b^2 / sigma_w^2 from the F distribution ((F / F_upper - 1) / n0,
+    (F / F_lower - 1) / n0), floored at 0 (exact for starts of equal runs, near it otherwise), times ``sd_within``.
+    None when the runs vary not at all within a start (no ratio to bound)."""
+    if not 0.0 < level < 1.0:
+        raise GateError(f"a confidence level must be in (0, 1), got {level}")
+    d1, d2 = noise["df"]
+    total = sum(sizes)
+    n0 = (total - sum(n * n for n in sizes) / total) / (len(sizes) - 1)
+    f, sd_w = noise["f"], noise["sd_within"]
+    if sd_w <= 0 or math.isinf(f):
+        return None
+    tail = (1.0 - level) / 2.0
+    lo = max(0.0, (f / f_quantile(tail, d1, d2) - 1.0) / n0)
+    hi = max(0.0, (f / f_quantile(1.0 - tail, d1, d2) - 1.0) / n0)
+    return [sd_w * math.sqrt(lo), sd_w * math.sqrt(hi)]

@@ -44,8 +44,9 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.profiles 
 )
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport import (
     CLIENT_NAME, CLIENT_VERSION, ConnectionPool, Endpoint, ProtocolError, RequestRecord, completion_payload,
-    connect_error_text, http_json, parse_endpoint, timed_request,
+    connect_error_text, http_json, http_raw, parse_endpoint, timed_request,
 )
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.server_start import METRIC, parse_metrics_start
 
 RESULT_FORMAT = "gpufleet.inference_benchmark/1"
 
@@ -244,6 +245,20 @@ async def engine_version(cfg: BenchmarkConfig, pool: ConnectionPool) -> str | No
         return None
     version = body.get("version") if status == 200 and isinstance(body, dict) else None
     return version if isinstance(version, str) and version.strip() else None
+
+
+async def metrics_start_time(cfg: BenchmarkConfig, pool: ConnectionPool) -> tuple[float | None, str]:
+    """The server's start as its ``/metrics`` says it (vLLM's ``process_start_time_seconds``, bench/server_start.py),
+    or (None, why not): a server without it, or one that does not answer it in time, is no failure."""
+    try:
+        status, _reason, raw = await asyncio.wait_for(
+            http_raw(pool, "GET", "/metrics", dict(auth_headers(cfg), Accept="text/plain")), timeout=min(cfg.timeout, 10.0))
+    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ProtocolError, ssl.SSLError) as err:
+        return None, f"GET /metrics failed ({connect_error_text(err)})"
+    if not 200 <= status < 300:
+        return None, f"GET /metrics answered HTTP {status}"
+    value = parse_metrics_start(raw.decode("utf-8", "replace"))
+    return value, "" if value is not None else f"the server's /metrics has no {METRIC} (several API servers, or not vLLM)"
 
 
 def _body(cfg: BenchmarkConfig, model: str, key: str, max_tokens: int | None = None, n_prompt: int | None = None) -> bytes:
@@ -521,11 +536,15 @@ async def benchmark(cfg: BenchmarkConfig, progress=None, monitor=None) -> dict[s
     async def sweep() -> None:
         server.update(await discover(cfg, pool))
         server["vllm_version"] = await engine_version(cfg, pool)
+        first, why = await metrics_start_time(cfg, pool)
+        server["metrics_start"] = {"at_start": first, "at_end": None, "reason": why}
         where["stage"] = "preflight"
         server["preflight"] = await preflight(cfg, pool, server["model"])
         headers = auth_headers(cfg)
         for level in cfg.concurrency:
             levels.append(await _measure_level(pool, cfg, server["model"], headers, level, where, progress, monitor))
+        where["stage"] = "end"
+        server["metrics_start"]["at_end"], _why = await metrics_start_time(cfg, pool)
 
     try:
         if cfg.deadline:
@@ -552,6 +571,8 @@ async def probe(cfg: BenchmarkConfig) -> dict[str, Any]:
     try:
         server = await discover(cfg, pool)
         server["vllm_version"] = await engine_version(cfg, pool)
+        value, why = await metrics_start_time(cfg, pool)
+        server["metrics_start"] = {"at_start": value, "at_end": value, "reason": why}
         return server
     finally:
         pool.close()

@@ -483,19 +483,15 @@ def _error_message(status: int, reason: str, body: bytes) -> str:
     return f"HTTP {status} {reason}".strip() + (f": {message}" if message else "")
 
 
-async def http_json(pool: ConnectionPool, method: str, path: str, headers: dict[str, str],
-                    body: dict | None = None) -> tuple[int, Any, str]:
-    """One small request; returns (status, parsed JSON or None, error text for non-2xx)."""
-    data = json.dumps(body).encode("utf-8") if body is not None else None
-    hdrs = dict(headers)
-    if data is not None:
-        hdrs["Content-Type"] = "application/json"
-    hdrs["Accept"] = "application/json"
+async def http_raw(pool: ConnectionPool, method: str, path: str, headers: dict[str, str],
+                   data: bytes | None = None) -> tuple[int, str, bytes]:
+    """One small request on the pool (a reused connection that the server closed is retried once on a new one);
+    returns (status, reason, body)."""
     for attempt in (0, 1):
         conn = await pool.acquire()
         reused = conn.used > 0
         try:
-            await conn.send(method, path, hdrs, data)
+            await conn.send(method, path, headers, data)
             status, reason, rh = await conn.read_head()
             raw = await conn.read_body(rh, limit=16 * 1024 * 1024)
         except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError):
@@ -507,13 +503,25 @@ async def http_json(pool: ConnectionPool, method: str, path: str, headers: dict[
             conn.close()
             raise
         pool.release(conn)
-        if not 200 <= status < 300:
-            return status, None, _error_message(status, reason, raw)
-        try:
-            return status, json.loads(raw.decode("utf-8")), ""
-        except ValueError:
-            return status, None, f"HTTP {status}: the answer is not JSON: {raw[:120]!r}"
+        return status, reason, raw
     raise ProtocolError("unreachable")  # pragma: no cover
+
+
+async def http_json(pool: ConnectionPool, method: str, path: str, headers: dict[str, str],
+                    body: dict | None = None) -> tuple[int, Any, str]:
+    """One small request; returns (status, parsed JSON or None, error text for non-2xx)."""
+    data = json.dumps(body).encode("utf-8") if body is not None else None
+    hdrs = dict(headers)
+    if data is not None:
+        hdrs["Content-Type"] = "application/json"
+    hdrs["Accept"] = "application/json"
+    status, reason, raw = await http_raw(pool, method, path, hdrs, data)
+    if not 200 <= status < 300:
+        return status, None, _error_message(status, reason, raw)
+    try:
+        return status, json.loads(raw.decode("utf-8")), ""
+    except ValueError:
+        return status, None, f"HTTP {status}: the answer is not JSON: {raw[:120]!r}"
 
 
 async def _one_request(method: str, url: str, body: bytes | None, headers: dict[str, str]) -> tuple[int, str, str | None]:

@@ -127,6 +127,19 @@ def _placement_host(root: Path) -> None:
     host.write("/etc/gpufleet/irq_affinity.json", '{"devices": {"%s": {"cpus": "0-1"}}}' % GPU)
 
 
+def _start_history(root: Path) -> None:
+    """An SQLite history of three server starts of one series and a result of no known start."""
+    from ansible_collections.gpufleet.inference.plugins.module_utils.bench import history  # pylint: disable=import-outside-toplevel
+    from tests.unit.plugins.module_utils.test_start_noise_history import dsv2_documents  # pylint: disable=import-outside-toplevel
+    (root / "var/lib/gpufleet").mkdir(parents=True, exist_ok=True)
+    db = history.connect(str(root / "var/lib/gpufleet/history.sqlite"))
+    try:
+        for d in dsv2_documents()[:6]:
+            history.append(db, d)
+    finally:
+        db.close()
+
+
 def _nothing(root: Path) -> None:
     (root / "etc").mkdir(parents=True, exist_ok=True)
 
@@ -177,6 +190,10 @@ def specs(vllm_url: str) -> dict[str, Spec]:
     return {
         "bench_history": Spec(bench_history, _nothing, lambda r: {"path": f"{r}/var/lib/gpufleet/history.jsonl", "state": "query"},
                               ["/var/lib/gpufleet/history.jsonl"], root_option=False),
+        # the module's start_noise state, on a history that gives a figure: a name of its own, the module's before ":"
+        "bench_history:start_noise": Spec(bench_history, _start_history, lambda r: {
+            "path": f"{r}/var/lib/gpufleet/history.sqlite", "state": "start_noise", "hosts": ["h200-1"],
+            "concurrency": 64}, ["/var/lib/gpufleet/history.sqlite"], root_option=False),
         "cpu_placement": Spec(cpu_placement, _placement_host, lambda r: {"root": r, "gpus": [GPU], "unit": "vllm.service"},
                               ["/etc/gpufleet/irq_affinity.json"]),
         "cpu_tuning": Spec(cpu_tuning, _cpu_host, lambda r: {

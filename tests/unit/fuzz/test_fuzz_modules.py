@@ -175,10 +175,11 @@ ALL = sorted(specs("http://127.0.0.1:9"))
 
 
 def test_every_module_with_a_main_is_fuzzed():
-    """A new module joins the suite (its tree and base call in modules.py) or this fails."""
+    """A new module joins the suite (its tree and base call in modules.py) or this fails; ``module:state`` names a
+    module's state fuzzed on a tree of its own besides."""
     modules = Path(__file__).resolve().parents[3] / "plugins" / "modules"
     with_main = sorted(p.stem for p in modules.glob("*.py") if "def main(" in p.read_text())
-    assert with_main == ALL
+    assert with_main == sorted({name.split(":")[0] for name in ALL})
 
 
 WITH_STATE = sorted(n for n, s in specs("http://127.0.0.1:9").items() if s.state)

@@ -56,7 +56,7 @@ def test_new_file_gets_the_latest_schema_and_an_old_one_is_migrated(tmp_path):
     conn.commit()
     conn.close()
     conn = bh.connect(path)
-    assert bh.schema_version(conn) == bh.SCHEMA_VERSION == 4
+    assert bh.schema_version(conn) == bh.SCHEMA_VERSION == 5
     row = conn.one("SELECT host, profile, stage FROM runs")
     assert tuple(row.values()) == ("old-host", "", "")
     assert bh.migrate(conn) == []

@@ -29,7 +29,7 @@ def test_a_verdict_is_stored_once_with_each_parts_word_and_queried(tmp_path, cap
     db = str(tmp_path / "h.sqlite")
     stored = run_module(bench_history, {"path": db, "verdicts": [diverged()], "host": "gpu-01", "source": "tune_measured"},
                         capsys)
-    assert stored["changed"] and stored["verdicts_added"] == [1] and stored["schema_version"] == 4
+    assert stored["changed"] and stored["verdicts_added"] == [1] and stored["schema_version"] == bh.SCHEMA_VERSION
     assert stored["actions"] == [{"action": "store_verdict", "path": db, "host": "gpu-01", "source": "tune_measured",
                                   "stage": "kv_fp8", "verdict": "diverged", "verdict_id": 1}]
     again = run_module(bench_history, {"path": db, "verdicts": [diverged()], "host": "gpu-01", "source": "tune_measured"},
@@ -72,6 +72,6 @@ def test_a_schema_3_file_gets_the_verdicts_table(tmp_path):
     conn.commit()
     conn.close()
     conn = bh.connect(path)
-    assert bh.schema_version(conn) == 4 and bh.append_verdict(conn, diverged(), "gpu-01", "kernel_upgrade") == (1, True)
+    assert bh.schema_version(conn) == bh.SCHEMA_VERSION and bh.append_verdict(conn, diverged(), "gpu-01", "kernel_upgrade") == (1, True)
     assert [v["stage"] for v in bh.verdicts(conn, "gpu-01")] == ["kv_fp8"] and bh.verdicts(conn, "gpu-02") == []
     conn.close()

@@ -261,3 +261,34 @@ def test_serving_verdicts_are_stored_once_and_read_back_the_same_on_both(pg_serv
     assert [v["stage"] for v in answers["postgresql"]] == ["kv_fp8", "max_num_seqs 512"]
     assert answers["postgresql"] == answers["sqlite"]
     assert answers["postgresql"][0]["verdict"] == "diverged" and answers["postgresql"][0]["parts"]["outputs"]["says"] == "no"
+
+
+def test_a_schema_4_database_gets_the_server_starts_and_the_same_start_noise_as_sqlite(pg_server, tmp_path, capsys):  # noqa: F811
+    """A version 4 PostgreSQL history is migrated in place, the start its stored document names backfilled; the
+    between-start estimate of the same documents is the same from both back ends."""
+    from tests.unit.plugins.module_utils.test_start_noise_history import (  # pylint: disable=import-outside-toplevel
+        BOOT, dsv2_documents, started)
+    url = pg_server.create_database("starts")
+    db = open_database(url)
+    db.execute("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied_at TEXT)")
+    for version, statements in bh.MIGRATIONS[:4]:
+        for step in statements:
+            if not callable(step):
+                db.execute(step)
+        db.execute("INSERT INTO schema_version VALUES (?, 'then')", (version,))
+    old = started(doc("2026-11-02T00:00:00Z", [1000.0, 1001.0]), f"{BOOT}/7/70")
+    db.insert("INSERT INTO runs (digest, host, finished_at, source, tuning_json, tuning_key, config_json, config_key, "
+              "result_json) VALUES ('d0', 'old-host', ?, 'site', '{}', 't', '{}', 'c', ?)", (old["finished_at"], json.dumps(old)))
+    db.close()
+    hist = bh.connect(url)
+    try:
+        assert bh.schema_version(hist) == bh.SCHEMA_VERSION
+        assert hist.query("SELECT host, server_start FROM runs") == [{"host": "old-host", "server_start": f"{BOOT}/7/70"}]
+    finally:
+        hist.close()
+    answers = []
+    for target in ({"url": parse_url(url).redacted, "password": PASSWORD}, {"path": str(tmp_path / "h.sqlite")}):
+        run_module(bench_history_module, {**target, "documents": dsv2_documents(), "source": "site"}, capsys)
+        answers.append(run_module(bench_history_module, {**target, "state": "start_noise", "hosts": ["h200-1"]},
+                                  capsys)["start_noise"])
+    assert answers[0] == answers[1] and answers[0][0]["starts"] == 4 and answers[0][0]["between_start_sd"] > 0.013

@@ -61,12 +61,14 @@ def chunked_stream(events: list[tuple[float, str]], done: bool = True) -> list:
 class Scripted:
     """Answers each request with the next script: a list of (delay seconds, bytes) or CLOSE. GET /version is answered
     apart (``version``: {"version": ...} when set, else 404 as a server without it) and kept in ``version_requests``,
-    so that the scripts and ``requests`` stay the benchmark's own."""
+    and GET /metrics (the server's start, read at the start and end of a sweep) with 404 as a server without it, kept
+    in ``metrics_requests``, so that the scripts and ``requests`` stay the benchmark's own."""
 
     def __init__(self, scripts: list, ssl_context: ssl.SSLContext | None = None, version: str | None = None):
         self.scripts = list(scripts)
         self.version = version
         self.version_requests = 0
+        self.metrics_requests = 0
         self.ssl_context = ssl_context
         self.requests: list[tuple[str, bytes]] = []
         self.connections = 0
@@ -108,6 +110,11 @@ class Scripted:
                     answer = (json_response(200, {"version": self.version}) if self.version else
                               json_response(404, {"detail": "Not Found"}))
                     writer.write(answer[0][1])
+                    await writer.drain()
+                    continue
+                if text.startswith("GET /metrics "):
+                    self.metrics_requests += 1
+                    writer.write(json_response(404, {"detail": "Not Found"})[0][1])
                     await writer.drain()
                     continue
                 self.requests.append((text, body))

@@ -76,7 +76,7 @@ def test_the_flapping_run_reaches_the_history_report_with_its_tok_s(lab, tmp_pat
     assert result["links_monitored"] == ["0000:00:01.0", "0000:01:00.0"]
     db, dest = str(tmp_path / "history.sqlite"), str(tmp_path / "report")
     stored = run_module(bench_history, {"path": db, "documents": [result["benchmark"]], "host": "lab-host"}, capsys)
-    assert stored["schema_version"] == 4 and len(stored["added"]) == 1
+    assert stored["schema_version"] == 5 and len(stored["added"]) == 1
     report = run_module(bench_history, {"path": db, "state": "report", "dest": dest}, capsys)
     runs = result["benchmark"]["levels"][0]["runs"]
     assert [(f["host"], f["repetition"], f["device"], f["code"], f["output_tps"]) for f in report["link_findings"]] == [
