@@ -78,20 +78,26 @@ def server_truth(steps: Sequence[tuple[float, float, int, int, int]], t0: float,
     * ``lead_s`` / ``tail_s``: window time before its first step / after its last one (the client's fixed costs);
     * ``mean_running``: sequences running, averaged over the window (idle time counts 0): requests in flight as the
       server saw them; ``full_share``: share of the window with all ``concurrency`` running;
-    * ``full_tok_s``: its rate over the steps that ran all ``concurrency`` (its steady state at this level)."""
+    * ``full_tok_s``: its rate over the steps that ran all ``concurrency`` (its steady state at this level);
+    * ``mid_running``: sequences running averaged over the middle half of the window, past the ramp-up and before
+      the drain: how many a client keeps in flight in its steady state (a client slow to send the next request
+      when one finishes keeps fewer)."""
     inside = [s for s in steps if t0 <= s[1] <= t1]
     window = max(t1 - t0, 1e-9)
     if not inside:
         return {"steps": 0, "tokens": 0, "window_tok_s": 0.0, "busy_s": 0.0, "busy_tok_s": None, "lead_s": window,
-                "tail_s": 0.0, "mean_running": 0.0, "full_share": 0.0, "full_tok_s": None}
+                "tail_s": 0.0, "mean_running": 0.0, "mid_running": 0.0, "full_share": 0.0, "full_tok_s": None}
     tokens = sum(s[2] for s in inside)
     first, last = max(inside[0][0], t0), inside[-1][1]
     busy = max(last - first, 1e-9)
     # a step's sequences are in flight from the previous step's end (the first step: from its own start) to its end
     weighted, full_time, full_tokens, prev_end = 0.0, 0.0, 0, first
+    mid0, mid1 = t0 + window / 4, t1 - window / 4
+    mid = 0.0
     for _start, end, made, running, _waiting in inside:
         span = end - prev_end
         weighted += running * span
+        mid += running * max(0.0, min(end, mid1) - max(prev_end, mid0))
         if running >= concurrency:
             full_time += span
             full_tokens += made
@@ -99,6 +105,7 @@ def server_truth(steps: Sequence[tuple[float, float, int, int, int]], t0: float,
     return {"steps": len(inside), "tokens": tokens, "window_tok_s": round(tokens / window, 3),
             "busy_s": round(busy, 6), "busy_tok_s": round(tokens / busy, 3), "lead_s": round(first - t0, 6),
             "tail_s": round(t1 - last, 6), "mean_running": round(weighted / window, 3),
+            "mid_running": round(mid / (mid1 - mid0), 3),
             "full_share": round(full_time / window, 4),
             "full_tok_s": round(full_tokens / full_time, 3) if full_time > 0 else None}
 
@@ -134,10 +141,10 @@ def verdict(ci: dict[str, Any] | None, target: float = 0.0) -> str:
 
 
 def cells(runs: Iterable[dict[str, Any]]) -> dict[tuple, dict[str, dict[int, dict]]]:
-    """Runs grouped by (step wait, concurrency, requests) then client then round."""
+    """Runs grouped by (step wait, client hogs, concurrency, requests) then client then round."""
     out: dict[tuple, dict[str, dict[int, dict]]] = {}
     for run in runs:
-        key = (run["step_wait_ms"], run["concurrency"], run["requests"])
+        key = (run["step_wait_ms"], run.get("client_hog", 0), run["concurrency"], run["requests"])
         out.setdefault(key, {}).setdefault(run["client"], {})[run["round"]] = run
     return out
 
@@ -161,6 +168,7 @@ def client_row(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "lead_ms": _median([1000 * r["truth"]["lead_s"] for r in runs]),
         "tail_ms": _median([1000 * r["truth"]["tail_s"] for r in runs]),
         "mean_running": _median([r["truth"]["mean_running"] for r in runs]),
+        "mid_running": _median([r["truth"].get("mid_running") for r in runs]),
         "full_share": _median([r["truth"]["full_share"] for r in runs]),
         "server_full_tok_s": _median([r["truth"]["full_tok_s"] for r in runs]),
         "send_lag_ms": _median([r["loop"]["send_lag_ms"] for r in runs]),
@@ -176,8 +184,8 @@ def client_row(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per cell (step wait, c, requests): each client's row and ours / vllm bench paired by round."""
     rows = []
-    for (wait, level, requests), by_client in sorted(cells(doc["runs"]).items()):
-        row: dict[str, Any] = {"step_wait_ms": wait, "concurrency": level, "requests": requests}
+    for (wait, hog, level, requests), by_client in sorted(cells(doc["runs"]).items()):
+        row: dict[str, Any] = {"step_wait_ms": wait, "client_hog": hog, "concurrency": level, "requests": requests}
         for client in CLIENTS:
             runs = [by_client[client][k] for k in sorted(by_client.get(client, {}))]
             row[client] = client_row(runs) if runs else None
@@ -194,6 +202,10 @@ def summarize(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
 def _ci_text(ci: dict[str, Any] | None) -> str:
     return "-" if not ci else f"{ci['ratio']:.4f} [{ci['ci'][0]:.4f}-{ci['ci'][1]:.4f}]"
 
@@ -203,24 +215,26 @@ def report_text(doc: dict[str, Any]) -> str:
     rows = summarize(doc)
     out = [f"client truth: {doc['settings'].get('prompt_tokens')} in / {doc['settings'].get('output_tokens')} out, "
            f"warm-up {doc['settings'].get('warmup')}, server {doc['settings'].get('server_note', '')}".rstrip(", "), "",
-           "| wait ms | c | requests | client | tok/s | / server count | / server busy | / server at full c | "
-           "lead ms | tail ms | in flight | full share | reaction ms p50 (mean) | tokens/chunk | CPU ms/req | CPU % |",
-           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| wait ms | hog | c | requests | client | tok/s | / server count | / server busy | / server at full c | "
+           "lead ms | tail ms | in flight: window (middle half) | full share | reaction ms p50 (mean) | tokens/chunk | CPU ms/req | CPU % |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for client in CLIENTS:
             c = row[client]
             if not c:
                 continue
-            out.append(f"| {row['step_wait_ms']:g} | {row['concurrency']} | {row['requests']} | {client} | {c['tok_s']:.0f} | "
+            out.append(f"| {row['step_wait_ms']:g} | {row['client_hog']} | {row['concurrency']} | {row['requests']} | {client} | "
+                       f"{c['tok_s']:.0f} | "
                        f"{_ci_text(c['vs_count'])} | {_ci_text(c['vs_busy'])} | {_ci_text(c['vs_full'])} | "
-                       f"{c['lead_ms']:.1f} | {c['tail_ms']:.1f} | {c['mean_running']:.2f} | {c['full_share']:.3f} | "
+                       f"{c['lead_ms']:.1f} | {c['tail_ms']:.1f} | {c['mean_running']:.2f} ({_num(c['mid_running'], '.2f')}) | {c['full_share']:.3f} | "
                        f"{c['gap_ms_p50']:.2f} ({c['gap_ms_mean']:.2f}) | {c['tokens_per_chunk']:.2f} | "
                        f"{c['cpu_ms_per_request']:.2f} | {c['cpu_pct']:.0f} |")
-    out += ["", "| wait ms | c | requests | pair | rounds | tok/s ratio (paired) | verdict | window ratio |",
-            "|---|---|---|---|---|---|---|---|"]
+    out += ["", "| wait ms | hog | c | requests | pair | rounds | tok/s ratio (paired) | verdict | window ratio |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         for name, pair in row["pairs"].items():
-            out.append(f"| {row['step_wait_ms']:g} | {row['concurrency']} | {row['requests']} | {name} | {pair['rounds']} | "
+            out.append(f"| {row['step_wait_ms']:g} | {row['client_hog']} | {row['concurrency']} | {row['requests']} | {name} | "
+                       f"{pair['rounds']} | "
                        f"{_ci_text(pair['ratio'])} | {pair['verdict']} | {pair['window_ratio']} |")
     return "\n".join(out)
 
@@ -416,6 +430,15 @@ def _cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _host_cpu() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole host so far (/proc/stat's first line)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return (sum(ticks[:8]) - idle) / hz, sum(ticks[:8]) / hz
+
+
 def load(path: str, settings: dict[str, Any]) -> dict[str, Any]:
     if os.path.exists(path):
         with open(path, encoding="utf-8") as f:
@@ -441,9 +464,14 @@ def one_run(args, workers: dict[str, Worker], client: str, trace: str, server_pi
                "prompt_mode": "text" if client == "ours_text" else "token_ids"}
     else:
         cmd = {"argv": vllm_argv(args, url, model, level, requests, seed), "requests": requests, "concurrency": level}
-    scpu0 = _cpu_of(server_pid)
-    got = workers[client].run(cmd)
-    server_cpu = _cpu_of(server_pid) - scpu0
+    worker = workers[client]
+    scpu0, ccpu0, (hbusy0, _t0), wall0 = _cpu_of(server_pid), _cpu_of(worker.proc.pid), _host_cpu(), time.perf_counter()
+    got = worker.run(cmd)
+    server_cpu, client_cpu = _cpu_of(server_pid) - scpu0, _cpu_of(worker.proc.pid) - ccpu0
+    hbusy1, wall = _host_cpu()[0], time.perf_counter() - wall0
+    # the whole host's busy CPUs over the call, and those busy with neither the server nor this client process
+    host = {"busy_cpus": round((hbusy1 - hbusy0) / wall, 3),
+            "others_cpus": round((hbusy1 - hbusy0 - server_cpu - client_cpu) / wall, 3)}
     time.sleep(0.05)  # the engine idles after the last token: its trace is flushed then
     with open(trace, encoding="utf-8") as f:
         f.seek(args.trace_offset)
@@ -452,13 +480,15 @@ def one_run(args, workers: dict[str, Worker], client: str, trace: str, server_pi
     steps = parse_trace(text)
     truth = server_truth(steps, got["t0"], got["t1"], level)
     return {"client": client, "round": rnd, "seed": seed, "step_wait_ms": args.step_wait_ms, "concurrency": level,
+            "client_hog": args.client_hog,
             "requests": requests, "tok_s": got["tok_s"], "tokens": got["tokens"], "errors": got["errors"],
             "window_s": round(got["window_s"], 6), "t0": round(got["t0"], 6), "t1": round(got["t1"], 6),
             "cpu_s": round(got["cpu_s"], 4), "prompt_tokens": got.get("prompt_tokens"), "chunks": got.get("chunks"),
             "loop": {"gap_ms_p50": got["loop"]["gap_ms_p50"], "gap_ms_mean": got["loop"]["gap_ms_mean"],
                      "send_lag_ms": round(1000 * (got["loop"]["first_start"] - got["t0"]), 3),
                      "after_last_token_ms": round(1000 * (got["t1"] - got["loop"]["last_token"]), 3)},
-            "ttft_p50_ms": got.get("ttft_p50_ms"), "server_cpu_s_call": round(server_cpu, 3), "truth": truth}
+            "ttft_p50_ms": got.get("ttft_p50_ms"), "server_cpu_s_call": round(server_cpu, 3), "host": host,
+            "truth": truth}
 
 
 def cmd_run(args) -> int:
@@ -472,7 +502,12 @@ def cmd_run(args) -> int:
     settings["server_note"] = (f"lab stand-in pinned to CPU {args.server_cpu}, --work {args.work:g} --step-work 0 "
                                f"--prefill-work 0; clients pinned to CPU {args.client_cpu}")
     doc = load(args.out, settings)
+    settings["client_hog"] = args.client_hog
     server, model = start_server(args, trace, os.path.join(args.logdir, "server.log"))
+    # --client-hog: busy loops sharing the clients' CPU, so each client has less of it per chunk (as a slower host or a
+    # heavier chunk format would): how each client's closed loop reacts when its CPU gets scarce
+    hogs = [subprocess.Popen(["taskset", "-c", str(args.client_cpu), sys.executable, "-c", "while True: pass"])
+            for _i in range(args.client_hog)]
     url = f"http://127.0.0.1:{args.port}"
     pin = ["taskset", "-c", str(args.client_cpu)]
     ours = Worker(pin + [sys.executable, os.path.abspath(__file__), "worker-ours"], os.path.join(args.logdir, "ours.log"))
@@ -497,15 +532,59 @@ def cmd_run(args) -> int:
     finally:
         for worker in {id(w): w for w in workers.values()}.values():
             worker.close()
+        for hog in hogs:
+            hog.terminate()
+            hog.wait(10)
         server.terminate()
         server.wait(10)
+    return 0
+
+
+EXPECTED_CLIENT = ("tok_s", "vs_count", "vs_busy", "vs_busy_verdict", "vs_full", "lead_ms", "mean_running", "mid_running",
+                   "gap_ms_p50", "cpu_ms_per_request")
+
+
+def expected_cells(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The figures docs/examples/client-truth/expected.yml keeps per cell (``wait/c/requests``), from summarize()."""
+    out: dict[str, Any] = {}
+    for row in rows:
+        clients = {}
+        for client in CLIENTS:
+            if row.get(client):
+                clients[client] = {k: (row[client][k]["ci"] if isinstance(row[client][k], dict) else row[client][k])
+                                   for k in EXPECTED_CLIENT}
+        pairs = {name: {"rounds": p["rounds"], "ratio": p["ratio"]["ratio"], "ci": p["ratio"]["ci"], "verdict": p["verdict"]}
+                 for name, p in row["pairs"].items() if p["ratio"]}
+        out[f"{row['step_wait_ms']:g}/{row['client_hog']}/{row['concurrency']}/{row['requests']}"] = {"clients": clients,
+                                                                                                   "pairs": pairs}
+    return out
+
+
+def cmd_retruth(args) -> int:
+    """Recompute every run's truth in FILE from the server's step traces (server_truth() of today)."""
+    steps = []
+    for path in args.trace:
+        with open(path, encoding="utf-8") as f:
+            steps += parse_trace(f.read())
+    steps.sort()
+    doc = load(args.file, {})
+    redone = 0
+    for run in doc["runs"]:
+        if steps and steps[0][0] <= run["t0"] and run["t1"] <= steps[-1][1] + 1.0:
+            run["truth"] = server_truth(steps, run["t0"], run["t1"], run["concurrency"])
+            redone += 1
+    dump(args.file, doc)
+    print(f"{redone} of {len(doc['runs'])} runs recomputed from {len(steps)} steps")
     return 0
 
 
 def cmd_report(args) -> int:
     with open(args.file, encoding="utf-8") as f:
         doc = json.load(f)
-    if args.json:
+    if args.yaml:
+        import yaml
+        print(yaml.safe_dump({"cells": expected_cells(summarize(doc))}, sort_keys=True, default_flow_style=None, width=120))
+    elif args.json:
         print(json.dumps(summarize(doc), indent=1, sort_keys=True))
     else:
         print(report_text(doc))
@@ -535,14 +614,20 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--server-cpu", type=int, default=0)
     run.add_argument("--client-cpu", type=int, default=1)
     run.add_argument("--max-seconds", type=float, default=1200.0, help="stop after the round that passes this")
+    run.add_argument("--client-hog", type=int, default=0,
+                     help="busy loops pinned to --client-cpu during the block (default 0)")
     run.add_argument("--logdir", default="/tmp/client-truth")
     rep = sub.add_parser("report", help="the tables, from the raw JSON")
     rep.add_argument("file")
-    rep.add_argument("--json", action="store_true")
+    rep.add_argument("--json", action="store_true", help="the summary rows as JSON")
+    rep.add_argument("--yaml", action="store_true", help="the figures expected.yml keeps (its cells), as YAML")
+    ret = sub.add_parser("retruth", help="recompute the runs' truth from the server's step traces")
+    ret.add_argument("file")
+    ret.add_argument("--trace", nargs="+", required=True, help="the --step-trace files of the blocks")
     sub.add_parser("worker-ours")
     sub.add_parser("worker-vllm")
     args = parser.parse_args(argv)
-    return {"run": cmd_run, "report": cmd_report, "worker-ours": cmd_worker_ours,
+    return {"run": cmd_run, "report": cmd_report, "retruth": cmd_retruth, "worker-ours": cmd_worker_ours,
             "worker-vllm": cmd_worker_vllm}[args.cmd](args)
 
 
