@@ -555,8 +555,8 @@ def expected_cells(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
                                    for k in EXPECTED_CLIENT}
         pairs = {name: {"rounds": p["rounds"], "ratio": p["ratio"]["ratio"], "ci": p["ratio"]["ci"], "verdict": p["verdict"]}
                  for name, p in row["pairs"].items() if p["ratio"]}
-        out[f"{row['step_wait_ms']:g}/{row['client_hog']}/{row['concurrency']}/{row['requests']}"] = {"clients": clients,
-                                                                                                   "pairs": pairs}
+        key = f"{row['step_wait_ms']:g}/{row['client_hog']}/{row['concurrency']}/{row['requests']}"
+        out[key] = {"clients": clients, "pairs": pairs}
     return out
 
 
@@ -583,7 +583,8 @@ def cmd_report(args) -> int:
         doc = json.load(f)
     if args.yaml:
         import yaml
-        print(yaml.safe_dump({"cells": expected_cells(summarize(doc))}, sort_keys=True, default_flow_style=None, width=120))
+        sys.stdout.write(yaml.safe_dump({"cells": expected_cells(summarize(doc))}, sort_keys=True, default_flow_style=None,
+                                        width=120))
     elif args.json:
         print(json.dumps(summarize(doc), indent=1, sort_keys=True))
     else:
@@ -592,7 +593,7 @@ def cmd_report(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n", maxsplit=1)[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="paired rounds against the lab stand-in with its step trace")
     run.add_argument("--out", required=True, help="raw JSON (appended to when it exists)")
