@@ -395,13 +395,11 @@ class Worker:
 
 # ---- the driver ---------------------------------------------------------------------------------------
 def vllm_argv(args, url: str, model: str, level: int, requests: int, seed: int) -> list[str]:
-    """Our client's workload, spelled for ``vllm bench serve`` (as the H200 comparisons sent it)."""
-    return ["--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions", "--model", model,
-            "--tokenizer", args.tokenizer, "--dataset-name", "random", "--random-input-len", str(args.prompt_tokens),
-            "--random-output-len", str(args.output_tokens), "--random-range-ratio", "0", "--ignore-eos",
-            "--num-prompts", str(requests), "--max-concurrency", str(level), "--request-rate", "inf",
-            "--seed", str(seed), "--num-warmups", str(args.warmup), "--temperature", "0", "--disable-tqdm",
-            "--save-detailed"]  # keeps start_times, latencies and itls in serve.main()'s result (no file without --save-result)
+    """Our client's workload spelled for ``vllm bench serve``: the H200 comparisons' own arguments
+    (tests/tools/h200_vllm.py vllm_bench_argv()), plus ``--save-detailed``, which keeps start_times, latencies and
+    itls in serve.main()'s result (no file is written without --save-result)."""
+    import h200_vllm  # beside this file; imported here, where the driver runs, not in the vLLM worker
+    return h200_vllm.vllm_bench_argv(args, url, level, requests, seed, model, args.tokenizer) + ["--save-detailed"]
 
 
 def start_server(args, trace: str, log_path: str) -> tuple[subprocess.Popen, str]:

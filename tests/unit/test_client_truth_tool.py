@@ -99,6 +99,17 @@ def test_rotation_changes_who_goes_first_each_round():
     assert [ct.rotation(r, clients)[0] for r in range(4)] == ["ours", "vllm", "ours_text", "ours"]
 
 
+def test_vllm_bench_gets_the_h200_comparisons_arguments_and_its_details():
+    import argparse
+    args = argparse.Namespace(prompt_tokens=256, output_tokens=128, warmup=32, tokenizer="/models/tok")
+    argv = ct.vllm_argv(args, "http://127.0.0.1:8000", "m", 64, 256, 3)
+    pairs = dict(zip(argv, argv[1:]))
+    assert pairs["--max-concurrency"] == "64" and pairs["--num-prompts"] == "256" and pairs["--seed"] == "3"
+    assert pairs["--random-input-len"] == "256" and pairs["--random-output-len"] == "128"
+    assert pairs["--num-warmups"] == "32" and pairs["--tokenizer"] == "/models/tok" and pairs["--request-rate"] == "inf"
+    assert "--ignore-eos" in argv and argv[-1] == "--save-detailed"  # the worker reads start_times and latencies
+
+
 @pytest.fixture
 def traced_server(tmp_path):
     model = tmp_path / "model"
