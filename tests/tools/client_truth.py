@@ -399,7 +399,10 @@ def vllm_argv(args, url: str, model: str, level: int, requests: int, seed: int) 
     (tests/tools/h200_vllm.py vllm_bench_argv()), plus ``--save-detailed``, which keeps start_times, latencies and
     itls in serve.main()'s result (no file is written without --save-result)."""
     import h200_vllm  # beside this file; imported here, where the driver runs, not in the vLLM worker
-    return h200_vllm.vllm_bench_argv(args, url, level, requests, seed, model, args.tokenizer) + ["--save-detailed"]
+    argv = h200_vllm.vllm_bench_argv(args, url, level, requests, seed, model, args.tokenizer) + ["--save-detailed"]
+    if getattr(args, "vllm_warmups", None) is not None:  # its warm-up opens at most this many connections
+        argv[argv.index("--num-warmups") + 1] = str(args.vllm_warmups)
+    return argv
 
 
 def start_server(args, trace: str, log_path: str) -> tuple[subprocess.Popen, str]:
@@ -496,7 +499,7 @@ def cmd_run(args) -> int:
         os.remove(trace)
     args.trace_offset = 0
     settings = {k: getattr(args, k) for k in ("prompt_tokens", "output_tokens", "warmup", "server_cpu", "client_cpu",
-                                              "work", "seed")}
+                                              "work", "seed", "vllm_warmups")}
     settings["server_note"] = (f"lab stand-in pinned to CPU {args.server_cpu}, --work {args.work:g} --step-work 0 "
                                f"--prefill-work 0; clients pinned to CPU {args.client_cpu}")
     doc = load(args.out, settings)
@@ -607,7 +610,9 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--first-round", type=int, default=0, help="number of the first round (to extend a file)")
     run.add_argument("--prompt-tokens", type=int, default=256)
     run.add_argument("--output-tokens", type=int, default=128)
-    run.add_argument("--warmup", type=int, default=32)
+    run.add_argument("--warmup", type=int, default=32, help="warm-up requests of each run, both clients (default 32)")
+    run.add_argument("--vllm-warmups", type=int, help="vllm bench's --num-warmups instead of --warmup (its warm-up "
+                     "opens at most that many connections before its window)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--port", type=int, default=18791)
     run.add_argument("--server-cpu", type=int, default=0)

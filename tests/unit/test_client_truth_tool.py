@@ -156,14 +156,19 @@ def _expected():
         return yaml.safe_load(fh)
 
 
-def _doc():
+def _doc(name="runs.json"):
     import json
-    with open(os.path.join(EXAMPLES, "runs.json"), encoding="utf-8") as fh:
+    with open(os.path.join(EXAMPLES, name), encoding="utf-8") as fh:
         return json.load(fh)
 
 
-def test_the_stored_runs_are_real_paired_and_counted_exactly():
-    doc = _doc()
+# the raw runs and the key of their figures in expected.yml
+STORED = [("runs.json", "cells"), ("runs-vllm-warmups-64.json", "vllm_warmups_64_cells")]
+
+
+@pytest.mark.parametrize("name", [n for n, _k in STORED])
+def test_the_stored_runs_are_real_paired_and_counted_exactly(name):
+    doc = _doc(name)
     assert doc["format"] == ct.FORMAT and doc["runs"]
     for run in doc["runs"]:
         assert run["errors"] == 0 and run["tokens"] == run["requests"] * doc["settings"]["output_tokens"]
@@ -182,16 +187,17 @@ def _same(got, want, where):
         assert got == pytest.approx(want, abs=1e-4), where
 
 
-def test_report_recomputed_from_the_raw_runs():
-    expected = _expected()["cells"]
-    got = ct.expected_cells(ct.summarize(_doc()))
+@pytest.mark.parametrize("name,key", STORED)
+def test_report_recomputed_from_the_raw_runs(name, key):
+    expected = _expected()[key]
+    got = ct.expected_cells(ct.summarize(_doc(name)))
     assert sorted(got) == sorted(expected)
-    for key, want in expected.items():
+    for cell, want in expected.items():
         for client, figures in want["clients"].items():
-            for name, value in figures.items():
-                _same(got[key]["clients"][client][name], value, (key, client, name))
+            for figure, value in figures.items():
+                _same(got[cell]["clients"][client][figure], value, (cell, client, figure))
         for pair, figures in want["pairs"].items():
-            for name, value in figures.items():
-                _same(got[key]["pairs"][pair][name], value, (key, pair, name))
-    text = ct.report_text(_doc())
-    assert all(f"| {key.replace('/', ' | ')} |" in text for key in expected)
+            for figure, value in figures.items():
+                _same(got[cell]["pairs"][pair][figure], value, (cell, pair, figure))
+    text = ct.report_text(_doc(name))
+    assert all(f"| {cell.replace('/', ' | ')} |" in text for cell in expected)
