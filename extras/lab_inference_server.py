@@ -272,6 +272,9 @@ class Engine:
         # --enable-prefix-caching: the blocks of prompts already prefilled, oldest first (at most PREFIX_CACHE_BLOCKS)
         self.prefix_caching = bool(getattr(args, "enable_prefix_caching", False))
         self.cached: dict[bytes, None] = {}
+        # --step-trace: one line per engine step, kept in memory while the engine is busy and written when it idles
+        self.trace_path = getattr(args, "step_trace", None)
+        self.trace: list[str] = []
 
     def prompt_blocks(self, ids: list[int]) -> list[bytes]:
         """The chained hashes of a prompt's full blocks of PREFIX_BLOCK tokens (none without prefix caching)."""
@@ -303,6 +306,20 @@ class Engine:
             self.cached[block] = None
         while len(self.cached) > PREFIX_CACHE_BLOCKS:
             self.cached.pop(next(iter(self.cached)))
+
+    def flush_trace(self) -> None:
+        """Append the steps traced since the last flush to --step-trace's file (called when the engine idles, so the
+        writes never delay a step): per step its start and end on the monotonic clock (time.perf_counter(), the one
+        clients' timers read on Linux), the tokens it generated, the sequences it ran and those left waiting."""
+        if not self.trace_path or not self.trace:
+            return
+        lines, self.trace = self.trace, []
+        try:
+            with open(self.trace_path, "a", encoding="utf-8") as f:
+                f.writelines(lines)
+        except OSError as err:
+            log(f"--step-trace {self.trace_path}: cannot write ({err}); tracing stops")
+            self.trace_path = None
 
     def submit(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -364,6 +381,7 @@ class Engine:
             while self.waiting and len(self.running) < self.max_num_seqs:
                 self.running.append(self.waiting.pop(0))
             if not self.running:
+                self.flush_trace()
                 self.wake.clear()
                 await self.wake.wait()
                 continue
@@ -372,8 +390,12 @@ class Engine:
             t0 = time.perf_counter()
             states, dists = await loop.run_in_executor(self.executor, self._step, [s.state for s in batch], prefill,
                                                        self.cost_factor(self.stats["steps"]), [s.ctx for s in batch])
-            self.stats["step_seconds"] += time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self.stats["step_seconds"] += t1 - t0
             self.stats["steps"] += 1
+            if self.trace_path:
+                made = sum(1 for s in batch if not s.cancelled)
+                self.trace.append(f"{t0:.6f} {t1:.6f} {made} {len(batch)} {len(self.waiting)}\n")
             for seq, state, prompt_len, pairs in zip(batch, states, prefill, dists):
                 if seq.cancelled:
                     self.stats["finished"]["abort"] += 1
@@ -843,6 +865,10 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
                         help="the lab's stand-in for CUDA's user-space driver (the runtime.json of the "
                              "gpufleet-nvidia-standin-utils package): its version must match the loaded stand-in "
                              "kernel module's, and its step_wait_ms is added to --step-wait-ms (default: none)")
+    parser.add_argument("--step-trace", metavar="FILE",
+                        help="append one line per engine step to FILE: start and end (monotonic clock, seconds), tokens "
+                             "generated, sequences running, sequences waiting; written whenever the engine idles "
+                             "(default: none). The server's own count, to check a benchmark client against")
     parser.add_argument("--api-key", help=argparse.SUPPRESS)
     args, unknown = parser.parse_known_args(argv)
     return args, unknown
@@ -926,6 +952,7 @@ async def serve(args: argparse.Namespace, api_key: str | None) -> int:
         await engine_task
     except asyncio.CancelledError:
         pass
+    app.engine.flush_trace()
     app.engine.executor.shutdown(wait=False)
     return 0
 
