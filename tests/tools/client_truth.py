@@ -384,12 +384,8 @@ class Worker:
         return out
 
     def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        import h200_vllm  # beside this file (see vllm_argv())
+        h200_vllm.close_worker(self.proc)
         self.log.close()
 
 

@@ -339,12 +339,18 @@ class VllmBench:
         raise SystemExit(f"the vllm bench worker ended (rc {self.proc.wait()}) before its result")
 
     def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        close_worker(self.proc)
+
+
+def close_worker(proc: subprocess.Popen) -> None:
+    """A worker process that reads its runs from stdin: its stdin closed (it ends after the run in hand), killed
+    if it has not ended 30 s later."""
+    if proc.stdin:
+        proc.stdin.close()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
 
 
 def vllm_bench_argv(args, url: str, level: int, requests: int, seed: int, model: str, tokenizer: str) -> list[str]:
