@@ -322,6 +322,22 @@ start_noise:
                          first_at: "2026-12-04T20:01:57Z", last_at: "2026-12-04T20:01:57Z"}],
             reason: "4 server starts of 32 runs: between_start_sd is their sd_between (1.39%, 95% interval
                      0.00%-6.48%, F test p=0.064); 1 stored results (5 runs) name no server start ... and are left out"}]
+between_start_sd:
+  description:
+    - For O(state=start_noise), the figure a gate can take when exactly one series matched and it gives one (its
+      C(between_start_sd)), else null.
+  returned: state=start_noise
+  type: float
+  version_added: 0.3.0
+  sample: 0.0139
+reason:
+  description:
+    - For O(state=start_noise), why RV(between_start_sd) is what it is - the one series' C(reason), or how many series
+      matched and that O(config_key) and O(concurrency) pick one.
+  returned: state=start_noise
+  type: str
+  version_added: 0.3.0
+  sample: "4 server starts of 32 runs: between_start_sd is their sd_between (1.39%, 95% interval 0.00%-6.48%, F test p=0.064)"
 files:
   description: The report files written.
   returned: state=report

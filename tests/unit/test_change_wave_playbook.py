@@ -137,4 +137,4 @@ def test_a_between_start_sd_of_history_is_the_hosts_own_figure_or_refused_before
     assert proc.returncode == 2 and "driver_upgrade_gate_between_start_sd is \"history\", but" in out, out
     assert answer in out and "TASK [Take the host's lease" not in out, out
     if not level:
-        assert " c=16, " in out and " c=64)" in out and "set driver_upgrade_gate_concurrency and" in out, out
+        assert " c=16, " in out and " c=64)" in out and "the one of driver_upgrade_gate_concurrency and" in out, out

@@ -168,6 +168,7 @@ def start_noise(p: dict, result: dict) -> None:
         known = "; ".join(f"{h} {k} c={c}" for h, k, c in keys[:20]) or "none"
         raise bh.HistoryError(f"no stored series of {', '.join(asked)} (the series stored for these hosts: {known}); "
                               "state=query lists every series with its config_key")
+    result["between_start_sd"], result["reason"] = start_history.answer(result["start_noise"])
 
 
 def execute(p: dict, host: Host, check_mode: bool) -> dict[str, Any]:

@@ -125,6 +125,16 @@ def for_series(series_list: Sequence[dict[str, Any]], config_key: str | None = N
     return out
 
 
+def answer(estimates: Sequence[dict[str, Any]]) -> tuple[float | None, str]:
+    """The one figure a gate can take from for_series()'s answer, and why: the ``between_start_sd`` of the one series
+    asked for, else None with what to do (several series match, or the one gives no figure)."""
+    if len(estimates) != 1:
+        names = ", ".join(f"{e['host']} {e['config_key']} c={e['concurrency']}" for e in estimates[:10])
+        return None, (f"{len(estimates)} series match ({names}): give the gated series' config_key and concurrency "
+                      "(state=query lists them)")
+    return estimates[0]["between_start_sd"], estimates[0]["reason"]
+
+
 def summary(est: dict[str, Any]) -> str | None:
     """One line for the history report, None where fewer than two starts give no figure."""
     if est["sd_between"] is None:

@@ -70,6 +70,8 @@ def test_the_h200_dsv2_starts_give_the_documented_between_start_sd(tmp_path, cap
     assert (est["unknown_results"], est["unknown_runs"]) == (1, 3) and est["stacks"] == 1
     assert "4 server starts of 32 runs" in est["reason"] and "1 stored results (3 runs) name no server start" in est["reason"]
     assert [s["runs"] for s in est["per_start"]] == [8, 8, 8, 8]
+    # the one figure asked for, at the top: the one series' own
+    assert (got["between_start_sd"], got["reason"]) == (est["between_start_sd"], est["reason"])
     # the same figures as the start_noise filter on the session's runs grouped by hand
     data = json.loads(RESTARTS.read_text())
     by_hand = start_noise([[r["output_throughput"] for r in st["levels"]["64"]] for st in data["starts"]
@@ -192,3 +194,13 @@ def test_the_f_quantiles_and_the_interval_of_sd_between_cover_what_they_say():
         lo, hi = between_start_interval(start_noise(starts), [8] * 4)
         covered += lo <= 0.014 <= hi
     assert 0.92 <= covered / draws <= 0.98, covered
+
+
+def test_the_top_level_figure_needs_one_series():
+    """Several series matched: no figure at the top, and the reason names them and says how to pick one."""
+    est = {"host": "h", "config_key": "k", "concurrency": 64, "between_start_sd": 0.01, "reason": "4 server starts"}
+    assert start_history.answer([est]) == (0.01, "4 server starts")
+    value, reason = start_history.answer([est, dict(est, concurrency=16)])
+    assert value is None and reason.startswith("2 series match (h k c=64, h k c=16)") and "config_key and concurrency" in reason
+    assert start_history.answer([dict(est, between_start_sd=None, reason="measure 2 more starts")]) == (
+        None, "measure 2 more starts")
