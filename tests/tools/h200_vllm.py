@@ -48,6 +48,7 @@ for _path in (os.path.join(REPO, ".collections"), REPO, os.path.join(REPO, "test
 from tests.tools import inference_client as ic  # noqa: E402
 from ansible_collections.gpufleet.inference.plugins.module_utils.bench import throughput_gate as tg  # noqa: E402
 from tests.tools import vllm_flag_stages as vfs  # noqa: E402
+from tests.tools.client_truth import rotation  # noqa: E402
 
 # the environment systemd gives a unit before its EnvironmentFile= lines (systemd.exec(5): PATH, LANG)
 SYSTEMD_BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
@@ -434,7 +435,7 @@ def compare_rounds(out: dict, args, save) -> int:
                     save()
                     return 3
                 seed = args.seed + 100 * rnd + level
-                for who in clients[rnd % len(clients):] + clients[:rnd % len(clients)]:
+                for who in rotation(rnd, clients):
                     if len(rec.get(who, [])) > rnd:
                         continue  # done by an earlier call (the command is resumable)
                     if time.time() > args.deadline:

@@ -98,7 +98,7 @@ def record_start(server: dict[str, Any], before: dict[str, Any], after: dict[str
     proc = server_start.identify(before, after)
     metrics = server_start.identify(first, last)
     server["start"] = server_start.choose(proc, metrics)
-    if "restarted during the benchmark" in " ".join(str(x.get("reason")) for x in (proc, metrics)):
+    if server_start.restarted(before, after) or server_start.restarted(first, last):
         warn(f"The server restarted during the benchmark ({proc.get('reason') or metrics.get('reason')}). Its runs "
              "are not one start's: the history leaves them out of the between-start noise estimate.")
     return server

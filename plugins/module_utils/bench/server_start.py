@@ -34,6 +34,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils._host.files imp
 
 LISTEN = "0A"  # the TCP state column of /proc/net/tcp: TCP_LISTEN
 METRIC = "process_start_time_seconds"
+NO_METRIC = f"the server's /metrics has no {METRIC} (several API servers, or not vLLM)"
 _METRIC_RE = re.compile(r"^process_start_time_seconds(?:\{[^}]*\})?\s+([-+0-9.eE]+)(?:\s+\d+)?$")
 _SOCKET_RE = re.compile(r"^socket:\[(\d+)\]$")
 MAX_PROCESSES = 65536  # /proc/[0-9]* entries scanned at most (a bound on the walk, far above a real host's count)
@@ -193,12 +194,17 @@ def proc_start(fs: HostFS, host: str, port: int, clk_tck: int | None = None,
 def metrics_start(value: float | None, why: str = "") -> dict[str, Any]:
     """The start vLLM's ``process_start_time_seconds`` names, or unknown."""
     if value is None:
-        return unknown(why or f"the server's /metrics has no {METRIC} (several API servers, or not vLLM)")
+        return unknown(why or NO_METRIC)
     return {"id": f"metrics/{value:.2f}", "source": "metrics", "reason": None, "started_at": _iso(value)}
 
 
 def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def restarted(before: dict[str, Any], after: dict[str, Any] | None) -> bool:
+    """Whether the reads before and after a benchmark name two different starts (the server restarted during it)."""
+    return after is not None and None not in (before.get("id"), after.get("id")) and after["id"] != before["id"]
 
 
 def identify(before: dict[str, Any], after: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -209,7 +215,7 @@ def identify(before: dict[str, Any], after: dict[str, Any] | None = None) -> dic
     if after.get("id") is None:
         return unknown(f"the server's start read at the start of the benchmark ({before['id']}) could not be read at "
                        f"its end ({after.get('reason')})")
-    if after["id"] != before["id"]:
+    if restarted(before, after):
         return unknown(f"the server restarted during the benchmark ({before['id']} at its start, {after['id']} at its "
                        "end): its runs belong to two starts")
     return before

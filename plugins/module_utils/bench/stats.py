@@ -473,6 +473,13 @@ def screen_one(values: Sequence[float], alpha: float = 0.001, min_n: int = 5) ->
 
 
 # ---- the noise between server starts ------------------------------------------------------------------
+def _n0(sizes: Sequence[int]) -> float:
+    """The effective runs per start of a one-way random-effects layout with starts of ``sizes`` runs (their mean for
+    equal sizes)."""
+    total = sum(sizes)
+    return (total - sum(n * n for n in sizes) / total) / (len(sizes) - 1)
+
+
 def start_noise(starts: Any) -> dict[str, Any]:
     """Within- and between-start noise of log throughput from the runs of several server starts of one configuration
     (one-way random effects, the ANOVA estimator): ``sd_within`` (pooled within a start, about the runs' CV),
@@ -497,7 +504,7 @@ def start_noise(starts: Any) -> dict[str, Any]:
     grand = sum(sum(s) for s in logs) / total
     msw = sum((x - m) ** 2 for s, m in zip(logs, means) for x in s) / (total - k)
     msb = sum(ni * (m - grand) ** 2 for ni, m in zip(n, means)) / (k - 1)
-    n0 = (total - sum(ni * ni for ni in n) / total) / (k - 1)
+    n0 = _n0(n)
     f = msb / msw if msw > 0 else (math.inf if msb > 0 else 1.0)
     d1, d2 = k - 1, total - k
     p = 0.0 if math.isinf(f) else f_sf(f, d1, d2)
@@ -516,8 +523,7 @@ def between_start_interval(noise: dict[str, Any], sizes: Sequence[int], level: f
     if not 0.0 < level < 1.0:
         raise GateError(f"a confidence level must be in (0, 1), got {level}")
     d1, d2 = noise["df"]
-    total = sum(sizes)
-    n0 = (total - sum(n * n for n in sizes) / total) / (len(sizes) - 1)
+    n0 = _n0(sizes)
     f, sd_w = noise["f"], noise["sd_within"]
     if sd_w <= 0 or math.isinf(f):
         return None

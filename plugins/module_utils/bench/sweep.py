@@ -46,7 +46,7 @@ from ansible_collections.gpufleet.inference.plugins.module_utils.bench.transport
     CLIENT_NAME, CLIENT_VERSION, ConnectionPool, Endpoint, ProtocolError, RequestRecord, completion_payload,
     connect_error_text, http_json, http_raw, parse_endpoint, timed_request,
 )
-from ansible_collections.gpufleet.inference.plugins.module_utils.bench.server_start import METRIC, parse_metrics_start
+from ansible_collections.gpufleet.inference.plugins.module_utils.bench.server_start import NO_METRIC, parse_metrics_start
 
 RESULT_FORMAT = "gpufleet.inference_benchmark/1"
 
@@ -258,7 +258,7 @@ async def metrics_start_time(cfg: BenchmarkConfig, pool: ConnectionPool) -> tupl
     if not 200 <= status < 300:
         return None, f"GET /metrics answered HTTP {status}"
     value = parse_metrics_start(raw.decode("utf-8", "replace"))
-    return value, "" if value is not None else f"the server's /metrics has no {METRIC} (several API servers, or not vLLM)"
+    return value, "" if value is not None else NO_METRIC
 
 
 def _body(cfg: BenchmarkConfig, model: str, key: str, max_tokens: int | None = None, n_prompt: int | None = None) -> bytes:
